@@ -1,0 +1,170 @@
+"""Cancellation as a value: one `AbortSignal` is the single channel before and after a child exists.
+
+An `AbortController` owns the right to abort; the `AbortSignal` it hands out may only be observed.
+This split (borrowed from the web platform, as the seed does) lets a parent give a child the power
+to notice cancellation without the power to cause it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+from gevent.event import Event
+
+__all__ = ["AbortController", "AbortError", "AbortSignal"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[Any], None]
+_listener_keys = itertools.count()
+
+
+class AbortError(Exception):
+    """The default abort reason, and what `raise_if_aborted()` raises for a non-exception reason."""
+
+    def __init__(self, message: str = "aborted", reason: Any = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class AbortSignal:
+    """Observes one cancellation. Listeners run once, in registration order, on the aborting
+    greenlet; one that raises is logged and the rest still run."""
+
+    __slots__ = ("__weakref__", "_aborted", "_event", "_listeners", "_reason")
+
+    def __init__(self) -> None:
+        self._aborted = False
+        self._reason: Any = None
+        self._listeners: dict[int, Listener] | None = {}
+        self._event: Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<AbortSignal aborted={self._aborted} reason={self._reason!r}>"
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    @property
+    def reason(self) -> Any:
+        return self._reason
+
+    def add_listener(self, fn: Listener) -> Callable[[], None]:
+        """Call `fn(reason)` once when the signal aborts (at once if it already has).
+
+        Returns a function that removes the listener; calling it twice is harmless.
+        """
+        if not callable(fn):
+            raise TypeError(f"listener must be callable, got {type(fn).__name__}")
+        if self._aborted:
+            _call_listener(fn, self._reason)
+            return _noop
+        listeners = self._listeners
+        assert listeners is not None
+        key = next(_listener_keys)
+        listeners[key] = fn
+
+        def remove() -> None:
+            if self._listeners is not None:
+                self._listeners.pop(key, None)
+
+        return remove
+
+    def raise_if_aborted(self) -> None:
+        if self._aborted:
+            reason = self._reason
+            if isinstance(reason, BaseException):
+                raise reason
+            raise AbortError(reason=reason)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this greenlet until the signal aborts; returns whether it did."""
+        if self._aborted:
+            return True
+        if self._event is None:
+            self._event = Event()
+        self._event.wait(timeout)
+        return self._aborted
+
+    def _abort(self, reason: Any) -> None:
+        if self._aborted:
+            return
+        self._aborted = True
+        self._reason = AbortError() if reason is None else reason
+        listeners, self._listeners = self._listeners, None
+        if self._event is not None:
+            self._event.set()
+        if listeners:
+            for fn in listeners.values():
+                _call_listener(fn, self._reason)
+
+    @staticmethod
+    def any_of(*signals: AbortSignal) -> AbortSignal:
+        """A signal that aborts with the reason of the first of `signals` to abort."""
+        for s in signals:
+            if not isinstance(s, AbortSignal):
+                raise TypeError(f"any_of takes AbortSignal, got {type(s).__name__}")
+        combined = AbortSignal()
+        for s in signals:
+            if s.aborted:
+                combined._abort(s.reason)
+                return combined
+        removers: list[Callable[[], None]] = []
+
+        def fire(reason: Any) -> None:
+            for remove in removers:
+                remove()
+            combined._abort(reason)
+
+        for s in signals:
+            removers.append(s.add_listener(fire))
+        return combined
+
+    @staticmethod
+    def timeout(seconds: float) -> AbortSignal:
+        """A signal that aborts with a `TimeoutError` after `seconds` (a gevent timer, no greenlet
+        is parked)."""
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            raise TypeError("seconds must be a number")
+        if seconds < 0 or seconds != seconds or seconds == float("inf"):
+            raise ValueError("seconds must be finite and >= 0")
+        signal = AbortSignal()
+        timer = gevent.get_hub().loop.timer(seconds)
+        timer.start(signal._abort, TimeoutError(f"timed out after {seconds} s"))
+        # Keep the watcher alive as long as the signal; stop it once the signal aborts.
+        signal.add_listener(lambda _reason: timer.close())
+        return signal
+
+    @staticmethod
+    def never() -> AbortSignal:
+        """A signal nobody can abort: for callers that have no cancellation to offer."""
+        return AbortSignal()
+
+
+class AbortController:
+    """The owner's side of a signal."""
+
+    __slots__ = ("signal",)
+
+    def __init__(self) -> None:
+        self.signal = AbortSignal()
+
+    def abort(self, reason: Any = None) -> None:
+        """Abort once; later calls are ignored (the first reason wins)."""
+        self.signal._abort(reason)
+
+
+def _call_listener(fn: Listener, reason: Any) -> None:
+    try:
+        fn(reason)
+    except Exception:
+        log.exception("abort listener %r raised; the other listeners still run", fn)
+
+
+def _noop() -> None:
+    return None
