@@ -1,0 +1,240 @@
+"""The seam's vocabulary in Python names: pure data and protocols, no behaviour.
+
+Every layer may import this module; it imports nothing of ours but `supervision.signal`.
+Content blocks are JSON-native dicts (`{"type": "text", "text": ...}`) so they cross msgpack,
+ACP and Ray unchanged. Optional runtime capabilities are discovered with `isinstance` against
+the `runtime_checkable` protocols `Steerable` and `Resumable` (the seed's TypeScript narrowing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from supervision.signal import AbortSignal
+
+if TYPE_CHECKING:  # type-only: the seam names the agent without importing the agent layer
+    from pykka import Future
+
+__all__ = [
+    "ABORTED",
+    "COMPLETED",
+    "ERROR",
+    "KNOWN_STOP_REASONS",
+    "MAX_TOKENS",
+    "REFUSAL",
+    "ContentBlock",
+    "MessageSource",
+    "Resumable",
+    "Steerable",
+    "SubagentCapabilities",
+    "SubagentContinuation",
+    "SubagentProvider",
+    "SubagentResult",
+    "SubagentResumeRequest",
+    "SubagentRun",
+    "SubagentStartRequest",
+    "ToolRestriction",
+    "is_failure",
+    "text_block",
+]
+
+ContentBlock = Mapping[str, Any]
+
+# Stop reasons form an open set: a backend may add its own; consumers treat unknown ones as failure.
+COMPLETED = "completed"
+ABORTED = "aborted"
+ERROR = "error"
+MAX_TOKENS = "max-tokens"
+REFUSAL = "refusal"
+KNOWN_STOP_REASONS = frozenset({COMPLETED, ABORTED, ERROR, MAX_TOKENS, REFUSAL})
+
+
+def is_failure(stop_reason: str) -> bool:
+    """Everything but `completed` is a failure, including reasons this version does not know."""
+    return stop_reason != COMPLETED
+
+
+def text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentCapabilities:
+    """Start-time features, checked before a run exists. `depth_limit` pairs with `max_depth`."""
+
+    output_schema: bool = False
+    depth_limit: bool = False
+    tool_filter: bool = False
+    persona: bool = False
+
+    @classmethod
+    def all(cls) -> SubagentCapabilities:
+        return cls(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRestriction:
+    """Child tool scoping: `allow` keeps only the named tools, `deny` hides the named ones."""
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        if self.allow is not None:
+            out["allow"] = list(self.allow)
+        if self.deny is not None:
+            out["deny"] = list(self.deny)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ToolRestriction:
+        allow = data.get("allow")
+        deny = data.get("deny")
+        return cls(
+            allow=None if allow is None else tuple(allow),
+            deny=None if deny is None else tuple(deny),
+        )
+
+
+MESSAGE_SOURCE_KINDS = frozenset({"user", "coordinator", "subagent-report", "subagent-settled"})
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSource:
+    """Who a message is from. Attribution only: a source grants no authority."""
+
+    kind: str
+    sender_session_id: str | None = None
+    summary: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in MESSAGE_SOURCE_KINDS:
+            raise ValueError(f"unknown MessageSource kind {self.kind!r}")
+        if self.kind == "coordinator" and not isinstance(self.sender_session_id, str):
+            raise ValueError("a coordinator source needs sender_session_id")
+
+    @classmethod
+    def user(cls) -> MessageSource:
+        return cls("user")
+
+    @classmethod
+    def coordinator(cls, sender_session_id: str) -> MessageSource:
+        return cls("coordinator", sender_session_id=sender_session_id)
+
+    @classmethod
+    def subagent_settled(cls, summary: str) -> MessageSource:
+        return cls("subagent-settled", summary=summary)
+
+    def to_json(self) -> dict[str, str]:
+        out = {"kind": self.kind}
+        if self.sender_session_id is not None:
+            out["sender_session_id"] = self.sender_session_id
+        if self.summary is not None:
+            out["summary"] = self.summary
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MessageSource:
+        return cls(
+            kind=data["kind"],
+            sender_session_id=data.get("sender_session_id"),
+            summary=data.get("summary"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentContinuation:
+    """The service-allocated child id and the descriptor snapshot a continuable start carries."""
+
+    session_id: str
+    descriptor: Any  # subagent.descriptor.SubagentDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentStartRequest:
+    """What a caller asks for. The service validates it against the provider, never mutates it."""
+
+    prompt: Sequence[ContentBlock]
+    parent: Any  # the spawning agent (agent.Agent)
+    signal: AbortSignal
+    agent_options: Any = None  # agent.options.AgentOptions | None
+    output_schema: Mapping[str, Any] | None = None
+    max_depth: int | None = None
+    tool_filter: ToolRestriction | None = None
+    persona: str | None = None
+    continuation: SubagentContinuation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentResumeRequest:
+    """A fully resolved request to cold-resume a persisted continuable child."""
+
+    session_id: str
+    prompt: Sequence[ContentBlock]
+    source: MessageSource
+    parent: Any  # the live parent agent recorded in the child's header
+    signal: AbortSignal
+    descriptor: Any  # subagent.descriptor.SubagentDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentResult:
+    """The terminal outcome of a run. A non-`completed` reason means `output` may be partial."""
+
+    output: Sequence[ContentBlock]
+    stop_reason: str
+    structured: Any = None
+    diagnostic: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SubagentRun(Protocol):
+    """A ready child: one disposable activation. Always `dispose()` it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def local_agent(self) -> Any: ...
+
+    @property
+    def result(self) -> Future[SubagentResult]: ...
+
+    def dispose(self) -> None:
+        """Cancel what remains and return at quiescence. Idempotent."""
+
+
+@runtime_checkable
+class Steerable(Protocol):
+    """Live steering: the returned future fulfils once the running turn admitted the message."""
+
+    def steer(self, content: Sequence[ContentBlock], source: MessageSource) -> Future[None]: ...
+
+
+@runtime_checkable
+class SubagentProvider(Protocol):
+    """One named child-agent transport."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> SubagentCapabilities: ...
+
+    @property
+    def inherits_parent_context(self) -> bool: ...
+
+    def start(self, request: SubagentStartRequest) -> SubagentRun:
+        """Return only after publication; on failure or abort, clean up first, then raise."""
+        ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """The continuation capability: cold-resume a persisted child for one more turn."""
+
+    def resume(self, request: SubagentResumeRequest) -> SubagentRun: ...
