@@ -127,15 +127,18 @@ class AbortSignal:
 
     @staticmethod
     def timeout(seconds: float) -> AbortSignal:
-        """A signal that aborts with a `TimeoutError` after `seconds` (a gevent timer, no greenlet
-        is parked)."""
+        """A signal that aborts with a `TimeoutError` after `seconds`.
+
+        A gevent timer waits, not a parked greenlet; when it fires, a fresh greenlet aborts the
+        signal, so listeners run in a greenlet (where they may block) and never in the hub.
+        """
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
             raise TypeError("seconds must be a number")
         if seconds < 0 or seconds != seconds or seconds == float("inf"):
             raise ValueError("seconds must be finite and >= 0")
         signal = AbortSignal()
         timer = gevent.get_hub().loop.timer(seconds)
-        timer.start(signal._abort, TimeoutError(f"timed out after {seconds} s"))
+        timer.start(gevent.spawn, signal._abort, TimeoutError(f"timed out after {seconds} s"))
         # Keep the watcher alive as long as the signal; stop it once the signal aborts.
         signal.add_listener(lambda _reason: timer.close())
         return signal

@@ -1,0 +1,404 @@
+"""One actor per live agent: its mailbox takes prompts, steering, cancellation and close.
+
+The turn itself runs in a worker greenlet owned by the actor, so the mailbox keeps answering
+while a model call is in flight. Handlers only touch in-memory state and return at once; answers
+that only exist later (a steer's admission, idleness) are `Deferred` replies.
+
+Message vocabulary (send with `agent.ref.ask(...)` or use the `Agent` handle's methods):
+`Send(content, source)`, `Steer(content, source)`, `Cancel(cause, keep_inbox)`, `WhenIdle()`,
+`Close()`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+
+from actors.deferred import Deferred
+from actors.gevent_actor import GeventActor
+from actors.local import start_local
+from agent.context import AgentContext
+from agent.log import SessionLog
+from agent.loop import AgentCore, PendingSteer, TurnOutcome, new_message_id
+from agent.options import AgentOptions
+from agent.prompt import SystemPrompt
+from agent.tools import ToolScope
+from subagent.errors import SubagentError
+from subagent.types import MessageSource
+from supervision.signal import AbortController
+
+__all__ = [
+    "Agent",
+    "AgentActor",
+    "Cancel",
+    "Close",
+    "Send",
+    "Steer",
+    "WhenIdle",
+    "check_content",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Queue the next turn; wakes an idle agent. Replies with the message id."""
+
+    content: Sequence[Mapping[str, Any]]
+    source: MessageSource
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Steer:
+    """Add to the running turn at its next step boundary. Replies once admitted."""
+
+    content: Sequence[Mapping[str, Any]]
+    source: MessageSource
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Abort the running turn. Replies when the agent is idle again."""
+
+    cause: Any = None
+    keep_inbox: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WhenIdle:
+    """Replies with the last turn's outcome once no turn runs and nothing is queued."""
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Cancel everything, close the log, stop the actor. Replies at quiescence."""
+
+    cause: Any = None
+
+
+def check_content(content: Any) -> list[Mapping[str, Any]]:
+    """Validate content blocks at the call site: a list of `{"type": ..., ...}` dicts."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, (list, tuple)):
+        raise TypeError(f"content must be a list of content blocks, got {type(content).__name__}")
+    for block in content:
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            raise TypeError("each content block must be a dict with a string 'type'")
+    return list(content)
+
+
+class AgentActor(GeventActor):
+    """Hosts one `AgentCore`."""
+
+    def __init__(self, core: AgentCore, on_closed: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.core = core
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._steers: list[PendingSteer] = []
+        self._steer_replies: dict[str, Deferred] = {}
+        self._worker: gevent.Greenlet | None = None
+        self._turn_abort: AbortController | None = None
+        self._idle_waiters: list[Deferred] = []
+        self._last_outcome: TurnOutcome | None = None
+        self._closing = False
+        self._close_waiters: list[Deferred] = []
+        self._on_closed = on_closed
+        self.turn_listeners: list[Callable[[TurnOutcome], None]] = []
+        self.turn_running = False
+        self.before_first_request: Callable[[], None] | None = None
+
+    def restore_queue(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Before the actor serves anyone: requeue accepted work found in a stored log. It does
+        not wake the agent; the next `Send` does."""
+        self._queue.extend(messages)
+
+    # -- mailbox -------------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Steer):
+            return self._steer(message)
+        if isinstance(message, Send):
+            return self._send(message)
+        if isinstance(message, Cancel):
+            return self._cancel(message)
+        if isinstance(message, WhenIdle):
+            return self._when_idle()
+        if isinstance(message, Close):
+            return self._close(message)
+        raise TypeError(f"AgentActor does not understand {type(message).__name__}")
+
+    def _send(self, message: Send) -> str:
+        if self._closing:
+            raise SubagentError("RUN_DISPOSED", "the agent is closed")
+        message_id = message.message_id or new_message_id()
+        source = message.source.to_json()
+        content = list(message.content)
+        self.core.log.append(
+            "inbox/accepted",
+            {"message_id": message_id, "kind": "send", "content": content, "source": source},
+        )
+        self._queue.append({"id": message_id, "content": content, "source": source})
+        if self._worker is None:
+            self._worker = gevent.spawn(self._work)
+        return message_id
+
+    def _steer(self, message: Steer) -> Deferred:
+        if self._closing:
+            raise SubagentError("RUN_DISPOSED", "the agent is closed")
+        abort = self._turn_abort
+        if not self.turn_running or abort is None or abort.signal.aborted:
+            raise SubagentError("RUN_TERMINAL", "no running turn to steer")
+        reply = Deferred()
+        message_id = new_message_id("s")
+        self._steers.append(
+            PendingSteer(
+                message_id=message_id,
+                content=list(message.content),
+                source=message.source.to_json(),
+                on_admitted=reply.resolve,
+            )
+        )
+        self._steer_replies[message_id] = reply
+        return reply
+
+    def _cancel(self, message: Cancel) -> Deferred:
+        if not message.keep_inbox:
+            self._discard_queue("cancelled")
+        if self._turn_abort is not None:
+            self._turn_abort.abort(message.cause if message.cause is not None else "cancelled")
+        return self._when_idle()
+
+    def _when_idle(self) -> Deferred:
+        reply = Deferred()
+        if self._worker is None:
+            reply.resolve(self._last_outcome)
+        else:
+            self._idle_waiters.append(reply)
+        return reply
+
+    def _close(self, message: Close) -> Deferred:
+        reply = Deferred()
+        if self._closing and self._worker is None and not self._close_waiters:
+            reply.resolve(None)
+            return reply
+        self._close_waiters.append(reply)
+        if self._closing:
+            return reply
+        self._closing = True
+        self._discard_queue("closed")
+        if self._turn_abort is not None:
+            self._turn_abort.abort(message.cause if message.cause is not None else "closed")
+        if self._worker is None:
+            self._finish_close()
+        return reply
+
+    # -- worker --------------------------------------------------------------------------------
+
+    def _take_steers(self) -> list[PendingSteer]:
+        if not self._steers:
+            return []
+        steers, self._steers = self._steers, []
+        for steer in steers:
+            self._steer_replies.pop(steer.message_id, None)
+        return steers
+
+    def _work(self) -> None:
+        try:
+            while self._queue and not self._closing:
+                message = self._queue.popleft()
+                self.core.log.append("inbox/claimed", {"message_id": message["id"]})
+                controller = self._turn_abort = AbortController()
+                self.turn_running = True
+                hook, self.before_first_request = self.before_first_request, None
+                try:
+                    outcome = self.core.run_turn(
+                        message, controller.signal, self._take_steers, hook
+                    )
+                except Exception as exc:  # the log failed: an infrastructure fault
+                    log.exception("agent %s: turn failed outside the loop", self.core.session_id)
+                    outcome = TurnOutcome(
+                        self.core.turn, "error", message=f"{type(exc).__name__}: {exc}", fault=exc
+                    )
+                finally:
+                    self.turn_running = False
+                    self._turn_abort = None
+                    self._reject_steers("the turn ended before a step boundary admitted it")
+                self._last_outcome = outcome
+                for listener in list(self.turn_listeners):
+                    try:
+                        listener(outcome)
+                    except Exception:
+                        log.exception("turn listener raised")
+        finally:
+            self._worker = None
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                waiter.resolve(self._last_outcome)
+            if self._closing:
+                self._finish_close()
+
+    def _reject_steers(self, why: str) -> None:
+        steers, self._steers = self._steers, []
+        for steer in steers:
+            reply = self._steer_replies.pop(steer.message_id, None)
+            try:
+                self.core.log.append("inbox/discarded", {"message_id": steer.message_id, "reason": why})
+            except Exception:
+                log.exception("could not log a discarded steer")
+            if reply is not None:
+                reply.reject(SubagentError("RUN_TERMINAL", why))
+
+    def _discard_queue(self, reason: str) -> None:
+        while self._queue:
+            message = self._queue.popleft()
+            self.core.log.append(
+                "inbox/discarded", {"message_id": message["id"], "reason": reason}
+            )
+
+    def _finish_close(self) -> None:
+        try:
+            self.core.log.close()
+        except Exception:
+            log.exception("closing the log of %s failed", self.core.session_id)
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            waiter.resolve(None)
+        if self._on_closed is not None:
+            self._on_closed()
+        self.stop()
+
+    def on_stop(self) -> None:
+        # Stopped without Close (e.g. a mass stop): still end the turn and release the log.
+        if self._turn_abort is not None:
+            self._turn_abort.abort("stopped")
+        worker = self._worker
+        if worker is not None and worker is not gevent.getcurrent():
+            worker.kill(block=False)
+
+
+class Agent:
+    """The handle users hold for one live agent. Methods return Pykka futures."""
+
+    def __init__(
+        self,
+        *,
+        ctx: AgentContext,
+        core: AgentCore,
+        header: Any,
+        tools: ToolScope,
+        prompt: SystemPrompt,
+        options: AgentOptions,
+    ) -> None:
+        self.ctx = ctx
+        self.core = core
+        self.header = header
+        self.tools = tools
+        self.prompt = prompt
+        self.options = options
+        self.created = time.time()
+        self._closed = False
+        core.agent = self
+        # Same process, same thread: the handle reads the actor's state directly for status.
+        self._actor, self.ref = start_local(AgentActor, core, on_closed=self._forget)
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.id} depth={self.depth}>"
+
+    @property
+    def id(self) -> str:
+        return self.core.session_id
+
+    session_id = id
+
+    @property
+    def cwd(self) -> str:
+        cwd: str = self.header.cwd
+        return cwd
+
+    @property
+    def log(self) -> SessionLog:
+        return self.core.log
+
+    @property
+    def depth(self) -> int:
+        """Delegation depth: the greater of the durable header and the runtime option."""
+        runtime = self.options.subagent_depth
+        durable: int = self.header.delegation_depth
+        return durable if runtime is None else max(durable, runtime)
+
+    @property
+    def status(self) -> str:
+        if self._closed:
+            return "closed"
+        return "running" if self._actor.turn_running or self._actor._queue else "idle"
+
+    @property
+    def turn_running(self) -> bool:
+        return self._actor.turn_running
+
+    @property
+    def actor(self) -> AgentActor:
+        return self._actor
+
+    def send(self, content: Any, source: MessageSource | None = None) -> Any:
+        return self.ref.ask(Send(check_content(content), source or MessageSource.user()), block=False)
+
+    def steer(self, content: Any, source: MessageSource | None = None) -> Any:
+        return self.ref.ask(
+            Steer(check_content(content), source or MessageSource.user()), block=False
+        )
+
+    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any:
+        """Abort the running turn (and the children it started); replies when idle."""
+        for hook in list(self.ctx.on_agent_cancelled):
+            hook(self, cause)
+        return self.ref.ask(Cancel(cause, keep_inbox), block=False)
+
+    def when_idle(self) -> Any:
+        return self.ref.ask(WhenIdle(), block=False)
+
+    def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Receive this agent's progress events (turn, step, tool, text), tagged with its id."""
+        previous = self.core.on_progress
+        agent_id = self.id
+
+        def tagged(event: dict[str, Any]) -> None:
+            if previous is not None:
+                previous(event)
+            fn({**event, "agent_id": agent_id})
+
+        self.core.on_progress = tagged
+
+        def remove() -> None:
+            self.core.on_progress = previous
+
+        return remove
+
+    def close(self, cause: Any = None) -> None:
+        """Cancel what runs, close the log and stop the actor; returns at quiescence."""
+        if self._closed and not self.ref.is_alive():
+            return
+        for hook in list(self.ctx.on_agent_closing):
+            hook(self)
+        try:
+            self.ref.ask(Close(cause), block=False).get()
+        except Exception as exc:
+            from pykka import ActorDeadError
+
+            if not isinstance(exc, ActorDeadError):
+                raise
+        self._forget()
+
+    def _forget(self) -> None:
+        self._closed = True
+        self.ctx.agents.pop(self.id, None)
+

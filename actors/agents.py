@@ -1,0 +1,143 @@
+"""Making agents: a fresh one, a seeded one (fork), or one rebuilt from its stored log (resume).
+
+Creation is a small transaction: if anything fails after the session was created, the session is
+deleted again before the error propagates, so a failed creation leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from actors.agent_actor import Agent
+from agent.context import AgentContext
+from agent.events import SessionHeader
+from agent.loop import AgentCore
+from agent.options import AgentOptions
+from agent.prompt import SystemPrompt
+from agent.tools import ToolScope
+
+__all__ = ["create_agent", "new_session_id", "pending_inbox", "resume_agent"]
+
+
+def new_session_id() -> str:
+    return "s" + os.urandom(8).hex()
+
+
+def create_agent(
+    ctx: AgentContext,
+    *,
+    options: AgentOptions | None = None,
+    cwd: str | None = None,
+    session_id: str | None = None,
+    parent_session: str | None = None,
+    origin: str | None = None,
+    delegation_depth: int = 0,
+    seed: Sequence[Mapping[str, Any]] = (),
+    tools: ToolScope | None = None,
+    prompt: SystemPrompt | None = None,
+) -> Agent:
+    """Create and publish an agent. `tools`/`prompt` are its scopes (a new flat scope over the
+    runtime's globals when omitted)."""
+    options = options or AgentOptions()
+    adapter, model_name = ctx.models.resolve(options.model)
+    header = SessionHeader(
+        id=session_id or new_session_id(),
+        created_at=time.time(),
+        cwd=cwd if cwd is not None else os.getcwd(),
+        parent_session=parent_session,
+        origin=origin,
+        delegation_depth=delegation_depth,
+        seed_length=len(seed),
+    )
+    session_log = ctx.store.create(header, seed)
+    try:
+        if seed:
+            session_log.append("session/end-seed", {"length": len(seed)})
+        tools = tools if tools is not None else ToolScope(ctx.tools)
+        prompt = prompt if prompt is not None else SystemPrompt(parent=ctx.prompt)
+        core = AgentCore(
+            session_id=header.id,
+            log=session_log,
+            options=options,
+            model=adapter,
+            model_name=model_name,
+            tools=tools,
+            prompt=prompt,
+            variables=ctx.variables,
+        )
+        agent = Agent(ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options)
+    except BaseException:
+        _discard_session(ctx, header.id, session_log)
+        raise
+    ctx.agents[agent.id] = agent
+    for hook in ctx.on_agent_published:
+        hook(agent)
+    return agent
+
+
+def resume_agent(
+    ctx: AgentContext,
+    session_id: str,
+    *,
+    options: AgentOptions | None = None,
+    tools: ToolScope | None = None,
+    prompt: SystemPrompt | None = None,
+) -> Agent:
+    """Rebuild an agent from its stored log. It continues turn numbering, keeps pending inbox
+    work queued, and waits for a message rather than waking itself."""
+    if session_id in ctx.agents:
+        raise ValueError(f"agent {session_id} is already live")
+    session_log = ctx.store.open(session_id)
+    try:
+        header = session_log.header
+        options = options or AgentOptions()
+        adapter, model_name = ctx.models.resolve(options.model)
+        tools = tools if tools is not None else ToolScope(ctx.tools)
+        prompt = prompt if prompt is not None else SystemPrompt(parent=ctx.prompt)
+        core = AgentCore(
+            session_id=header.id,
+            log=session_log,
+            options=options,
+            model=adapter,
+            model_name=model_name,
+            tools=tools,
+            prompt=prompt,
+            variables=ctx.variables,
+        )
+        agent = Agent(ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options)
+        agent.actor.restore_queue(pending_inbox(session_log.events))
+    except BaseException:
+        session_log.close()
+        raise
+    ctx.agents[agent.id] = agent
+    for hook in ctx.on_agent_published:
+        hook(agent)
+    return agent
+
+
+def pending_inbox(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Accepted sends that were never claimed nor discarded, in acceptance order."""
+    pending: dict[str, dict[str, Any]] = {}
+    for event in events:
+        kind = event["type"]
+        if kind == "inbox/accepted" and event["data"]["kind"] == "send":
+            data = event["data"]
+            pending[data["message_id"]] = {
+                "id": data["message_id"],
+                "content": data["content"],
+                "source": data["source"],
+            }
+        elif kind in ("inbox/claimed", "inbox/discarded"):
+            pending.pop(event["data"]["message_id"], None)
+    return list(pending.values())
+
+
+def _discard_session(ctx: AgentContext, session_id: str, session_log: Any) -> None:
+    try:
+        session_log.close()
+    finally:
+        if ctx.store.exists(session_id):
+            ctx.store.delete(session_id)

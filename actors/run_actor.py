@@ -1,0 +1,130 @@
+"""One actor per child run: the run's mailbox for steering, cancellation and disposal.
+
+Users reach a run through `run.ref` and the documented messages `Steer(content, source)`,
+`CancelRun(cause)` and `DisposeRun()`. `ref.ask(Steer(...))` resolves exactly like
+`run.steer()`: once the child's running turn admitted the message at a step boundary.
+`ref.tell(...)` queues it fire-and-forget. After disposal the actor is stopped, so a message to
+it raises Pykka's `ActorDeadError` at once instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+
+from actors.agent_actor import Steer
+from actors.deferred import Deferred
+from actors.gevent_actor import GeventActor
+from subagent.errors import SubagentError
+from subagent.types import Steerable, SubagentResult, SubagentRun
+
+__all__ = ["CancelRun", "DisposeRun", "RunActor", "Steer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """Abort the run's activation (its result settles `aborted` unless it completed)."""
+
+    cause: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DisposeRun:
+    """Cancel what remains, reach quiescence, stop this actor. Replies at quiescence."""
+
+
+class RunActor(GeventActor):
+    """Serves one provider run. `on_settled(result_or_exception)` is called exactly once."""
+
+    def __init__(
+        self,
+        run: SubagentRun,
+        on_settled: Callable[[SubagentResult | BaseException], None],
+    ) -> None:
+        super().__init__()
+        self.run = run
+        self._on_settled = on_settled
+        self._settled = False
+        self._dispose_reply: Deferred | None = None
+        self._watcher: gevent.Greenlet | None = None
+
+    def on_start(self) -> None:
+        self._watcher = gevent.spawn(self._watch)
+
+    def _watch(self) -> None:
+        """Wait for the provider's result off the mailbox, then report it exactly once."""
+        outcome: SubagentResult | BaseException
+        try:
+            outcome = self.run.result.get()
+        except gevent.GreenletExit:
+            raise
+        except BaseException as exc:
+            outcome = exc
+        self._settle(outcome)
+
+    def _settle(self, outcome: SubagentResult | BaseException) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            self._on_settled(outcome)
+        except Exception:
+            log.exception("run settlement hook raised")
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Steer):
+            return self._steer(message)
+        if isinstance(message, CancelRun):
+            cancel = getattr(self.run, "cancel", None)
+            if cancel is not None:
+                cancel(message.cause)
+            else:
+                self._dispose()
+            return None
+        if isinstance(message, DisposeRun):
+            return self._dispose()
+        raise TypeError(f"RunActor does not understand {type(message).__name__}")
+
+    def _steer(self, message: Steer) -> Deferred:
+        if self._dispose_reply is not None:
+            raise SubagentError("RUN_DISPOSED")
+        if not isinstance(self.run, Steerable):
+            raise SubagentError("UNSUPPORTED_CAPABILITY", "this run cannot be steered")
+        reply = Deferred()
+        future = self.run.steer(message.content, message.source)
+
+        def relay() -> None:
+            try:
+                reply.resolve(future.get())
+            except BaseException as exc:
+                reply.reject(exc)
+
+        gevent.spawn(relay)
+        return reply
+
+    def _dispose(self) -> Deferred:
+        if self._dispose_reply is not None:
+            return self._dispose_reply
+        reply = self._dispose_reply = Deferred()
+
+        def dispose() -> None:
+            try:
+                self.run.dispose()
+            except Exception as exc:
+                log.exception("dispose of run %s raised", self.run.id)
+                self._settle(exc)
+            # The provider settled the result during dispose; wait for the watcher to report it.
+            watcher = self._watcher
+            if watcher is not None:
+                watcher.join()
+            reply.resolve(None)
+            self.stop()
+
+        gevent.spawn(dispose)
+        return reply

@@ -1,0 +1,108 @@
+"""A GeventActor as a `supervision.child.Child`, so a Supervisor can own it.
+
+Exit kinds:
+- *crashed*: the actor died of an exception (on_start, a told handler, on_stop, on_failure) or
+  was killed (`kill()`, or a foreign `gevent.kill` of its greenlet);
+- *cancelled*: it stopped after `request_stop()`;
+- *normal*: it stopped itself (or someone else stopped it through its ref).
+
+The exit is computed once, when the actor loop has ended (pending asks already failed), and
+each listener gets it exactly once, in the hub, so listeners must not block.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pykka import ActorRef
+
+from actors import gevent_actor
+from actors.gevent_actor import GeventActor
+from supervision.child import Exit
+
+__all__ = ["ActorChild", "spawn_actor_child"]
+
+log = logging.getLogger(__name__)
+
+_names = itertools.count(1)
+
+
+class ActorChild:
+    """Wraps a started GeventActor's ref; satisfies `supervision.child.Child`."""
+
+    __slots__ = ("_actor", "_exit", "_listeners", "_stop_requested", "name", "ref")
+
+    def __init__(self, ref: ActorRef[Any], name: str | None = None) -> None:
+        actor = ref._actor_weakref()
+        if not isinstance(actor, GeventActor):
+            msg = f"{ref} is not a live GeventActor"
+            raise TypeError(msg)
+        self.ref = ref
+        self.name: str = name or f"{ref.actor_class.__name__}-{next(_names)}"
+        # A strong reference: the exit must be readable after the actor object would be freed.
+        self._actor = actor
+        self._stop_requested = False
+        self._exit: Exit | None = None
+        self._listeners: list[Callable[[Exit], None]] = []
+        actor._add_exit_callback(self._on_actor_exit)
+
+    def __repr__(self) -> str:
+        state = self._exit.kind if self._exit else "running"
+        return f"<ActorChild {self.name!r} {state}>"
+
+    @property
+    def exit(self) -> Exit | None:
+        """Why the actor ended, or None while it runs."""
+        return self._exit
+
+    def request_stop(self, reason: object = None) -> None:
+        """Send Pykka's stop message: queued messages are handled first, then on_stop runs."""
+        if self._exit is not None or self._stop_requested:
+            return
+        self._stop_requested = True
+        log.debug("stop requested for %s: %s", self.name, reason)
+        if self.ref.is_alive():
+            self.ref.stop(block=False)
+
+    def kill(self) -> None:
+        gevent_actor.kill(self._actor, reason=f"killed as child {self.name}")
+
+    def join(self, timeout: float | None = None) -> bool:
+        return gevent_actor.join(self._actor, timeout)
+
+    def add_exit_listener(self, fn: Callable[[Exit], None]) -> None:
+        if self._exit is not None:
+            _call(fn, self._exit)
+        else:
+            self._listeners.append(fn)
+
+    def _on_actor_exit(self, actor: GeventActor) -> None:
+        crash = actor._crash
+        if crash is not None:
+            exit = Exit.crashed(crash)
+        elif self._stop_requested:
+            exit = Exit("cancelled")
+        else:
+            exit = Exit("normal")
+        self._exit = exit
+        self._actor = actor
+        listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            _call(fn, exit)
+
+
+def spawn_actor_child(
+    actor_class: type[GeventActor], *args: Any, name: str | None = None, **kwargs: Any
+) -> ActorChild:
+    """Start `actor_class(*args, **kwargs)` and wrap it; usable as a ChildSpec start function."""
+    return ActorChild(actor_class.start(*args, **kwargs), name=name)
+
+
+def _call(fn: Callable[[Exit], None], exit: Exit) -> None:
+    try:
+        fn(exit)
+    except Exception:
+        log.exception("exit listener %r failed", fn)

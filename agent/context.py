@@ -1,0 +1,39 @@
+"""What every agent of one runtime shares: the store, models, global tools, the deployment prompt.
+
+Upper layers hang their services here (`subagents`, `tasks`) so an agent reaches them through
+`agent.ctx` the way the seed's `parent.ctx` does, without the agent layer importing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.models import ModelRegistry
+from agent.prompt import SystemPrompt
+from agent.store import MemoryStore, SessionStore
+from agent.tools import ToolRegistry
+
+__all__ = ["AgentContext"]
+
+
+@dataclass(eq=False)
+class AgentContext:
+    store: SessionStore | MemoryStore
+    models: ModelRegistry
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    prompt: SystemPrompt = field(default_factory=SystemPrompt)
+    variables: MutableMapping[str, str | None] = field(default_factory=dict)
+    # Live agents by session id (`ctx.agents`): the one place that knows who is running.
+    agents: MutableMapping[str, Any] = field(default_factory=dict)
+    # Services of upper layers, set by the runtime wiring.
+    subagents: Any = None
+    tasks: Any = None
+    supervisor: Any = None
+    # Called with (agent) whenever an agent is published; the registry uses it for listings.
+    on_agent_published: list[Callable[[Any], None]] = field(default_factory=list)
+    # Called with (agent) before an agent closes, so its children are released first.
+    on_agent_closing: list[Callable[[Any], None]] = field(default_factory=list)
+    # Called with (agent, cause) when an agent's running turn is cancelled.
+    on_agent_cancelled: list[Callable[[Any, Any], None]] = field(default_factory=list)

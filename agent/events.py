@@ -1,0 +1,163 @@
+"""Session event vocabulary: the envelope, the type constants and the session header.
+
+Events are plain dicts (`Event` is only a TypedDict for the type checker) because the loop
+appends ~10 per step and they cross msgpack, ACP and Ray unchanged. Placement rules live in
+`agent.log` (the invariant replay); this module says what each type is called and carries.
+
+Forward compatibility: an event of a type this version does not know loads only when its data
+says `"ignorable": true`; any other unknown type is an error at load and validation, so an old
+reader never silently drops something a newer writer considered essential.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, Literal, TypedDict
+
+__all__ = [
+    "ASSISTANT_MESSAGE",
+    "EVENT_TYPES",
+    "HEADER_VERSION",
+    "INBOX_ACCEPTED",
+    "INBOX_CLAIMED",
+    "INBOX_DISCARDED",
+    "REQUEST_HEADER",
+    "SESSION_END_SEED",
+    "SESSION_ID_PATTERN",
+    "STEP_END",
+    "STEP_START",
+    "SUBAGENT_DESCRIPTOR",
+    "TOOL_CALL",
+    "TOOL_RESULT",
+    "TURN_END",
+    "TURN_END_REASONS",
+    "TURN_START",
+    "USER_MESSAGE",
+    "Event",
+    "SessionHeader",
+    "SessionLogError",
+    "TurnEndReason",
+    "is_ignorable",
+    "validate_session_id",
+]
+
+TURN_START: Final = "turn/start"  # {turn}
+TURN_END: Final = "turn/end"  # {turn, reason, cause?, message?}
+STEP_START: Final = "step/start"  # {turn, step}
+STEP_END: Final = "step/end"  # {turn, step}
+USER_MESSAGE: Final = "user/message"  # {message: {id, role: "user", content, source}}
+ASSISTANT_MESSAGE: Final = "assistant/message"  # {message: {...tool_calls}, finish, usage?}
+TOOL_CALL: Final = "tool/call"  # {call_id, name, arguments}, logged before dispatch
+TOOL_RESULT: Final = "tool/result"  # {call_id, name, content, is_error, code?}
+REQUEST_HEADER: Final = "request/header"  # {system, tools: [{name, description, parameters}]}
+SESSION_END_SEED: Final = "session/end-seed"  # {length}
+SUBAGENT_DESCRIPTOR: Final = "subagent/descriptor"  # {descriptor}
+INBOX_ACCEPTED: Final = "inbox/accepted"  # {message_id, kind: send|steer, content, source}
+INBOX_CLAIMED: Final = "inbox/claimed"  # {message_id}
+INBOX_DISCARDED: Final = "inbox/discarded"  # {message_id, reason}
+
+EVENT_TYPES: Final = frozenset(
+    {
+        TURN_START,
+        TURN_END,
+        STEP_START,
+        STEP_END,
+        USER_MESSAGE,
+        ASSISTANT_MESSAGE,
+        TOOL_CALL,
+        TOOL_RESULT,
+        REQUEST_HEADER,
+        SESSION_END_SEED,
+        SUBAGENT_DESCRIPTOR,
+        INBOX_ACCEPTED,
+        INBOX_CLAIMED,
+        INBOX_DISCARDED,
+    }
+)
+
+TurnEndReason = Literal["completed", "aborted", "error", "max-tokens", "blocked", "interrupted"]
+TURN_END_REASONS: Final = frozenset(
+    {"completed", "aborted", "error", "max-tokens", "blocked", "interrupted"}
+)
+
+HEADER_VERSION: Final = 1
+
+# Session ids become file names, so they are restricted to a safe alphabet (no path escapes).
+SESSION_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class Event(TypedDict):
+    type: str
+    seq: int
+    time: float
+    data: dict[str, Any]
+
+
+class SessionLogError(Exception):
+    """Base of every "this session log cannot be used as is" failure."""
+
+
+def is_ignorable(event: Event) -> bool:
+    """Whether an event of an unknown type may be skipped by this reader."""
+    data = event.get("data")
+    return type(data) is dict and data.get("ignorable") is True
+
+
+def validate_session_id(session_id: object) -> str:
+    """Return the id, or raise ValueError (ids become file names)."""
+    if type(session_id) is not str or not SESSION_ID_PATTERN.fullmatch(session_id):
+        raise ValueError(
+            f"invalid session id {session_id!r}: must match {SESSION_ID_PATTERN.pattern}"
+        )
+    return session_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionHeader:
+    """The first frame of a session file: identity and lineage that never change.
+
+    Keyword-only, so adding a field never shifts a caller's positional arguments.
+    """
+
+    id: str
+    created_at: float = field(default_factory=time.time)
+    cwd: str = field(default_factory=os.getcwd)
+    parent_session: str | None = None
+    origin: Literal["subagent"] | None = None
+    delegation_depth: int = 0
+    seed_length: int = 0
+    version: int = HEADER_VERSION
+
+    def __post_init__(self) -> None:
+        validate_session_id(self.id)
+        if type(self.version) is not int or not 1 <= self.version <= HEADER_VERSION:
+            raise ValueError(f"unsupported session header version {self.version!r}")
+        if type(self.created_at) not in (int, float):
+            raise TypeError("created_at must be a number (epoch seconds)")
+        if type(self.cwd) is not str:
+            raise TypeError("cwd must be a str")
+        if self.parent_session is not None:
+            validate_session_id(self.parent_session)
+        if self.origin not in (None, "subagent"):
+            raise ValueError(f"origin must be 'subagent' or None, not {self.origin!r}")
+        for name in ("delegation_depth", "seed_length"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, not {value!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: object) -> SessionHeader:
+        """Build from `to_json` output; unknown keys are ignored (written by a newer minor)."""
+        if type(data) is not dict:
+            raise TypeError(f"session header must be a dict, not {type(data).__name__}")
+        missing = [k for k in ("id", "created_at", "cwd", "version") if k not in data]
+        if missing:
+            raise ValueError(f"session header lacks {', '.join(missing)}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

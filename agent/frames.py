@@ -1,0 +1,175 @@
+"""The session file format: length-prefixed, CRC-checked msgpack frames.
+
+Frame: 4-byte big-endian payload length, 4-byte big-endian CRC32 of the payload, payload. The
+first frame holds `{"magic": MAGIC, "header": SessionHeader.to_json()}`; every later frame
+holds one event dict. See docs/durability.md for why the tail rules below are what they are.
+
+Tail rules (a SIGKILL mid-write leaves a prefix of what was written, so it must read as torn):
+- fewer than 8 bytes left, or a payload that runs past end of file: torn, unless a complete
+  CRC-valid frame starts inside that region (then a length field was damaged: corrupt);
+- a complete frame ending exactly at end of file whose CRC does not match: torn (power loss
+  can leave the last block's extent written but not its data);
+- everything from some frame boundary to end of file is zero bytes: torn (zero-filled extent);
+- any other CRC mismatch, a CRC-valid payload that is not a well-formed event, a zero or
+  oversized length: `CorruptSessionError` with the frame's byte offset.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, Final, cast
+
+import msgpack
+
+from agent.events import Event, SessionHeader, SessionLogError
+
+__all__ = [
+    "FRAME_HEADER_SIZE",
+    "MAGIC",
+    "MAX_FRAME",
+    "CorruptSessionError",
+    "decode_frames",
+    "encode_event",
+    "encode_header",
+]
+
+MAGIC: Final = "subagent-session/1"
+FRAME_HEADER_SIZE: Final = 8
+# A bigger payload is refused at append and read as corruption at load.
+MAX_FRAME: Final = 64 * 1024 * 1024
+
+_prefix = struct.Struct(">II")
+_pack_prefix = _prefix.pack
+_unpack_prefix = _prefix.unpack_from
+_crc32 = zlib.crc32
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+class CorruptSessionError(SessionLogError):
+    """A damaged frame before the tail: never repaired silently."""
+
+    def __init__(self, name: str, offset: int, message: str) -> None:
+        self.name = name
+        self.offset = offset
+        self.message = message
+        super().__init__(f"{name}: corrupt session at byte {offset}: {message}")
+
+
+def encode_header(header: SessionHeader) -> bytes:
+    return _frame(_packb({"magic": MAGIC, "header": header.to_json()}))
+
+
+def encode_event(event: Event) -> bytes:
+    """One event frame. The data must already have passed `check_json`."""
+    return _frame(_packb(event))
+
+
+def _frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_FRAME:
+        raise ValueError(f"frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _pack_prefix(len(payload), _crc32(payload)) + payload
+
+
+def decode_frames(
+    data: bytes | bytearray | memoryview, name: str
+) -> tuple[SessionHeader, list[Event], int, bool]:
+    """Decode a whole session file: (header, events, good_length, torn).
+
+    `good_length` is the byte length of the intact prefix; `torn` says bytes after it were
+    dropped as an incomplete tail write.
+    """
+    view = memoryview(data)
+    size = len(view)
+    if size == 0:
+        raise CorruptSessionError(name, 0, "empty file (no header frame)")
+    end, payload, torn = _next_frame(view, 0, size, name)
+    if torn or payload is None:
+        raise CorruptSessionError(name, 0, "torn header frame")
+    header = _decode_header(payload, name)
+    events: list[Event] = []
+    append = events.append
+    unpackb = msgpack.unpackb
+    offset = end
+    while offset < size:
+        # Fast path: a complete frame whose CRC matches.
+        if size - offset >= 8:
+            length, crc = _unpack_prefix(view, offset)
+            stop = offset + 8 + length
+            if 0 < length <= MAX_FRAME and stop <= size:
+                payload = view[offset + 8 : stop]
+                if _crc32(payload) == crc:
+                    try:
+                        event = unpackb(payload)
+                    except Exception as exc:
+                        raise CorruptSessionError(name, offset, f"bad msgpack: {exc}") from None
+                    # The envelope's fields are checked by the invariant replay (by seq).
+                    if type(event) is not dict:
+                        raise CorruptSessionError(name, offset, "frame is not an event")
+                    append(cast(Event, event))
+                    offset = stop
+                    continue
+        end, payload, torn = _next_frame(view, offset, size, name)
+        if torn:
+            return header, events, offset, True
+        raise AssertionError("unreachable: slow path accepted a frame the fast path refused")
+    return header, events, offset, False
+
+
+def _next_frame(
+    view: memoryview, offset: int, size: int, name: str
+) -> tuple[int, memoryview | None, bool]:
+    """Classify the frame at `offset`: (end, payload, False), (offset, None, True) or raise."""
+    rest = size - offset
+    if not any(view[offset:]):
+        return offset, None, True  # zero-filled tail (also covers a short all-zero prefix)
+    if rest < 8:
+        return offset, None, True
+    length, crc = _unpack_prefix(view, offset)
+    if length == 0:
+        raise CorruptSessionError(name, offset, "zero-length frame")
+    if length > MAX_FRAME:
+        raise CorruptSessionError(name, offset, f"frame length {length} exceeds {MAX_FRAME}")
+    stop = offset + 8 + length
+    if stop > size:
+        found = _valid_frame_within(view, offset + 1, size)
+        if found is not None:
+            raise CorruptSessionError(
+                name,
+                offset,
+                f"frame length {length} runs past end of file, but a valid frame starts at "
+                f"byte {found}",
+            )
+        return offset, None, True
+    payload = view[offset + 8 : stop]
+    if _crc32(payload) != crc:
+        if stop == size:
+            return offset, None, True
+        raise CorruptSessionError(name, offset, "CRC mismatch")
+    return stop, payload, False
+
+
+def _valid_frame_within(view: memoryview, start: int, size: int) -> int | None:
+    """First offset in [start, size) where a complete, CRC-valid frame begins, if any."""
+    for pos in range(start, size - 8):
+        length, crc = _unpack_prefix(view, pos)
+        if (
+            length > 0
+            and pos + 8 + length <= size
+            and _crc32(view[pos + 8 : pos + 8 + length]) == crc
+        ):
+            return pos
+    return None
+
+
+def _decode_header(payload: memoryview, name: str) -> SessionHeader:
+    try:
+        obj: Any = msgpack.unpackb(payload)
+    except Exception as exc:
+        raise CorruptSessionError(name, 0, f"bad header msgpack: {exc}") from None
+    if type(obj) is not dict or obj.get("magic") != MAGIC:
+        raise CorruptSessionError(name, 0, "not a session file (bad magic)")
+    try:
+        return SessionHeader.from_json(obj.get("header"))
+    except (TypeError, ValueError) as exc:
+        raise CorruptSessionError(name, 0, f"bad header: {exc}") from None

@@ -1,0 +1,90 @@
+"""Lossless-JSON check for event data, run on every append.
+
+An event must come back from the log exactly as it went in, through msgpack, JSON (ACP) and
+Ray alike, so only exact `dict`/`list`/`str`/`int`/`float`/`bool`/`None` are accepted: no
+NaN/inf, no non-string keys, no bytes, sets, tuples, subclasses (enums) or other objects, and
+ints must fit msgpack's 64-bit range. The fast path only answers yes/no (it runs ~10 times per
+step); the slow path re-walks a rejected value to name the offending path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "check_json"]
+
+# Nesting deeper than this is rejected; it also bounds the walk over a cyclic value.
+MAX_DEPTH = 200
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+
+def check_json(value: Any, where: str = "data") -> None:
+    """Raise TypeError naming the first path in `value` that is not lossless JSON."""
+    if not _ok(value, 0):
+        _explain(value, where, 0, [])
+        # _explain always raises for a value _ok rejects; this guards a divergence.
+        raise TypeError(f"{where}: not lossless JSON")  # pragma: no cover
+
+
+def _ok(v: Any, depth: int) -> bool:
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return True
+    if t is int:
+        return bool(_INT_MIN <= v <= _INT_MAX)
+    if t is float:
+        return bool(v - v == 0.0)  # False for NaN and +-inf
+    if depth >= MAX_DEPTH:
+        return False
+    if t is dict:
+        for k, x in v.items():
+            if type(k) is not str:
+                return False
+            tx = type(x)
+            if tx is str or tx is bool or x is None:
+                continue
+            if not _ok(x, depth + 1):
+                return False
+        return True
+    if t is list:
+        for x in v:
+            tx = type(x)
+            if tx is str or tx is bool or x is None:
+                continue
+            if not _ok(x, depth + 1):
+                return False
+        return True
+    return False
+
+
+def _explain(v: Any, path: str, depth: int, stack: list[int]) -> None:
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return
+    if t is int:
+        if not _INT_MIN <= v <= _INT_MAX:
+            raise TypeError(f"{path}: integer {v} is outside the 64-bit range")
+        return
+    if t is float:
+        if not v - v == 0.0:
+            raise TypeError(f"{path}: {v!r} is not a finite float")
+        return
+    if t is dict or t is list:
+        if id(v) in stack:
+            raise TypeError(f"{path}: cycle (the value contains itself)")
+        if depth >= MAX_DEPTH:
+            raise TypeError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        stack.append(id(v))
+        if t is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise TypeError(f"{path}: key {k!r} is a {type(k).__name__}, not a str")
+                _explain(x, f"{path}.{k}", depth + 1, stack)
+        else:
+            for i, x in enumerate(v):
+                _explain(x, f"{path}[{i}]", depth + 1, stack)
+        stack.pop()
+        return
+    raise TypeError(f"{path}: {t.__name__} is not lossless JSON")

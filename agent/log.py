@@ -1,0 +1,500 @@
+"""Invariant replay of a session log, and the live appendable `SessionLog`.
+
+The replay is incremental (`LogReplay.feed`) so the same rules run at load, on seeds, and at
+every append: a bad event fails where it is made, not on the next cold resume.
+
+Rules (docs/durability.md repeats them for readers of the file format):
+- seq is contiguous from 0; the envelope is {type: str, seq: int, time: number, data: dict};
+- turns are numbered 1, 2, 3, ... with no gap and no nesting; turn/end names the open turn,
+  has a known reason and comes only with no open step;
+- step/start only inside a turn, steps 1..k contiguous within the turn, each closed by a
+  matching step/end before the next step/start or the turn/end;
+- user/message only inside a turn at a boundary: after turn/start (the prompt) or after
+  step/start (a steer), before the step's assistant/message or tool events;
+- assistant/message and tool/call only inside a step; call ids are unique within a turn;
+- tool/result only inside a turn, pairing an earlier tool/call of that turn, once per call;
+- subagent/descriptor only inside a turn; session/end-seed only outside a turn, with
+  `length` equal to its own seq (the number of seeded events before it);
+- request/header and inbox/* may appear anywhere; inbox ids are accepted once, then claimed
+  or discarded at most once;
+- unknown types are accepted only when `data.ignorable is True`.
+A log may end with a turn still open (a live session, or a torn tail before repair).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, Protocol
+
+from agent import events as ev
+from agent.events import Event, SessionHeader, SessionLogError
+from agent.frames import MAX_FRAME, _crc32, _frame, _pack_prefix, _packb
+from agent.jsoncheck import check_json
+
+__all__ = [
+    "Durability",
+    "InvariantError",
+    "LogReplay",
+    "SessionLog",
+    "completed_turn_prefix",
+    "validate_log",
+]
+
+logger = logging.getLogger("agent")
+
+Durability = Literal["turn", "step", "none"]
+DURABILITY_SETTINGS: frozenset[str] = frozenset({"turn", "step", "none"})
+
+
+class InvariantError(SessionLogError):
+    """An event breaks the log's structure; `seq` names it."""
+
+    def __init__(self, seq: int, message: str) -> None:
+        self.seq = seq
+        self.message = message
+        super().__init__(f"event seq {seq}: {message}")
+
+
+def _is_int(v: object) -> bool:
+    return type(v) is int
+
+
+def _is_str(v: object) -> bool:
+    return type(v) is str
+
+
+def _is_list(v: object) -> bool:
+    return type(v) is list
+
+
+def _is_dict(v: object) -> bool:
+    return type(v) is dict
+
+
+# Required data fields per type: field -> (predicate, what it must be).
+_Check = tuple[Callable[[object], bool], str]
+_INT: _Check = (_is_int, "an int")
+_STR: _Check = (_is_str, "a str")
+_LIST: _Check = (_is_list, "a list")
+_DICT: _Check = (_is_dict, "a dict")
+_BOOL: _Check = (lambda v: type(v) is bool, "a bool")
+
+_REQUIRED: dict[str, dict[str, _Check]] = {
+    ev.TURN_START: {"turn": _INT},
+    ev.TURN_END: {"turn": _INT, "reason": _STR},
+    ev.STEP_START: {"turn": _INT, "step": _INT},
+    ev.STEP_END: {"turn": _INT, "step": _INT},
+    ev.USER_MESSAGE: {"message": _DICT},
+    ev.ASSISTANT_MESSAGE: {"message": _DICT, "finish": _STR},
+    ev.TOOL_CALL: {"call_id": _STR, "name": _STR, "arguments": _DICT},
+    ev.TOOL_RESULT: {"call_id": _STR, "name": _STR, "content": _LIST, "is_error": _BOOL},
+    ev.REQUEST_HEADER: {"system": _STR, "tools": _LIST},
+    ev.SESSION_END_SEED: {"length": _INT},
+    ev.SUBAGENT_DESCRIPTOR: {"descriptor": _DICT},
+    ev.INBOX_ACCEPTED: {"message_id": _STR, "kind": _STR, "content": _LIST, "source": _DICT},
+    ev.INBOX_CLAIMED: {"message_id": _STR},
+    ev.INBOX_DISCARDED: {"message_id": _STR, "reason": _STR},
+}
+_OPTIONAL: dict[str, dict[str, _Check]] = {
+    ev.TURN_END: {"message": _STR},
+    ev.ASSISTANT_MESSAGE: {"usage": _DICT},
+    ev.TOOL_RESULT: {"code": _STR},
+}
+
+
+class LogReplay:
+    """Incremental invariant checker; `feed` raises InvariantError on the first bad event."""
+
+    __slots__ = (
+        "_accepted",
+        "_boundary",
+        "_calls",
+        "_settled",
+        "_settled_inbox",
+        "seed_length",
+        "seq",
+        "step",
+        "step_open",
+        "turn",
+        "turn_open",
+    )
+
+    def __init__(self, header: SessionHeader | None = None) -> None:
+        self.seq = 0  # the seq the next event must carry
+        self.turn = 0  # the last turn started
+        self.turn_open = False
+        self.step = 0  # the last step started in the current turn
+        self.step_open = False
+        self.seed_length = header.seed_length if header is not None else 0
+        self._boundary = False  # a user/message is admissible here
+        self._calls: dict[str, str] = {}  # open calls of the current turn: id -> name
+        self._settled: set[str] = set()  # call ids of this turn that have a result
+        self._accepted: set[str] = set()
+        self._settled_inbox: set[str] = set()
+
+    @property
+    def open_calls(self) -> dict[str, str]:
+        """Tool calls of the open turn that have no result yet (id -> name), in call order."""
+        return dict(self._calls)
+
+    def feed(self, event: Event) -> None:
+        seq = self.seq
+        if type(event) is not dict:
+            raise InvariantError(seq, f"event is a {type(event).__name__}, not a dict")
+        if event.get("seq") != seq or type(event.get("seq")) is not int:
+            raise InvariantError(seq, f"seq {event.get('seq')!r} where {seq} was expected")
+        etype = event.get("type")
+        data = event.get("data")
+        if type(etype) is not str:
+            raise InvariantError(seq, "type must be a str")
+        if type(data) is not dict:
+            raise InvariantError(seq, "data must be a dict")
+        if type(event.get("time")) not in (float, int):
+            raise InvariantError(seq, "time must be a number")
+        required = _REQUIRED.get(etype)
+        if required is None:
+            if data.get("ignorable") is not True:
+                raise InvariantError(seq, f"unknown event type {etype!r} (not marked ignorable)")
+            self.seq = seq + 1
+            return
+        for key, (pred, what) in required.items():
+            if not pred(data.get(key)):
+                raise InvariantError(seq, f"{etype}: {key} must be {what}")
+        optional = _OPTIONAL.get(etype)
+        if optional is not None:
+            for key, (pred, what) in optional.items():
+                if key in data and not pred(data[key]):
+                    raise InvariantError(seq, f"{etype}: {key} must be {what}")
+        _HANDLERS[etype](self, seq, data)
+        self.seq = seq + 1
+        if seq + 1 == self.seed_length and self.turn_open:
+            raise InvariantError(seq, "the seed ends inside an open turn")
+
+    # -- per type -------------------------------------------------------------------------
+
+    def _turn_start(self, seq: int, data: dict[str, Any]) -> None:
+        if self.turn_open:
+            raise InvariantError(seq, f"turn/start while turn {self.turn} is open")
+        if data["turn"] != self.turn + 1:
+            raise InvariantError(seq, f"turn {data['turn']} follows turn {self.turn}")
+        self.turn += 1
+        self.turn_open = True
+        self.step = 0
+        self._boundary = True
+        self._calls = {}
+        self._settled = set()
+
+    def _turn_end(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.turn_open:
+            raise InvariantError(seq, "turn/end with no open turn")
+        if data["turn"] != self.turn:
+            raise InvariantError(seq, f"turn/end names turn {data['turn']}, open is {self.turn}")
+        if self.step_open:
+            raise InvariantError(seq, f"turn/end while step {self.step} is open")
+        if data["reason"] not in ev.TURN_END_REASONS:
+            raise InvariantError(seq, f"unknown turn/end reason {data['reason']!r}")
+        self.turn_open = False
+        self._boundary = False
+
+    def _step_start(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.turn_open:
+            raise InvariantError(seq, "step/start outside a turn")
+        if self.step_open:
+            raise InvariantError(seq, f"step/start while step {self.step} is open")
+        if data["turn"] != self.turn or data["step"] != self.step + 1:
+            raise InvariantError(
+                seq,
+                f"step/start {data['turn']}.{data['step']} where "
+                f"{self.turn}.{self.step + 1} was expected",
+            )
+        self.step += 1
+        self.step_open = True
+        self._boundary = True
+
+    def _step_end(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.step_open:
+            raise InvariantError(seq, "step/end with no open step")
+        if data["turn"] != self.turn or data["step"] != self.step:
+            raise InvariantError(
+                seq, f"step/end {data['turn']}.{data['step']} closes {self.turn}.{self.step}"
+            )
+        self.step_open = False
+        self._boundary = False
+
+    def _user_message(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.turn_open:
+            raise InvariantError(seq, "user/message outside a turn")
+        if not self._boundary:
+            raise InvariantError(seq, "user/message only right after turn/start or step/start")
+        message = data["message"]
+        if message.get("role") != "user" or type(message.get("content")) is not list:
+            raise InvariantError(seq, "user/message needs role 'user' and a content list")
+
+    def _assistant_message(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.step_open:
+            raise InvariantError(seq, "assistant/message outside a step")
+        message = data["message"]
+        if message.get("role") != "assistant" or type(message.get("content")) is not list:
+            raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
+        if "tool_calls" in message and type(message["tool_calls"]) is not list:
+            raise InvariantError(seq, "assistant/message tool_calls must be a list")
+        self._boundary = False
+
+    def _tool_call(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.step_open:
+            raise InvariantError(seq, "tool/call outside a step")
+        call_id = data["call_id"]
+        if call_id in self._calls or call_id in self._settled:
+            raise InvariantError(seq, f"tool/call id {call_id!r} repeats within turn {self.turn}")
+        self._calls[call_id] = data["name"]
+        self._boundary = False
+
+    def _tool_result(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.turn_open:
+            raise InvariantError(seq, "tool/result outside a turn")
+        call_id = data["call_id"]
+        if call_id in self._settled:
+            raise InvariantError(seq, f"second tool/result for call {call_id!r}")
+        if call_id not in self._calls:
+            raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
+        del self._calls[call_id]
+        self._settled.add(call_id)
+        self._boundary = False
+
+    def _request_header(self, seq: int, data: dict[str, Any]) -> None:
+        pass
+
+    def _session_end_seed(self, seq: int, data: dict[str, Any]) -> None:
+        if self.turn_open:
+            raise InvariantError(seq, "session/end-seed inside a turn")
+        if data["length"] != seq:
+            raise InvariantError(seq, f"session/end-seed length {data['length']} at seq {seq}")
+        if self.seed_length and data["length"] != self.seed_length:
+            raise InvariantError(
+                seq, f"session/end-seed length {data['length']}, header says {self.seed_length}"
+            )
+
+    def _subagent_descriptor(self, seq: int, data: dict[str, Any]) -> None:
+        if not self.turn_open:
+            raise InvariantError(seq, "subagent/descriptor outside a turn")
+
+    def _inbox_accepted(self, seq: int, data: dict[str, Any]) -> None:
+        if data["kind"] not in ("send", "steer"):
+            raise InvariantError(seq, f"inbox/accepted kind {data['kind']!r}")
+        if data["message_id"] in self._accepted:
+            raise InvariantError(seq, f"inbox message {data['message_id']!r} accepted twice")
+        self._accepted.add(data["message_id"])
+
+    def _inbox_settle(self, seq: int, data: dict[str, Any], what: str) -> None:
+        message_id = data["message_id"]
+        if message_id not in self._accepted:
+            raise InvariantError(seq, f"inbox/{what} of a message never accepted: {message_id!r}")
+        if message_id in self._settled_inbox:
+            raise InvariantError(seq, f"inbox message {message_id!r} settled twice")
+        self._settled_inbox.add(message_id)
+
+    def _inbox_claimed(self, seq: int, data: dict[str, Any]) -> None:
+        self._inbox_settle(seq, data, "claimed")
+
+    def _inbox_discarded(self, seq: int, data: dict[str, Any]) -> None:
+        self._inbox_settle(seq, data, "discarded")
+
+
+_HANDLERS: dict[str, Callable[[LogReplay, int, dict[str, Any]], None]] = {
+    name: getattr(LogReplay, "_" + name.replace("/", "_").replace("-", "_"))
+    for name in ev.EVENT_TYPES
+}
+
+
+def validate_log(events: Iterable[Event], header: SessionHeader | None = None) -> LogReplay:
+    """Replay every invariant over `events`; returns the final state (open turn, calls)."""
+    replay = LogReplay(header)
+    feed = replay.feed
+    for event in events:
+        feed(event)
+    return replay
+
+
+def completed_turn_prefix(events: Sequence[Event]) -> list[Event]:
+    """Events 0..the last turn/end inclusive: the balanced prefix a fork seeds from."""
+    for index in range(len(events) - 1, -1, -1):
+        if events[index]["type"] == ev.TURN_END:
+            return list(events[: index + 1])
+    return []
+
+
+def closing_events(replay: LogReplay) -> list[tuple[str, dict[str, Any]]]:
+    """The synthetic events that close an open tail turn as `interrupted` (used by repair)."""
+    if not replay.turn_open:
+        return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    for call_id, name in replay.open_calls.items():
+        out.append(
+            (
+                ev.TOOL_RESULT,
+                {
+                    "call_id": call_id,
+                    "name": name,
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "interrupted: the session ended before this tool call returned",
+                        }
+                    ],
+                    "is_error": True,
+                    "code": "INTERRUPTED",
+                },
+            )
+        )
+    if replay.step_open:
+        out.append((ev.STEP_END, {"turn": replay.turn, "step": replay.step}))
+    out.append(
+        (
+            ev.TURN_END,
+            {
+                "turn": replay.turn,
+                "reason": "interrupted",
+                "message": "the session log ended inside this turn; closed on load",
+            },
+        )
+    )
+    return out
+
+
+class LogSink(Protocol):
+    """Where a SessionLog's frames go (a file, or a MemoryStore buffer)."""
+
+    def write(self, data: bytes | bytearray) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SessionLog:
+    """The live, appendable log of one session.
+
+    Appends are buffered in memory (no syscall); `checkpoint` is the durability point. After
+    a failed write or sync the log refuses further use: the file may end in a partial frame,
+    and appending behind it would turn a repairable torn tail into mid-file corruption.
+    """
+
+    def __init__(
+        self,
+        header: SessionHeader,
+        events: list[Event],
+        sink: LogSink,
+        durability: Durability = "turn",
+        replay: LogReplay | None = None,
+    ) -> None:
+        if durability not in DURABILITY_SETTINGS:
+            raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
+        self.header = header
+        self.events = events
+        self.durability: Durability = durability
+        self._sink = sink
+        self._replay = replay if replay is not None else validate_log(events, header)
+        self._feed = self._replay.feed
+        self._buffer = bytearray()
+        self._unsynced = False  # written to the OS since the last sync
+        self._failed: BaseException | None = None
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self.header.id
+
+    @property
+    def turn_open(self) -> bool:
+        return self._replay.turn_open
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def append(self, type: str, data: dict[str, Any]) -> Event:
+        """Record one event. The log owns `data` afterwards: do not mutate it."""
+        if self._closed or self._failed is not None:
+            self._raise_unusable()
+        check_json(data, where=f"{type}.data")
+        events = self.events
+        event: Event = {"type": type, "seq": len(events), "time": time.time(), "data": data}
+        self._feed(event)
+        payload = _packb(event)
+        if len(payload) > MAX_FRAME:
+            # The replay already advanced; roll it back by rebuilding (rare, loud path).
+            self._replay = validate_log(events, self.header)
+            self._feed = self._replay.feed
+            raise ValueError(f"{type} event of {len(payload)} bytes exceeds {MAX_FRAME}")
+        buffer = self._buffer
+        buffer += _pack_prefix(len(payload), _crc32(payload))
+        buffer += payload
+        events.append(event)
+        return event
+
+    def checkpoint(self, point: Literal["step", "turn"]) -> None:
+        """A durability point: see docs/durability.md for what each setting does here."""
+        if point not in ("step", "turn"):
+            raise ValueError(f"checkpoint point must be 'step' or 'turn', not {point!r}")
+        if self._closed or self._failed is not None:
+            self._raise_unusable()
+        self._flush()
+        durability = self.durability
+        if durability == "step" or (durability == "turn" and point == "turn"):
+            self._sync()
+
+    def close(self) -> None:
+        """Flush what is buffered (synced unless durability is "none") and release the file."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self._flush()
+                if self.durability != "none":
+                    self._sync()
+        finally:
+            self._closed = True
+            self._sink.close()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        data = self._buffer
+        self._buffer = bytearray()
+        try:
+            self._sink.write(data)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        self._unsynced = True
+
+    def _sync(self) -> None:
+        if not self._unsynced:
+            return
+        try:
+            self._sink.sync()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        self._unsynced = False
+
+    def _raise_unusable(self) -> None:
+        if self._closed:
+            raise ValueError(f"session log {self.id} is closed")
+        raise OSError(f"session log {self.id} failed earlier and is unusable") from self._failed
+
+    def __enter__(self) -> SessionLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SessionLog {self.id} events={len(self.events)} durability={self.durability}>"
+
+
+def encode_events(events: Iterable[Event]) -> bytes:
+    """Frames for already-validated events (seeds, repairs)."""
+    return b"".join(_frame(_packb(e)) for e in events)

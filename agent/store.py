@@ -1,0 +1,538 @@
+"""Session stores: a directory of `<id>.session` files, and an in-memory twin for tests.
+
+Both keep the exact same bytes (the frame format of `agent.frames`), so load, repair and
+corruption handling are one code path and the memory store is a faithful stand-in. A live
+`SessionLog` holds its session exclusively (an `flock` on the file, a flag in memory): a second
+`open`, a repairing `load` or a `delete` of it raises `SessionBusyError` instead of racing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import gevent
+import gevent.lock
+import platformdirs
+
+from agent.events import Event, SessionHeader, SessionLogError, validate_session_id
+from agent.frames import CorruptSessionError, decode_frames, encode_header
+from agent.jsoncheck import check_json
+from agent.log import (
+    DURABILITY_SETTINGS,
+    Durability,
+    InvariantError,
+    LogReplay,
+    SessionLog,
+    closing_events,
+    encode_events,
+    validate_log,
+)
+
+__all__ = [
+    "LoadedSession",
+    "MemoryStore",
+    "SessionBusyError",
+    "SessionExistsError",
+    "SessionNotFoundError",
+    "SessionStore",
+    "default_root",
+]
+
+logger = logging.getLogger("agent")
+
+_T = TypeVar("_T")
+
+SUFFIX: Final = ".session"
+# Files at least this big are read in the hub's thread pool rather than on the hub.
+_THREADPOOL_READ: Final = 1 << 20
+
+
+class SessionNotFoundError(KeyError):
+    """No session has that id."""
+
+    def __str__(self) -> str:
+        return f"no session {self.args[0]!r}" if self.args else "no such session"
+
+
+class SessionExistsError(FileExistsError):
+    """`create` was given an id that is already stored."""
+
+
+class SessionBusyError(SessionLogError):
+    """The session is open for appending (in this process or another)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSession:
+    header: SessionHeader
+    events: list[Event]
+    repaired: bool
+    # Bytes of an incomplete tail frame: dropped by `load`, only reported by `inspect`.
+    torn_bytes: int = 0
+    # `inspect` only: the tail is torn or ends in an open turn, so `load` would write a repair.
+    needs_repair: bool = False
+
+
+def default_root() -> Path:
+    """`$SUBAGENT_HOME/sessions`, else the platform user data dir's `sessions`."""
+    home = os.environ.get("SUBAGENT_HOME") or platformdirs.user_data_dir("subagent")
+    return Path(home) / "sessions"
+
+
+def _blocking(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run a blocking file call in the hub's thread pool so other greenlets keep running."""
+    result: _T = gevent.get_hub().threadpool.apply(fn, args)
+    return result
+
+
+class _Store:
+    """The shared logic; subclasses provide byte storage and exclusive handles."""
+
+    persistent: bool = False
+
+    def __init__(self, durability: Durability = "turn") -> None:
+        if durability not in DURABILITY_SETTINGS:
+            raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
+        self.durability: Durability = durability
+
+    # -- backend primitives -----------------------------------------------------------------
+
+    def _name(self, session_id: str) -> str:
+        raise NotImplementedError
+
+    def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
+        raise NotImplementedError
+
+    def _acquire(self, session_id: str) -> _Handle | None:
+        """An exclusive handle, or None when the session is busy; SessionNotFoundError."""
+        raise NotImplementedError
+
+    def _read_unlocked(self, session_id: str) -> bytes:
+        raise NotImplementedError
+
+    def _ids(self) -> Iterable[str]:
+        raise NotImplementedError
+
+    def _read_header_bytes(self, session_id: str) -> bytes:
+        raise NotImplementedError
+
+    def _remove(self, session_id: str) -> None:
+        raise NotImplementedError
+
+    def exists(self, session_id: str) -> bool:
+        raise NotImplementedError
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def create(self, header: SessionHeader, seed_events: Iterable[Event] = ()) -> SessionLog:
+        """Store a new session (atomically) and return its log, positioned after the seed."""
+        seed = [dict(e) for e in seed_events]
+        if header.seed_length not in (0, len(seed)):
+            raise ValueError(
+                f"header.seed_length is {header.seed_length} but {len(seed)} seed events given"
+            )
+        header = replace(header, seed_length=len(seed))
+        for index, event in enumerate(seed):
+            check_json(event.get("data"), where=f"seed[{index}].data")
+        try:
+            replay = validate_log(seed, header)  # type: ignore[arg-type]
+        except InvariantError as exc:
+            raise ValueError(f"invalid seed: {exc}") from exc
+        if replay.turn_open:
+            raise ValueError("invalid seed: it ends inside an open turn")
+        data = encode_header(header) + encode_events(seed)  # type: ignore[arg-type]
+        handle = self._create_bytes(header.id, data)
+        return SessionLog(header, seed, handle, self.durability, replay)  # type: ignore[arg-type]
+
+    def open(self, session_id: str) -> SessionLog:
+        """Load (repairing a torn or open tail durably) and hold the session for appending."""
+        validate_session_id(session_id)
+        handle = self._acquire(session_id)
+        if handle is None:
+            raise SessionBusyError(f"session {session_id} is already open")
+        try:
+            loaded, replay = self._load_locked(session_id, handle)
+        except BaseException:
+            handle.close()
+            raise
+        return SessionLog(loaded.header, loaded.events, handle, self.durability, replay)
+
+    def load(self, session_id: str) -> LoadedSession:
+        """The session's header and events, with a torn or open tail repaired durably."""
+        validate_session_id(session_id)
+        handle = self._acquire(session_id)
+        if handle is None:
+            loaded = self.inspect(session_id)
+            if loaded.needs_repair:
+                raise SessionBusyError(f"session {session_id} is open and mid-turn")
+            return loaded
+        try:
+            return self._load_locked(session_id, handle)[0]
+        finally:
+            handle.close()
+
+    def inspect(self, session_id: str) -> LoadedSession:
+        """What is stored, as is: never writes, never takes the session."""
+        validate_session_id(session_id)
+        data = self._read_unlocked(session_id)
+        header, events, good, torn, replay = self._decode(session_id, data)
+        return LoadedSession(
+            header,
+            events,
+            repaired=False,
+            torn_bytes=len(data) - good,
+            needs_repair=torn or replay.turn_open,
+        )
+
+    def list(self) -> list[SessionHeader]:
+        """Every stored session's header, oldest first; unreadable files are logged, skipped."""
+        headers: list[SessionHeader] = []
+        for session_id in self._ids():
+            try:
+                data = self._read_header_bytes(session_id)
+                headers.append(decode_frames(data, self._name(session_id))[0])
+            except (SessionLogError, OSError, SessionNotFoundError) as exc:
+                logger.warning("skipping unreadable session %s: %s", session_id, exc)
+        headers.sort(key=lambda h: (h.created_at, h.id))
+        return headers
+
+    def delete(self, session_id: str) -> None:
+        validate_session_id(session_id)
+        handle = self._acquire(session_id)
+        if handle is None:
+            raise SessionBusyError(f"session {session_id} is open")
+        try:
+            self._remove(session_id)
+        finally:
+            handle.close()
+
+    # -- shared internals ---------------------------------------------------------------------
+
+    def _decode(
+        self, session_id: str, data: bytes
+    ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
+        name = self._name(session_id)
+        header, events, good, torn = decode_frames(data, name)
+        if header.id != session_id:
+            raise CorruptSessionError(name, 0, f"header names session {header.id!r}")
+        try:
+            replay = validate_log(events, header)
+        except InvariantError as exc:
+            raise InvariantError(exc.seq, f"{name}: {exc.message}") from None
+        return header, events, good, torn, replay
+
+    def _load_locked(self, session_id: str, handle: _Handle) -> tuple[LoadedSession, LogReplay]:
+        data = handle.read()
+        header, events, good, torn, replay = self._decode(session_id, data)
+        closing = closing_events(replay)
+        if not torn and not closing:
+            return LoadedSession(header, events, repaired=False), replay
+        now = time.time()
+        added: builtins.list[Event] = []
+        for etype, edata in closing:
+            event: Event = {"type": etype, "seq": replay.seq, "time": now, "data": edata}
+            replay.feed(event)
+            added.append(event)
+        handle.repair(good, encode_events(added), sync=self.durability != "none")
+        events.extend(added)
+        logger.info(
+            "repaired session %s: dropped %d torn bytes, closed %d events",
+            session_id,
+            len(data) - good,
+            len(added),
+        )
+        return LoadedSession(header, events, repaired=True, torn_bytes=len(data) - good), replay
+
+
+class _Handle:
+    """An exclusive hold on one session's bytes; also the SessionLog's sink."""
+
+    def read(self) -> bytes:
+        raise NotImplementedError
+
+    def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
+        raise NotImplementedError
+
+    def write(self, data: bytes | bytearray) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+# -- directory store -----------------------------------------------------------------------
+
+
+class _FileHandle(_Handle):
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+        # Serialises sync/close so a close never lands while a pool thread fsyncs the fd.
+        self._lock = gevent.lock.Semaphore()
+
+    def read(self) -> bytes:
+        size = os.fstat(self.fd).st_size
+        if size >= _THREADPOOL_READ:
+            return _blocking(_pread_all, self.fd, size)
+        return _pread_all(self.fd, size)
+
+    def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
+        with self._lock:
+            _blocking(_truncate_append, self.fd, good_length, tail, sync)
+
+    def write(self, data: bytes | bytearray) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+
+    def sync(self) -> None:
+        with self._lock:
+            _blocking(os.fsync, self.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.fd >= 0:
+                fd, self.fd = self.fd, -1
+                os.close(fd)  # also releases the flock
+
+
+def _pread_all(fd: int, size: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, max(size - offset, 1 << 16), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _truncate_append(fd: int, good_length: int, tail: bytes, sync: bool) -> None:
+    os.ftruncate(fd, good_length)
+    view = memoryview(tail)
+    while view:
+        view = view[os.write(fd, view) :]  # O_APPEND: lands at the new end
+    if sync:
+        os.fsync(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SessionStore(_Store):
+    """A directory with one `<id>.session` file per session."""
+
+    persistent = True
+
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, durability: Durability = "turn"
+    ) -> None:
+        super().__init__(durability)
+        self.root = Path(root) if root is not None else default_root()
+
+    def __repr__(self) -> str:
+        return f"SessionStore({str(self.root)!r}, durability={self.durability!r})"
+
+    def _path(self, session_id: str) -> Path:
+        return self.root / f"{session_id}{SUFFIX}"
+
+    def _name(self, session_id: str) -> str:
+        return str(self._path(session_id))
+
+    def exists(self, session_id: str) -> bool:
+        validate_session_id(session_id)
+        return self._path(session_id).is_file()
+
+    def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        final = self._path(session_id)
+        if final.exists():
+            raise SessionExistsError(f"session {session_id} already exists")
+        tmp = self.root / f".{session_id}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        handle = _FileHandle(fd, final)
+        try:
+            _try_lock(fd)
+            handle.write(data)
+            if self.durability != "none":
+                _blocking(os.fsync, fd)
+            try:
+                os.link(tmp, final)  # atomic and never clobbers: a reader sees all or nothing
+            except FileExistsError:
+                raise SessionExistsError(f"session {session_id} already exists") from None
+            if self.durability != "none":
+                _blocking(_fsync_dir, self.root)
+        except BaseException:
+            handle.close()
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+        return handle
+
+    def _open_fd(self, session_id: str) -> int:
+        try:
+            return os.open(self._path(session_id), os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SessionNotFoundError(session_id) from None
+
+    def _acquire(self, session_id: str) -> _Handle | None:
+        fd = self._open_fd(session_id)
+        if not _try_lock(fd):
+            os.close(fd)
+            return None
+        return _FileHandle(fd, self._path(session_id))
+
+    def _read_unlocked(self, session_id: str) -> bytes:
+        fd = self._open_fd(session_id)
+        try:
+            return _FileHandle(fd, self._path(session_id)).read()
+        finally:
+            os.close(fd)
+
+    def _read_header_bytes(self, session_id: str) -> bytes:
+        fd = self._open_fd(session_id)
+        try:
+            prefix = os.pread(fd, 8, 0)
+            if len(prefix) < 8:
+                return prefix
+            length = int.from_bytes(prefix[:4], "big")
+            return prefix + os.pread(fd, min(length, 1 << 20), 8)
+        finally:
+            os.close(fd)
+
+    def _ids(self) -> Iterable[str]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if name.endswith(SUFFIX) and not name.startswith("."):
+                session_id = name[: -len(SUFFIX)]
+                try:
+                    out.append(validate_session_id(session_id))
+                except ValueError:
+                    continue
+        return out
+
+    def _remove(self, session_id: str) -> None:
+        self._path(session_id).unlink()
+        if self.durability != "none":
+            _blocking(_fsync_dir, self.root)
+
+
+# -- memory store --------------------------------------------------------------------------
+
+
+class _MemoryFile:
+    __slots__ = ("data", "held", "syncs")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytearray(data)
+        self.held = False
+        self.syncs = 0  # sync points reached, so tests can check durability behaviour
+
+
+class _MemoryHandle(_Handle):
+    def __init__(self, file: _MemoryFile) -> None:
+        self.file = file
+        file.held = True
+        self._open = True
+
+    def read(self) -> bytes:
+        return bytes(self.file.data)
+
+    def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
+        del self.file.data[good_length:]
+        self.file.data += tail
+        if sync:
+            self.file.syncs += 1
+
+    def write(self, data: bytes | bytearray) -> None:
+        self.file.data += data
+
+    def sync(self) -> None:
+        self.file.syncs += 1
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.file.held = False
+
+
+class MemoryStore(_Store):
+    """The same store, holding each session's file bytes in memory (tests, throwaway runs)."""
+
+    persistent = False
+
+    def __init__(self, durability: Durability = "turn") -> None:
+        super().__init__(durability)
+        self.files: dict[str, _MemoryFile] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({len(self.files)} sessions)"
+
+    def _name(self, session_id: str) -> str:
+        return f"memory:{session_id}"
+
+    def exists(self, session_id: str) -> bool:
+        validate_session_id(session_id)
+        return session_id in self.files
+
+    def _file(self, session_id: str) -> _MemoryFile:
+        try:
+            return self.files[session_id]
+        except KeyError:
+            raise SessionNotFoundError(session_id) from None
+
+    def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
+        if session_id in self.files:
+            raise SessionExistsError(f"session {session_id} already exists")
+        file = self.files[session_id] = _MemoryFile(data)
+        return _MemoryHandle(file)
+
+    def _acquire(self, session_id: str) -> _Handle | None:
+        file = self._file(session_id)
+        return None if file.held else _MemoryHandle(file)
+
+    def _read_unlocked(self, session_id: str) -> bytes:
+        return bytes(self._file(session_id).data)
+
+    def _read_header_bytes(self, session_id: str) -> bytes:
+        return self._read_unlocked(session_id)
+
+    def _ids(self) -> Iterable[str]:
+        return list(self.files)
+
+    def _remove(self, session_id: str) -> None:
+        del self.files[session_id]

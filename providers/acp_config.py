@@ -1,0 +1,176 @@
+"""Configuration of the ACP provider, validated when it is built so a bad deployment fails early.
+
+Every check raises `ValueError` naming the offending field, because a misconfigured external
+agent otherwise shows up much later as an opaque start failure inside a child run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "PERMISSION_POLICIES",
+    "AcpConfig",
+    "ProgressCallback",
+    "check_cwd",
+    "is_credential_name",
+    "scrubbed_environment",
+]
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+PERMISSION_POLICIES = frozenset({"reject", "allow"})
+
+# Name segments that mark a variable as a credential (matched per `_`-separated segment, so
+# KEYBOARD or MONKEY stay). SSH_AUTH_SOCK goes too: it grants the child the user's keys.
+_CREDENTIAL_SEGMENT = re.compile(
+    r"(?:^|_)(?:[A-Z0-9]*(?:KEY|KEYS|TOKEN|TOKENS|SECRET|SECRETS|PASSWORD|PASSWD|CREDENTIAL|"
+    r"CREDENTIALS)|PASS|PWD_HASH|AUTH|COOKIE|COOKIES|PRIVATE|SIGNATURE|SESSIONKEY)(?:_|$)"
+)
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether an environment variable name looks like it carries a credential."""
+    return _CREDENTIAL_SEGMENT.search(name.upper()) is not None
+
+
+def scrubbed_environment(
+    parent: Mapping[str, str], keep: Sequence[str] = (), overrides: Mapping[str, str] = {}
+) -> dict[str, str]:
+    """The parent's environment without credential-like variables (unless kept), then overrides.
+
+    A child agent is third-party code: it should see only the credentials the deployment hands it
+    on purpose, never every token the host process happens to hold.
+    """
+    allowed = set(keep)
+    env = {k: v for k, v in parent.items() if k in allowed or not is_credential_name(k)}
+    env.update(overrides)
+    return env
+
+
+def check_cwd(value: Any, what: str) -> str:
+    """An absolute directory this process can enter, else `ValueError` naming `what`."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    if "\0" in value:
+        raise ValueError(f"{what} must not contain NUL")
+    if not os.path.isabs(value):
+        raise ValueError(f"{what} must be an absolute path, got {value!r}")
+    if not os.path.isdir(value):
+        raise ValueError(f"{what} {value!r} is not a directory")
+    if not os.access(value, os.X_OK):
+        raise ValueError(f"{what} {value!r} cannot be entered (no search permission)")
+    return value
+
+
+def _check_grace(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be positive and finite, got {value!r}")
+    return float(value)
+
+
+def _check_env_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+        raise ValueError(f"{what} has an invalid variable name {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class AcpConfig:
+    """How to launch and talk to one external ACP agent.
+
+    `command` is an absolute executable or a name found on the (merged) PATH. `cwd` overrides the
+    parent's session cwd. `env` is merged over the parent's environment after credential-like
+    variables are dropped; `pass_env` names ones to keep. `permission` answers the agent's
+    `session/request_permission`: `reject` (default) or `allow`. `eof_grace` and
+    `terminate_grace` bound the teardown steps (close stdin, then SIGTERM, then SIGKILL).
+    `on_progress` receives tool-call, thought and plan updates tagged with the run id.
+    `session_index` maps continuable child ids to the agent's ACP session ids; pass a persistent
+    mapping for cold resume across processes.
+    """
+
+    command: str
+    args: Sequence[str] = ()
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    pass_env: Sequence[str] = ()
+    permission: str = "reject"
+    eof_grace: float = 2.0
+    terminate_grace: float = 3.0
+    max_line_bytes: int = 8 * 1024 * 1024
+    name: str = "acp"
+    on_progress: ProgressCallback | None = None
+    session_index: Any = None  # MutableMapping[str, str]; a fresh dict when None
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.args, (str, bytes)) or not isinstance(self.args, Sequence):
+            raise ValueError(f"args must be a sequence of strings, got {self.args!r}")
+        for arg in self.args:
+            if not isinstance(arg, str) or "\0" in arg:
+                raise ValueError(f"args must hold strings without NUL, got {arg!r}")
+        setattr_(self, "args", tuple(self.args))
+        if not isinstance(self.env, Mapping):
+            raise ValueError(f"env must be a mapping of strings, got {self.env!r}")
+        env: dict[str, str] = {}
+        for key, value in self.env.items():
+            _check_env_name(key, "env")
+            if not isinstance(value, str) or "\0" in value:
+                raise ValueError(f"env[{key!r}] must be a string without NUL, got {value!r}")
+            env[key] = value
+        setattr_(self, "env", MappingProxyType(env))
+        if isinstance(self.pass_env, (str, bytes)) or not isinstance(self.pass_env, Sequence):
+            raise ValueError(f"pass_env must be a sequence of names, got {self.pass_env!r}")
+        setattr_(self, "pass_env", tuple(_check_env_name(n, "pass_env") for n in self.pass_env))
+        if self.cwd is not None:
+            check_cwd(self.cwd, "cwd")
+        if self.permission not in PERMISSION_POLICIES:
+            raise ValueError(f"permission must be 'reject' or 'allow', got {self.permission!r}")
+        setattr_(self, "eof_grace", _check_grace(self.eof_grace, "eof_grace"))
+        setattr_(self, "terminate_grace", _check_grace(self.terminate_grace, "terminate_grace"))
+        if (
+            isinstance(self.max_line_bytes, bool)
+            or not isinstance(self.max_line_bytes, int)
+            or self.max_line_bytes <= 0
+        ):
+            raise ValueError(f"max_line_bytes must be a positive int, got {self.max_line_bytes!r}")
+        if self.on_progress is not None and not callable(self.on_progress):
+            raise ValueError("on_progress must be callable or None")
+        if self.session_index is None:
+            setattr_(self, "session_index", {})
+        elif not all(hasattr(self.session_index, m) for m in ("__getitem__", "__setitem__", "get")):
+            raise ValueError("session_index must be a mutable mapping")
+        setattr_(self, "command", self._resolve_command())
+
+    def _resolve_command(self) -> str:
+        command = self.command
+        if not isinstance(command, str) or not command or "\0" in command:
+            raise ValueError(f"command must be a non-empty string, got {command!r}")
+        if os.sep in command:
+            if not os.path.isabs(command):
+                raise ValueError(f"command must be absolute or a bare name, got {command!r}")
+            if not (os.path.isfile(command) and os.access(command, os.X_OK)):
+                raise ValueError(f"command {command!r} is not an executable file")
+            return command
+        path = self.environment().get("PATH", os.defpath)
+        found = shutil.which(command, path=path)
+        if found is None:
+            raise ValueError(f"command {command!r} is not found on PATH")
+        return found
+
+    def environment(self, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The child's environment: the scrubbed parent environment with `env` on top."""
+        return scrubbed_environment(
+            os.environ if parent is None else parent, self.pass_env, self.env
+        )

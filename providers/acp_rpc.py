@@ -1,0 +1,298 @@
+"""A cooperative JSON-RPC 2.0 peer over newline-delimited pipes, on gevent.
+
+The official ACP SDK is asyncio-only and cannot spawn under gevent, so this is our own: one reader
+greenlet reads continuously (so the agent's requests are answered while ours is pending, and a
+chatty agent never fills its stdout pipe), one writer greenlet owns stdin (so the reader never
+waits on a full stdin pipe: the classic two-pipe deadlock). A malformed or oversize line is a
+protocol failure: every pending request fails with `ConnectionClosed` carrying a diagnostic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+from gevent.event import AsyncResult, Event
+from gevent.queue import Queue
+
+from supervision.signal import AbortSignal
+
+__all__ = [
+    "METHOD_NOT_FOUND",
+    "ConnectionClosed",
+    "JsonRpcConnection",
+    "MethodNotFound",
+    "RequestAborted",
+    "RpcError",
+    "StderrTail",
+]
+
+log = logging.getLogger(__name__)
+
+METHOD_NOT_FOUND = -32601
+INTERNAL_ERROR = -32603
+
+RequestHandler = Callable[[str, Any], Any]
+NotificationHandler = Callable[[str, Any], None]
+
+
+class RpcError(Exception):
+    """The peer answered our request with a JSON-RPC error object."""
+
+    def __init__(self, method: str, code: Any, message: Any, data: Any = None) -> None:
+        super().__init__(f"{method} failed: {message} (code {code})")
+        self.method = method
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class ConnectionClosed(Exception):
+    """The connection ended (EOF, protocol violation, or closed by us) before an answer came."""
+
+    def __init__(self, reason: str, *, protocol_error: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.protocol_error = protocol_error
+
+
+class RequestAborted(Exception):
+    """The signal passed to `request` aborted while the request was pending."""
+
+    def __init__(self, reason: Any) -> None:
+        super().__init__(f"aborted: {reason!r}")
+        self.reason = reason
+
+
+class MethodNotFound(Exception):
+    """Raised by a request handler for a method it does not serve (answered -32601)."""
+
+
+class StderrTail:
+    """Drains a stderr pipe so a chatty child never blocks, keeping the tail for diagnostics."""
+
+    def __init__(self, pipe: Any, keep: int = 8192) -> None:
+        self._pipe = pipe
+        self._keep = keep
+        self._buf = bytearray()
+        self.greenlet = gevent.spawn(self._drain)
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                chunk = self._pipe.read1(65536)
+                if not chunk:
+                    return
+                self._buf += chunk
+                if len(self._buf) > 2 * self._keep:
+                    del self._buf[: -self._keep]
+        except (OSError, ValueError):
+            return
+
+    def text(self) -> str:
+        return bytes(self._buf[-self._keep :]).decode("utf-8", "replace")
+
+
+class JsonRpcConnection:
+    """One JSON-RPC peer. Handlers run on the reader greenlet and must not block."""
+
+    def __init__(
+        self,
+        stdin: Any,
+        stdout: Any,
+        *,
+        on_request: RequestHandler,
+        on_notification: NotificationHandler,
+        max_line_bytes: int,
+        name: str = "acp",
+    ) -> None:
+        self._stdin = stdin
+        self._stdout = stdout
+        self._on_request = on_request
+        self._on_notification = on_notification
+        self._max_line = max_line_bytes
+        self._name = name
+        self._next_id = 0
+        self._pending: dict[int, tuple[str, AsyncResult]] = {}
+        self._outbox: Queue = Queue()
+        self._closed: ConnectionClosed | None = None
+        self.closed = Event()
+        self._reader = gevent.spawn(self._read_loop)
+        self._writer = gevent.spawn(self._write_loop)
+
+    @property
+    def failure(self) -> ConnectionClosed | None:
+        """Why the connection ended, once it has."""
+        return self._closed
+
+    def request(self, method: str, params: Any, *, signal: AbortSignal | None = None) -> Any:
+        """Send a request and wait cooperatively for its result.
+
+        Raises `RpcError`, `ConnectionClosed`, or `RequestAborted` when `signal` fires first.
+        """
+        if self._closed is not None:
+            raise self._closed
+        rid = self._next_id
+        self._next_id += 1
+        waiter: AsyncResult = AsyncResult()
+        self._pending[rid] = (method, waiter)
+        remove = None
+        if signal is not None:
+            remove = signal.add_listener(
+                lambda reason: waiter.ready() or waiter.set_exception(RequestAborted(reason))
+            )
+        try:
+            if not waiter.ready():
+                self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            return waiter.get()
+        finally:
+            self._pending.pop(rid, None)
+            if remove is not None:
+                remove()
+
+    def notify(self, method: str, params: Any) -> bool:
+        """Send a notification, best effort; returns whether it was queued."""
+        if self._closed is not None:
+            return False
+        self._send({"jsonrpc": "2.0", "method": method, "params": params})
+        return True
+
+    def close_input(self) -> None:
+        """Flush what is queued, then close the child's stdin (its cue to exit)."""
+        self._outbox.put(None)
+
+    def shutdown(self, reason: str = "connection closed") -> None:
+        """Stop both greenlets and close the pipes; pending requests fail. Idempotent."""
+        self._fail(ConnectionClosed(reason))
+        self._outbox.put(None)
+        current = gevent.getcurrent()
+        for g in (self._reader, self._writer):
+            if g is not current:
+                g.kill(block=True)
+        for pipe in (self._stdin, self._stdout):
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        self._outbox.put(data + b"\n")
+
+    def _write_loop(self) -> None:
+        try:
+            while True:
+                data = self._outbox.get()
+                if data is None:
+                    break
+                self._stdin.write(data)
+                if self._outbox.empty():
+                    self._stdin.flush()
+        except (OSError, ValueError) as exc:  # broken pipe: the reader reports EOF
+            log.debug("%s: write failed: %s", self._name, exc)
+        with contextlib.suppress(OSError, ValueError):
+            self._stdin.close()
+
+    def _fail(self, exc: ConnectionClosed) -> None:
+        if self._closed is None:
+            self._closed = exc
+            self.closed.set()
+        pending, self._pending = self._pending, {}
+        for _method, waiter in pending.values():
+            if not waiter.ready():
+                waiter.set_exception(self._closed)
+
+    def _read_loop(self) -> None:
+        try:
+            while self._closed is None:
+                line = self._stdout.readline(self._max_line + 1)
+                if not line:
+                    self._fail(ConnectionClosed("the agent closed its stdout"))
+                    return
+                if len(line) > self._max_line and not (
+                    len(line) == self._max_line + 1 and line.endswith(b"\n")
+                ):
+                    self._fail(
+                        ConnectionClosed(
+                            f"protocol error: a line on stdout exceeds {self._max_line} bytes",
+                            protocol_error=True,
+                        )
+                    )
+                    return
+                if not line.strip():
+                    continue
+                self._dispatch(line)
+        except (OSError, ValueError) as exc:
+            self._fail(ConnectionClosed(f"reading stdout failed: {exc}"))
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            self._fail(
+                ConnectionClosed(
+                    f"protocol error: malformed JSON on stdout: {line[:200]!r}",
+                    protocol_error=True,
+                )
+            )
+            return
+        if not isinstance(message, dict):
+            self._fail(
+                ConnectionClosed(
+                    f"protocol error: not a JSON-RPC object: {line[:200]!r}", protocol_error=True
+                )
+            )
+            return
+        method = message.get("method")
+        if isinstance(method, str):
+            if "id" in message:
+                self._answer(message["id"], method, message.get("params"))
+            else:
+                self._guard(self._on_notification, method, message.get("params"))
+            return
+        if "id" in message and ("result" in message or "error" in message):
+            entry = self._pending.get(message["id"]) if isinstance(message["id"], int) else None
+            if entry is None:
+                log.debug("%s: response to unknown request id %r", self._name, message["id"])
+                return
+            name, waiter = entry
+            if waiter.ready():
+                return
+            error = message.get("error")
+            if error is not None:
+                err = error if isinstance(error, dict) else {"message": error}
+                waiter.set_exception(
+                    RpcError(name, err.get("code"), err.get("message"), err.get("data"))
+                )
+            else:
+                waiter.set(message.get("result"))
+            return
+        self._fail(
+            ConnectionClosed(
+                f"protocol error: not a JSON-RPC message: {line[:200]!r}", protocol_error=True
+            )
+        )
+
+    def _answer(self, rid: Any, method: str, params: Any) -> None:
+        try:
+            result = self._on_request(method, params)
+        except MethodNotFound:
+            error = {"code": METHOD_NOT_FOUND, "message": f"method not found: {method}"}
+            self._send({"jsonrpc": "2.0", "id": rid, "error": error})
+            return
+        except Exception:
+            log.exception("%s: handler for %s raised", self._name, method)
+            error = {"code": INTERNAL_ERROR, "message": "internal error"}
+            self._send({"jsonrpc": "2.0", "id": rid, "error": error})
+            return
+        self._send({"jsonrpc": "2.0", "id": rid, "result": result})
+
+    def _guard(self, fn: NotificationHandler, method: str, params: Any) -> None:
+        try:
+            fn(method, params)
+        except Exception:
+            log.exception("%s: notification handler for %s raised", self._name, method)

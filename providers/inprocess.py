@@ -1,0 +1,214 @@
+"""The in-process providers: `spawn` (a fresh child) and `fork` (a child seeded with the parent's
+completed turns). Both create an ordinary agent through the parent's context, with a new flat
+tool scope, and support every start-time capability.
+
+Creation is a transaction: the tool filter and persona are checked before anything exists, and
+if the signal aborts or anything fails after the child session was created, the child is closed
+and its session deleted before `start()` raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from actors.agent_actor import Agent
+from actors.agents import create_agent, resume_agent
+from agent.log import completed_turn_prefix
+from agent.options import AgentOptions
+from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
+from agent.tools import Tool, ToolContext, ToolScope
+from providers.local_run import LocalRun
+from subagent.errors import SubagentError
+from subagent.types import (
+    MessageSource,
+    SubagentCapabilities,
+    SubagentResumeRequest,
+    SubagentStartRequest,
+    ToolRestriction,
+)
+from supervision.signal import AbortSignal
+
+__all__ = ["ForkProvider", "InProcessProvider", "SpawnProvider", "structured_output_tool"]
+
+STRUCTURED_OUTPUT_TOOL = "structured_output"
+STRUCTURED_OUTPUT_SECTION = "subagent:structured-output"
+STRUCTURED_OUTPUT_PROMPT = (
+    "When you have your final answer, call the `structured_output` tool with it as the "
+    "arguments. That call ends your turn; do not call any tool after it."
+)
+
+
+def structured_output_tool(schema: Mapping[str, Any]) -> Tool:
+    """A scoped capture tool whose parameters are the requested schema."""
+
+    def capture(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        ctx.agent.core.capture(dict(arguments))
+        return "captured; your turn is complete"
+
+    return Tool(
+        name=STRUCTURED_OUTPUT_TOOL,
+        description="Submit your final answer in the required structure. This ends your turn.",
+        parameters=dict(schema),
+        fn=capture,
+    )
+
+
+class InProcessProvider:
+    """Shared machinery of spawn and fork; subclasses choose the seed."""
+
+    capabilities = SubagentCapabilities.all()
+    inherits_parent_context = False
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("provider name must be a non-empty string")
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def seed_for(self, parent: Agent) -> list[Mapping[str, Any]]:
+        return []
+
+    def start(self, request: SubagentStartRequest) -> LocalRun:
+        _raise_if_aborted(request.signal)
+        parent: Agent = request.parent
+        continuation = request.continuation
+        agent = self._create_child(
+            parent,
+            options=request.agent_options,
+            tool_filter=request.tool_filter,
+            persona=request.persona,
+            output_schema=request.output_schema,
+            session_id=None if continuation is None else continuation.session_id,
+            seed=self.seed_for(parent),
+            depth=parent.depth + 1,
+        )
+        try:
+            _raise_if_aborted(request.signal)
+            if continuation is not None:
+                descriptor = continuation.descriptor
+                data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
+                agent.actor.before_first_request = lambda: agent.core.add_event(
+                    "subagent/descriptor", {"descriptor": data}
+                )
+            run = LocalRun(
+                agent, request.signal, wants_structured=request.output_schema is not None
+            )
+            run.begin(request.prompt, MessageSource.coordinator(parent.id))
+        except BaseException:
+            _discard(agent)
+            raise
+        return run
+
+    def resume(self, request: SubagentResumeRequest) -> LocalRun:
+        """Rebuild a stored continuable child under the live parent and drive one turn."""
+        _raise_if_aborted(request.signal)
+        parent: Agent = request.parent
+        descriptor = request.descriptor
+        ctx = parent.ctx
+        options = _options_for(parent, None, descriptor.model)
+        tools, prompt = self._scopes(parent, descriptor.tool_filter, descriptor.persona, None)
+        agent = resume_agent(ctx, request.session_id, options=options, tools=tools, prompt=prompt)
+        try:
+            _raise_if_aborted(request.signal)
+            run = LocalRun(agent, request.signal)
+            run.begin(request.prompt, request.source)
+        except BaseException:
+            agent.close("resume failed")
+            raise
+        return run
+
+    # -- creation ----------------------------------------------------------------------------
+
+    def _scopes(
+        self,
+        parent: Agent,
+        tool_filter: ToolRestriction | None,
+        persona: str | None,
+        output_schema: Mapping[str, Any] | None,
+    ) -> tuple[ToolScope, SystemPrompt]:
+        ctx = parent.ctx
+        tools = ToolScope(ctx.tools)
+        if tool_filter is not None:
+            tools.apply(tool_filter)
+        prompt = SystemPrompt(parent=ctx.prompt)
+        if persona is not None:
+            if not isinstance(persona, str):
+                raise TypeError("persona must be a string")
+            prompt.set_section(PERSONA_SECTION, persona, order=0)
+        if output_schema is not None:
+            tools.add(structured_output_tool(output_schema), exempt=True)
+            prompt.set_section(STRUCTURED_OUTPUT_SECTION, STRUCTURED_OUTPUT_PROMPT, order=1000)
+        try:
+            prompt.render(ctx.variables)
+        except PromptError as exc:
+            raise SubagentError("START_FAILED", f"persona template: {exc}") from exc
+        return tools, prompt
+
+    def _create_child(
+        self,
+        parent: Agent,
+        *,
+        options: AgentOptions | None,
+        tool_filter: ToolRestriction | None,
+        persona: str | None,
+        output_schema: Mapping[str, Any] | None,
+        session_id: str | None,
+        seed: list[Mapping[str, Any]],
+        depth: int,
+    ) -> Agent:
+        tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
+        return create_agent(
+            parent.ctx,
+            options=_options_for(parent, options, None).with_(subagent_depth=depth),
+            cwd=parent.cwd,
+            session_id=session_id,
+            parent_session=parent.id,
+            origin="subagent",
+            delegation_depth=depth,
+            seed=seed,
+            tools=tools,
+            prompt=prompt,
+        )
+
+
+class SpawnProvider(InProcessProvider):
+    """A fresh child: it does not see the parent's conversation."""
+
+    def __init__(self, name: str = "spawn") -> None:
+        super().__init__(name)
+
+
+class ForkProvider(InProcessProvider):
+    """A child seeded with the parent's completed-turn prefix (the in-flight turn excluded)."""
+
+    inherits_parent_context = True
+
+    def __init__(self, name: str = "fork") -> None:
+        super().__init__(name)
+
+    def seed_for(self, parent: Agent) -> list[Mapping[str, Any]]:
+        return list(completed_turn_prefix(parent.log.events))
+
+
+def _options_for(parent: Agent, options: AgentOptions | None, model: str | None) -> AgentOptions:
+    base = options if options is not None else AgentOptions(model=parent.options.model)
+    if model is not None:
+        base = base.with_(model=model)
+    return base
+
+
+def _raise_if_aborted(signal: AbortSignal) -> None:
+    if signal.aborted:
+        raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")
+
+
+def _discard(agent: Agent) -> None:
+    """Undo a creation: close the child and delete its session."""
+    agent.close("start failed")
+    store = agent.ctx.store
+    if store.exists(agent.id):
+        store.delete(agent.id)

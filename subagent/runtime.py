@@ -1,0 +1,93 @@
+"""`Runtime`: wires the store, models, tools, the registry actor and the providers together.
+
+A runtime is the unit of ownership: `close()` disposes every run child-first, closes every
+agent, and stops every actor it started, returning only at quiescence.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from actors.agent_actor import Agent
+from actors.agents import create_agent, resume_agent
+from agent.context import AgentContext
+from agent.models import ModelRegistry
+from agent.models.scripted import ScriptedModel
+from agent.options import AgentOptions
+from agent.store import MemoryStore, SessionStore
+from subagent.service import SubagentService
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """One process's subagent runtime. Use as a context manager, or call `close()`."""
+
+    def __init__(
+        self,
+        *,
+        store: SessionStore | MemoryStore | str | os.PathLike[str] | None = None,
+        durability: str = "turn",
+        models: ModelRegistry | None = None,
+        scripted: ScriptedModel | None = None,
+        max_children: int | None = None,
+        max_children_per_parent: int | None = None,
+    ) -> None:
+        if store is None:
+            store = SessionStore(durability=durability)  # type: ignore[arg-type]
+        elif isinstance(store, (str, os.PathLike)):
+            store = SessionStore(Path(store), durability=durability)  # type: ignore[arg-type]
+        elif not isinstance(store, (SessionStore, MemoryStore)):
+            raise TypeError("store must be a SessionStore, a MemoryStore, a path or None")
+        if models is None:
+            models = ModelRegistry()
+        self.scripted = scripted if scripted is not None else ScriptedModel()
+        if "scripted" not in models:
+            models.register("scripted", self.scripted)
+        if "openai" not in models:
+            from agent.models.openai import OpenAIModel
+
+            models.register("openai", OpenAIModel())
+        self.ctx = AgentContext(store=store, models=models)
+        self.subagents = SubagentService(
+            self.ctx, max_children=max_children, max_children_per_parent=max_children_per_parent
+        )
+        self.ctx.subagents = self.subagents
+        self._closed = False
+
+    @property
+    def store(self) -> SessionStore | MemoryStore:
+        return self.ctx.store
+
+    def agent(
+        self,
+        *,
+        options: AgentOptions | None = None,
+        cwd: str | None = None,
+        session_id: str | None = None,
+        **kwargs: Any,
+    ) -> Agent:
+        """Create a root agent (depth 0)."""
+        return create_agent(self.ctx, options=options, cwd=cwd, session_id=session_id, **kwargs)
+
+    def resume_agent(self, session_id: str, *, options: AgentOptions | None = None) -> Agent:
+        """Rebuild a stored agent in this runtime; it waits for its next message."""
+        return resume_agent(self.ctx, session_id, options=options)
+
+    def close(self) -> None:
+        """Dispose every run, close every agent (children first), stop the registry."""
+        if self._closed:
+            return
+        self._closed = True
+        self.subagents.close()
+        # Deepest first, so a parent never outlives a child it owns.
+        for agent in sorted(self.ctx.agents.values(), key=lambda a: -a.depth):
+            agent.close("runtime closed")
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

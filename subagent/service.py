@@ -1,0 +1,363 @@
+"""`ctx.subagents`: the `SubagentService` facade over the registry actor.
+
+`start()` runs in the caller's greenlet: it asks the registry to validate and admit the request
+(in the seed's order, before any child exists), runs the provider's `start` itself, wraps the
+returned run in a `RunActor`, and has the registry emit `subagent/start` before returning. The
+run's end is reported through the same mailbox, so each run's start precedes its end for every
+listener, and every start has exactly one end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pykka import ActorDeadError, Future
+
+from actors import registry_actor as reg
+from actors.agent_actor import Steer, check_content
+from actors.gevent_actor import GeventFuture
+from actors.local import start_local
+from actors.registry_actor import RegistryActor
+from actors.run_actor import CancelRun, DisposeRun, RunActor
+from subagent.errors import SubagentError
+from subagent.types import (
+    MessageSource,
+    Steerable,
+    SubagentProvider,
+    SubagentResult,
+    SubagentResumeRequest,
+    SubagentRun,
+    SubagentStartRequest,
+)
+
+__all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[Mapping[str, Any]], None]
+
+
+class RunHandle:
+    """What `start()` returns: the provider's run behind its own actor (`ref`).
+
+    `result` resolves after the run's `subagent/end` was emitted. Always `dispose()`.
+    """
+
+    def __init__(
+        self, service: SubagentService, run: SubagentRun, run_id: str, provider: str, parent_id: str
+    ) -> None:
+        self._service = service
+        self._run = run
+        self.run_id = run_id
+        self.provider = provider
+        self.parent_id = parent_id
+        self.started_at = time.monotonic()
+        self.result: GeventFuture[SubagentResult] = GeventFuture()
+        self._ticket = 0
+        self._published = False
+        self._pending_end: SubagentResult | BaseException | None = None
+        self._ended = False
+        self._disposed = False
+        self.ref: Any = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} provider={self.provider} run_id={self.run_id}>"
+
+    @property
+    def id(self) -> str:
+        run_id: str = self._run.id
+        return run_id
+
+    @property
+    def local_agent(self) -> Any:
+        return self._run.local_agent
+
+    @property
+    def settled(self) -> bool:
+        return self._ended
+
+    def cancel(self, cause: Any = None) -> None:
+        """Abort the activation; the result settles `aborted` unless it already completed."""
+        try:
+            self.ref.tell(CancelRun(cause))
+        except ActorDeadError:
+            pass
+
+    def dispose(self) -> None:
+        """Cancel what remains and return at quiescence (the result is settled). Idempotent."""
+        self._disposed = True
+        try:
+            self.ref.ask(DisposeRun())
+        except ActorDeadError:
+            pass
+        # Quiescence includes the end event: wait for it whoever triggered the disposal.
+        try:
+            self.result.get()
+        except Exception:
+            pass  # an infrastructure fault is reported through `result`, not by dispose
+
+    # -- settlement, called by the run actor and the service ---------------------------------------
+
+    def _on_settled(self, outcome: SubagentResult | BaseException) -> None:
+        if self._published:
+            self._end(outcome)
+        else:
+            self._pending_end = outcome
+
+    def _mark_published(self) -> None:
+        self._published = True
+        if self._pending_end is not None:
+            outcome, self._pending_end = self._pending_end, None
+            self._end(outcome)
+
+    def _end(self, outcome: SubagentResult | BaseException) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._service._emit_end(self, outcome)
+        if isinstance(outcome, BaseException):
+            self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
+        else:
+            self.result.set(outcome)
+
+
+class SteerableRunHandle(RunHandle):
+    """A run whose provider offers live steering (the `Steerable` capability)."""
+
+    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
+        """Fulfils once the child's running turn admitted the message at a step boundary."""
+        message = Steer(check_content(content), source or MessageSource.user())
+        try:
+            future: Future[None] = self.ref.ask(message, block=False)
+        except ActorDeadError:
+            failed: GeventFuture[None] = GeventFuture()
+            exc = SubagentError("RUN_DISPOSED")
+            failed.set_exception((type(exc), exc, None))
+            return failed
+        return future
+
+
+class SubagentService:
+    """Provider registry, validated starts, lifecycle events. Thread: the gevent hub only."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        *,
+        max_children: int | None = None,
+        max_children_per_parent: int | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._registry, self._ref = start_local(
+            RegistryActor, max_children, max_children_per_parent
+        )
+        self._tickets = itertools.count(1)
+        self._live: dict[str, RunHandle] = {}
+        self._by_parent: dict[str, dict[str, RunHandle]] = {}
+        self._progress: list[Callable[[Mapping[str, Any]], None]] = []
+        self._closed = False
+        ctx.on_agent_closing.append(self._on_parent_closing)
+        ctx.on_agent_cancelled.append(self._on_parent_cancelled)
+
+    # -- providers -------------------------------------------------------------------------
+
+    def register(self, provider: SubagentProvider) -> Callable[[], None]:
+        """Register a provider; returns its unregister function. Removal blocks new starts only."""
+        self._ask(reg.Register(provider))
+
+        def unregister() -> None:
+            self._ask(reg.Unregister(provider))
+
+        return unregister
+
+    def providers(self) -> list[SubagentProvider]:
+        result: list[SubagentProvider] = self._ask(reg.Providers())
+        return result
+
+    def get(self, name: str) -> SubagentProvider | None:
+        result: SubagentProvider | None = self._ask(reg.GetProvider(name))
+        return result
+
+    # -- events ----------------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener, *, parent_id: str | None = None) -> Callable[[], None]:
+        """Receive lifecycle events (all, or one parent's children). Listeners are observe-only
+        and must return quickly; one that raises is logged and the others still run."""
+        if not callable(listener):
+            raise TypeError("listener must be callable")
+        self._ask(reg.Subscribe(listener, parent_id))
+
+        def remove() -> None:
+            if self._ref.is_alive():
+                self._ask(reg.Unsubscribe(listener, parent_id))
+
+        return remove
+
+    def subscribe_progress(self, listener: Listener) -> Callable[[], None]:
+        """Receive every local child's progress events (tagged `agent_id`), from now on."""
+        self._progress.append(listener)
+
+        def remove() -> None:
+            if listener in self._progress:
+                self._progress.remove(listener)
+
+        return remove
+
+    def _relay_progress(self, event: Mapping[str, Any]) -> None:
+        for listener in list(self._progress):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("progress listener raised")
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def runs(self, parent_id: str | None = None) -> list[RunHandle]:
+        if parent_id is None:
+            return list(self._live.values())
+        return list(self._by_parent.get(parent_id, {}).values())
+
+    @property
+    def running_peak(self) -> int:
+        """The most runs that held an admission slot at once (for admission-control checks)."""
+        return self._registry.running_peak
+
+    def start(self, name: str, request: SubagentStartRequest) -> RunHandle:
+        """Validate, admit, start and publish a child run. Raises before any child exists."""
+        if not isinstance(name, str):
+            raise TypeError("provider name must be a string")
+        if not isinstance(request, SubagentStartRequest):
+            raise TypeError("request must be a SubagentStartRequest")
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
+        parent_id = _parent_id(request.parent)
+        ticket = next(self._tickets)
+        admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
+        provider, run_id = admitted
+        return self._launch(provider, run_id, ticket, parent_id, lambda: provider.start(request))
+
+    def resume(self, name: str, request: SubagentResumeRequest) -> RunHandle:
+        """The raw resume operation: dispatch a resolved request to the provider's `resume`."""
+        if not isinstance(request, SubagentResumeRequest):
+            raise TypeError("request must be a SubagentResumeRequest")
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
+        parent_id = _parent_id(request.parent)
+        ticket = next(self._tickets)
+        provider, run_id = self._admit(reg.AdmitResume(name, ticket, parent_id), request.signal)
+        resume = provider.resume  # type: ignore[attr-defined]
+        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request))
+
+    def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
+        future = self._ref.ask(message, block=False)
+        remove = signal.add_listener(
+            lambda reason: self._ref.tell(reg.Withdraw(message.ticket, reason))
+        )
+        try:
+            admitted: tuple[Any, str] = future.get()
+        finally:
+            remove()
+        if signal.aborted:
+            self._ref.tell(reg.Released(message.ticket))
+            raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")
+        return admitted
+
+    def _launch(
+        self,
+        provider: SubagentProvider,
+        run_id: str,
+        ticket: int,
+        parent_id: str,
+        start: Callable[[], SubagentRun],
+    ) -> RunHandle:
+        try:
+            run = start()
+        except BaseException:
+            self._ref.tell(reg.Released(ticket))
+            raise
+        cls = SteerableRunHandle if isinstance(run, Steerable) else RunHandle
+        handle = cls(self, run, run_id, provider.name, parent_id)
+        handle._ticket = ticket
+        handle.ref = RunActor.start(run, handle._on_settled)
+        self._live[run_id] = handle
+        self._by_parent.setdefault(parent_id, {})[run_id] = handle
+        agent = run.local_agent
+        if agent is not None and self._progress:
+            agent.add_progress_listener(self._relay_progress)
+        self._ask(
+            reg.Published(
+                ticket,
+                {
+                    "type": "subagent/start",
+                    "run_id": run_id,
+                    "provider": provider.name,
+                    "id": run.id,
+                    "local": agent is not None,
+                    "parent_id": parent_id,
+                },
+            )
+        )
+        handle._mark_published()
+        return handle
+
+    def _emit_end(self, handle: RunHandle, outcome: SubagentResult | BaseException) -> None:
+        event: dict[str, Any] = {
+            "type": "subagent/end",
+            "run_id": handle.run_id,
+            "provider": handle.provider,
+            "id": handle.id,
+            "local": handle.local_agent is not None,
+            "parent_id": handle.parent_id,
+        }
+        if isinstance(outcome, BaseException):
+            event["stop_reason"] = "error"
+            event["failure"] = f"{type(outcome).__name__}: {outcome}"
+        else:
+            event["stop_reason"] = outcome.stop_reason
+            if outcome.output:
+                event["last_assistant_message"] = list(outcome.output)
+        self._live.pop(handle.run_id, None)
+        siblings = self._by_parent.get(handle.parent_id)
+        if siblings is not None:
+            siblings.pop(handle.run_id, None)
+            if not siblings:
+                del self._by_parent[handle.parent_id]
+        if self._ref.is_alive():
+            self._ref.tell(reg.Ended(handle._ticket, event))
+
+    # -- ownership: a parent's end reaches its children ---------------------------------------------
+
+    def _on_parent_closing(self, agent: Any) -> None:
+        """Dispose the closing agent's children first (release completes child-first)."""
+        for handle in list(self._by_parent.get(agent.id, {}).values()):
+            handle.dispose()
+
+    def _on_parent_cancelled(self, agent: Any, cause: Any) -> None:
+        for handle in list(self._by_parent.get(agent.id, {}).values()):
+            handle.cancel(cause)
+
+    def close(self) -> None:
+        """Dispose every live run, then stop the registry. Every start gets its end first."""
+        self._closed = True
+        for handle in list(self._live.values()):
+            handle.dispose()
+        # Let the registry deliver the last end events before it stops.
+        self._ref.stop(block=True)
+
+    def _ask(self, message: Any) -> Any:
+        try:
+            return self._ref.ask(message)
+        except ActorDeadError:
+            raise SubagentError("RUNTIME_CLOSED") from None
+
+
+def _parent_id(parent: Any) -> str:
+    parent_id = getattr(parent, "id", None)
+    if not isinstance(parent_id, str):
+        raise TypeError("request.parent must be an agent (with a string id)")
+    return parent_id
+

@@ -1,0 +1,178 @@
+"""An ACP agent built on the official `agent-client-protocol` SDK, for the provider's tests.
+
+`python sdk_agent.py MODE`; each mode is one behaviour the client must survive:
+
+- normal: thought, plan, tool call, then `echo: <prompt>`; a prompt `stop:<reason>` ends the turn
+  with that ACP stop reason instead. Advertises `loadSession`; `session/load` replays history.
+- permission: asks `session/request_permission` and reports the outcome it got.
+- unknown: calls `fs/read_text_file` and an extension method it was never offered.
+- wait: waits for `session/cancel`, then ends `cancelled`. Writes $ACP_PEER_MARKER on cancel.
+- ignore_cancel: never ends its turn, ignores `session/cancel`.
+- stubborn: like ignore_cancel, but also ignores SIGTERM and stdin EOF, and forks a grandchild
+  that ignores SIGTERM (the case that leaves orphans when only the leader is signalled).
+- crash: sends a chunk, writes to stderr, exits 3 mid-turn.
+- slow_new: never answers `session/new`.
+- no_session_id: answers `session/new` without a sessionId.
+- stderr_spam: writes megabytes to stderr before answering.
+- garbage: writes a non-JSON line to stdout mid-turn.
+- huge_line: sends one agent_message_chunk larger than the client's line limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import acp
+from acp import (
+    InitializeResponse,
+    LoadSessionResponse,
+    NewSessionResponse,
+    PromptResponse,
+    plan_entry,
+    start_tool_call,
+    update_agent_message_text,
+    update_agent_thought_text,
+    update_plan,
+    update_user_message_text,
+)
+from acp.schema import AgentCapabilities, PermissionOption, ToolCallUpdate
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
+
+
+class PeerAgent:
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.cancelled = asyncio.Event()
+        self.grandchild: subprocess.Popen[bytes] | None = None
+
+    def on_connect(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def initialize(self, protocol_version: int, **kwargs: Any) -> InitializeResponse:
+        caps = AgentCapabilities(load_session=MODE == "normal")
+        return InitializeResponse(protocol_version=1, agent_capabilities=caps)
+
+    async def new_session(self, cwd: str, **kwargs: Any) -> Any:
+        if MODE == "slow_new":
+            await asyncio.sleep(3600)
+        if MODE == "no_session_id":
+            return {}
+        if MODE == "stubborn":
+            self.grandchild = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import signal, time\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "time.sleep(3600)\n",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        return NewSessionResponse(session_id=f"sess-{uuid.uuid4().hex[:8]}:{cwd}")
+
+    async def load_session(self, cwd: str, session_id: str, **kwargs: Any) -> LoadSessionResponse:
+        await self.conn.session_update(session_id, update_user_message_text("old prompt"))
+        await self.conn.session_update(session_id, update_agent_message_text("old answer"))
+        return LoadSessionResponse()
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        marker = os.environ.get("ACP_PEER_MARKER")
+        if marker:
+            with open(marker, "w") as f:
+                f.write("cancelled")
+        self.cancelled.set()
+
+    async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
+        text = "".join(getattr(block, "text", "") for block in prompt)
+        say = self.say(session_id)
+        if MODE == "normal":
+            if text.startswith("stop:"):
+                await say("partial")
+                return PromptResponse(stop_reason=text[5:])
+            await self.conn.session_update(session_id, update_agent_thought_text("thinking"))
+            await self.conn.session_update(session_id, update_plan([plan_entry("answer")]))
+            await self.conn.session_update(session_id, start_tool_call("t1", "look around"))
+            await say("echo: ")
+            await say(text)
+            await say(f" [session {session_id}]")
+            return PromptResponse(stop_reason="end_turn")
+        if MODE == "permission":
+            options = [
+                PermissionOption(option_id="no", name="Reject", kind="reject_once"),
+                PermissionOption(option_id="yes", name="Allow", kind="allow_once"),
+            ]
+            reply = await self.conn.request_permission(
+                session_id=session_id,
+                tool_call=ToolCallUpdate(tool_call_id="t1", title="write a file"),
+                options=options,
+            )
+            outcome = reply.outcome
+            await say(f"permission: {outcome.outcome}:{getattr(outcome, 'option_id', '')}")
+            return PromptResponse(stop_reason="end_turn")
+        if MODE == "unknown":
+            codes = []
+            try:
+                await self.conn.read_text_file(session_id=session_id, path="/etc/hostname")
+            except acp.RequestError as exc:
+                codes.append(exc.code)
+            try:
+                await self.conn.ext_method("peer/ping", {})
+            except acp.RequestError as exc:
+                codes.append(exc.code)
+            await say(f"codes: {codes}")
+            return PromptResponse(stop_reason="end_turn")
+        if MODE == "wait":
+            await say("waiting")
+            await self.cancelled.wait()
+            return PromptResponse(stop_reason="cancelled")
+        if MODE in ("ignore_cancel", "stubborn"):
+            pid = self.grandchild.pid if self.grandchild is not None else 0
+            await say(f"grandchild {pid}")
+            await asyncio.sleep(3600)
+        if MODE == "crash":
+            await say("about to crash")
+            sys.stderr.write("boom: the peer crashed on purpose\n")
+            sys.stderr.flush()
+            os._exit(3)
+        if MODE == "stderr_spam":
+            line = "spam " * 200 + "\n"
+            for _ in range(5000):  # ~5 MB, far more than a pipe buffer holds
+                sys.stderr.write(line)
+            sys.stderr.flush()
+            await say("survived the spam")
+            return PromptResponse(stop_reason="end_turn")
+        if MODE == "garbage":
+            await say("before garbage")
+            os.write(1, b"this is not json\n")
+            await asyncio.sleep(3600)
+        if MODE == "huge_line":
+            await say("x" * 100_000)
+            await asyncio.sleep(3600)
+        return PromptResponse(stop_reason="end_turn")
+
+    def say(self, session_id: str) -> Any:
+        async def send(text: str) -> None:
+            await self.conn.session_update(session_id, update_agent_message_text(text))
+
+        return send
+
+
+async def main() -> None:
+    if MODE == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    await acp.run_agent(PeerAgent())
+    if MODE == "stubborn":  # outlive stdin EOF too
+        await asyncio.sleep(3600)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

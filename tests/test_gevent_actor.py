@@ -1,0 +1,354 @@
+"""GeventActor / GeventFuture: the Pykka API on gevent, and the kill and mass-stop rules."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, ClassVar
+
+import gevent
+import gevent.event
+import pykka
+import pytest
+from pykka import ActorDeadError, ActorRegistry
+
+from actors import gevent_actor
+from actors.gevent_actor import ActorKilled, GeventActor, GeventFuture
+
+
+class Echo(GeventActor):
+    """Replies, raises, or parks in a handler until released, as told."""
+
+    # Refs hold their actor weakly; keep the objects so tests can inspect them after death.
+    instances: ClassVar[dict[str, Echo]] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        Echo.instances[self.actor_urn] = self
+        self.started = gevent.event.Event()
+        self.entered = gevent.event.Event()
+        self.release = gevent.event.Event()
+        self.failures: list[type[BaseException] | None] = []
+        self.stopped_hook = False
+        self.seen: list[Any] = []
+
+    def on_start(self) -> None:
+        self.started.set()
+
+    def on_stop(self) -> None:
+        self.stopped_hook = True
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.failures.append(exception_type)
+
+    def on_receive(self, message: Any) -> Any:
+        self.seen.append(message)
+        if message == "park":
+            self.entered.set()
+            self.release.wait()
+            return "released"
+        if message == "boom":
+            raise ValueError("boom")
+        if message == "ask-self":
+            return self.actor_ref.ask("x", timeout=0.05)
+        return ("echo", message)
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+
+def _actor(ref: pykka.ActorRef[Any]) -> Echo:
+    return Echo.instances[ref.actor_urn]
+
+
+@pytest.fixture(autouse=True)
+def _forget_instances() -> Iterator[None]:
+    yield
+    Echo.instances.clear()
+
+
+@pytest.fixture
+def refs() -> Iterator[list[pykka.ActorRef[Echo]]]:
+    made: list[pykka.ActorRef[Echo]] = []
+    yield made
+    for ref in made:
+        gevent_actor.kill(ref)
+    for ref in made:
+        assert gevent_actor.join(ref, timeout=5)
+
+
+def _start(refs: list[pykka.ActorRef[Echo]]) -> pykka.ActorRef[Echo]:
+    ref = Echo.start()
+    refs.append(ref)
+    return ref
+
+
+# -- the Pykka API ----------------------------------------------------------------------------
+
+
+def test_ask_tell_and_proxy(refs: list[pykka.ActorRef[Echo]]) -> None:
+    ref = _start(refs)
+    assert ref.ask(1) == ("echo", 1)
+    ref.tell(2)
+    assert ref.ask(3) == ("echo", 3)
+    assert _actor(ref).seen == [1, 2, 3]
+    assert ref.proxy().add(2, 3).get() == 5
+    assert ref.stop() is True
+    assert ref.stop() is False
+    assert _actor(ref).stopped_hook
+
+
+def test_the_actor_loop_is_a_greenlet_that_runs_on_start(
+    refs: list[pykka.ActorRef[Echo]],
+) -> None:
+    ref = _start(refs)
+    assert _actor(ref).started.wait(5)
+    assert ref.actor_stopped.wait(0) is False  # a gevent event: waits cooperatively
+
+
+def test_future_get_with_timeout_raises_pykka_timeout(refs: list[pykka.ActorRef[Echo]]) -> None:
+    ref = _start(refs)
+    future = ref.ask("park", block=False)
+    with pytest.raises(pykka.Timeout):
+        future.get(timeout=0.01)
+    _actor(ref).release.set()
+    assert future.get(timeout=5) == "released"
+
+
+def test_future_rules_match_threading_future() -> None:
+    future: GeventFuture[int] = GeventFuture()
+    with pytest.raises(pykka.Timeout):
+        future.get(timeout=0)
+    future.set(1)
+    assert future.get() == 1
+    assert future.get(timeout=0) == 1
+    with pytest.raises(gevent.queue.Full):
+        future.set(2)
+    hooked: GeventFuture[int] = GeventFuture()
+    hooked.set_get_hook(lambda timeout: 7)
+    assert hooked.get() == 7
+    with pytest.raises(gevent.queue.Full):
+        hooked.set(1)
+
+
+def test_a_waiter_is_woken_by_set_from_another_greenlet() -> None:
+    future: GeventFuture[str] = GeventFuture()
+    gevent.spawn(future.set, "late")
+    assert future.get(timeout=5) == "late"
+    failing: GeventFuture[str] = GeventFuture()
+
+    def fail() -> None:
+        try:
+            raise KeyError("k")
+        except KeyError:
+            failing.set_exception()
+
+    gevent.spawn(fail)
+    with pytest.raises(KeyError):
+        failing.get(timeout=5)
+
+
+def test_an_exception_in_an_ask_goes_to_the_caller_and_the_actor_lives(
+    refs: list[pykka.ActorRef[Echo]],
+) -> None:
+    ref = _start(refs)
+    with pytest.raises(ValueError, match="boom"):
+        ref.ask("boom")
+    assert ref.is_alive()
+    assert ref.ask(1) == ("echo", 1)
+
+
+def test_an_exception_in_a_tell_stops_the_actor_via_on_failure(
+    refs: list[pykka.ActorRef[Echo]],
+) -> None:
+    ref = _start(refs)
+    ref.tell("boom")
+    assert gevent_actor.join(ref, timeout=5)
+    assert _actor(ref).failures == [ValueError]
+    assert ActorRegistry.get_by_urn(ref.actor_urn) is None
+    assert isinstance(_actor(ref)._crash, ValueError)
+
+
+def test_asking_yourself_times_out_like_the_threading_runtime(
+    refs: list[pykka.ActorRef[Echo]],
+) -> None:
+    ref = _start(refs)
+    with pytest.raises(pykka.Timeout):
+        ref.ask("ask-self")
+    assert ref.ask(1) == ("echo", 1)
+
+
+# -- kill -----------------------------------------------------------------------------------
+
+
+def test_kill_in_a_handler_stops_that_actor_alone(refs: list[pykka.ActorRef[Echo]]) -> None:
+    victim, bystander = _start(refs), _start(refs)
+    current = victim.ask("park", block=False)
+    queued = victim.ask(1, block=False)
+    assert _actor(victim).entered.wait(5)
+    gevent_actor.kill(victim)
+    with pytest.raises(ActorDeadError):
+        current.get(timeout=5)
+    with pytest.raises(ActorDeadError):
+        queued.get(timeout=5)
+    assert gevent_actor.join(victim, timeout=5)
+    assert not victim.is_alive()
+    assert ActorRegistry.get_by_urn(victim.actor_urn) is None
+    assert victim.actor_urn not in {r.actor_urn for r in gevent_actor.live_actors()}
+    assert _actor(victim).failures == [ActorKilled]
+    assert isinstance(_actor(victim)._crash, ActorKilled)
+    with pytest.raises(ActorDeadError):
+        victim.ask(2)
+    assert bystander.ask(3) == ("echo", 3)
+    assert ActorRegistry.get_by_urn(bystander.actor_urn) is not None
+
+
+def test_kill_of_an_idle_actor_leaves_no_zombie(refs: list[pykka.ActorRef[Echo]]) -> None:
+    ref = _start(refs)
+    assert ref.ask(1) == ("echo", 1)  # now idle in its inbox
+    gevent_actor.kill(ref)
+    assert gevent_actor.join(ref, timeout=5)
+    assert ActorRegistry.get_by_urn(ref.actor_urn) is None
+    with pytest.raises(ActorDeadError):
+        ref.ask(2)
+
+
+def test_kill_before_the_greenlet_first_ran_skips_on_start(
+    refs: list[pykka.ActorRef[Echo]],
+) -> None:
+    ref = _start(refs)  # no switch yet: on_start has not run
+    gevent_actor.kill(ref)
+    assert gevent_actor.join(ref, timeout=5)
+    assert not _actor(ref).started.is_set()
+    assert ActorRegistry.get_by_urn(ref.actor_urn) is None
+
+
+def test_kill_is_idempotent_and_harmless_after_death(refs: list[pykka.ActorRef[Echo]]) -> None:
+    ref = _start(refs)
+    ref.stop()
+    gevent_actor.kill(ref)
+    gevent_actor.kill(ref)
+    assert gevent_actor.join(ref, timeout=5)
+    assert _actor(ref)._crash is None  # a clean stop stays clean
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle", "busy"])
+def test_a_bare_gevent_kill_stops_only_that_actor(
+    refs: list[pykka.ActorRef[Echo]], idle: bool
+) -> None:
+    victim, bystander = _start(refs), _start(refs)
+    pending = victim.ask(1 if idle else "park", block=False)
+    if idle:
+        assert pending.get(timeout=5) == ("echo", 1)
+    else:
+        assert _actor(victim).entered.wait(5)
+    gevent.kill(_actor(victim)._greenlet)  # GreenletExit, not our ActorKilled
+    assert gevent_actor.join(victim, timeout=5)
+    if not idle:
+        with pytest.raises(ActorDeadError):
+            pending.get(timeout=5)
+    assert ActorRegistry.get_by_urn(victim.actor_urn) is None
+    assert bystander.is_alive()
+    assert bystander.ask(2) == ("echo", 2)
+
+
+def test_a_second_kill_interrupts_a_stuck_on_failure(refs: list[pykka.ActorRef[Echo]]) -> None:
+    hold = gevent.event.Event()
+
+    class Stubborn(Echo):
+        def on_failure(self, *exc_info: Any) -> None:
+            self.entered.set()
+            hold.wait()
+
+    ref = Stubborn.start()
+    refs.append(ref)
+    assert ref.ask(1) == ("echo", 1)
+    gevent_actor.kill(ref)
+    assert _actor(ref).entered.wait(5)
+    assert not gevent_actor.join(ref, timeout=0)
+    _actor(ref)._killed = None  # let a second kill through, as a supervisor's escalation would
+    gevent_actor.kill(ref)
+    assert gevent_actor.join(ref, timeout=5)
+
+
+# -- the O(1) index and mass stop -------------------------------------------------------------
+
+
+def test_live_index_follows_starts_and_stops(refs: list[pykka.ActorRef[Echo]]) -> None:
+    base = gevent_actor.live_count()
+    made = [_start(refs) for _ in range(5)]
+    assert gevent_actor.live_count() == base + 5
+    assert [r.actor_urn for r in gevent_actor.live_actors()][-5:] == [r.actor_urn for r in made]
+    made[1].stop()
+    made[3].tell("boom")
+    gevent_actor.kill(made[4])
+    for ref in (made[1], made[3], made[4]):
+        assert gevent_actor.join(ref, timeout=5)
+    assert gevent_actor.live_count() == base + 2
+    alive = {r.actor_urn for r in gevent_actor.live_actors()}
+    assert {made[0].actor_urn, made[2].actor_urn} <= alive
+
+
+def test_stop_all_processes_queued_messages_then_stops_everyone() -> None:
+    made = [Echo.start() for _ in range(300)]
+    for ref in made:
+        ref.tell("queued")
+    asked = made[0].ask("last", block=False)
+    assert gevent_actor.stop_all(timeout=10) == 300
+    assert gevent_actor.live_count() == 0
+    assert not ActorRegistry.get_by_class(Echo)
+    assert asked.get(timeout=0) == ("echo", "last")
+    assert all(_actor(r).seen == ["queued"] + (["last"] if r is made[0] else []) for r in made)
+    assert all(_actor(r).stopped_hook for r in made)
+
+
+def test_stop_all_leaves_other_runtimes_alone() -> None:
+    threaded = pykka.ThreadingActor.start()
+    try:
+        Echo.start()
+        gevent_actor.stop_all(timeout=10)
+        assert threaded.is_alive()
+    finally:
+        threaded.stop()
+
+
+def test_stop_all_raises_timeout_when_an_actor_will_not_stop(
+    refs: list[pykka.ActorRef[Echo]],
+) -> None:
+    ref = _start(refs)
+    ref.tell("park")
+    assert _actor(ref).entered.wait(5)
+    with pytest.raises(pykka.Timeout):
+        gevent_actor.stop_all(timeout=0.01, refs=[ref])
+    _actor(ref).release.set()
+    assert gevent_actor.join(ref, timeout=5)
+
+
+def test_join_reports_whether_the_loop_ended(refs: list[pykka.ActorRef[Echo]]) -> None:
+    ref = _start(refs)
+    assert gevent_actor.join(ref, timeout=0) is False
+    ref.stop()
+    assert gevent_actor.join(ref, timeout=5) is True
+
+
+def test_kill_refuses_a_foreign_actor() -> None:
+    threaded = pykka.ThreadingActor.start()
+    try:
+        with pytest.raises(TypeError):
+            gevent_actor.kill(threaded)
+    finally:
+        threaded.stop()
+
+
+def test_freeze_gc_freezes() -> None:
+    try:
+        gevent_actor.freeze_gc()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
