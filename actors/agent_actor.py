@@ -7,6 +7,17 @@ that only exist later (a steer's admission, idleness) are `Deferred` replies.
 Message vocabulary (send with `agent.ref.ask(...)` or use the `Agent` handle's methods):
 `Send(content, source)`, `Steer(content, source)`, `Cancel(cause, keep_inbox)`, `WhenIdle()`,
 `Close()`.
+
+Inbox accounting: every send and steer is logged `inbox/accepted` when the mailbox takes it; a
+send is `inbox/claimed` when its turn starts, a steer when a step boundary admits it; either is
+`inbox/discarded` (with a reason) when dropped: a cancel without `keep_inbox`, or a steer still
+pending when its turn ends. Message ids are minted from the session log's seq, so they stay
+unique in the session across processes (a resumed agent keeps appending to the same log).
+
+Held work: `Cancel(keep_inbox=True)` aborts the running turn and keeps the queued sends, but the
+agent does not start them by itself: like a resumed agent with pending work, it waits for the
+next `Send`, which runs the kept messages first, in order. `Close` leaves queued sends pending
+in the log (accepted, never claimed), so a later resume restores them.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from actors.gevent_actor import GeventActor
 from actors.local import start_local
 from agent.context import AgentContext
 from agent.log import SessionLog
-from agent.loop import AgentCore, PendingSteer, TurnOutcome, new_message_id
+from agent.loop import AgentCore, PendingSteer, TurnOutcome
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import ToolScope
@@ -45,6 +56,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_NO_STEERS: list[PendingSteer] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +79,8 @@ class Steer:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Abort the running turn. Replies when the agent is idle again."""
+    """Abort the running turn. Replies when the agent is idle again. `keep_inbox=True` keeps
+    queued sends (held until the next `Send`); otherwise they are discarded."""
 
     cause: Any = None
     keep_inbox: bool = False
@@ -74,12 +88,13 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class WhenIdle:
-    """Replies with the last turn's outcome once no turn runs and nothing is queued."""
+    """Replies with the last turn's outcome once no turn runs and none will start by itself."""
 
 
 @dataclass(frozen=True, slots=True)
 class Close:
-    """Cancel everything, close the log, stop the actor. Replies at quiescence."""
+    """Abort the running turn, close the log, stop the actor. Replies at quiescence. Queued
+    sends stay pending in the log for a later resume."""
 
     cause: Any = None
 
@@ -112,6 +127,8 @@ class AgentActor(GeventActor):
         self._closing = False
         self._close_waiters: list[Deferred] = []
         self._on_closed = on_closed
+        # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
+        self._held = False
         self.turn_listeners: list[Callable[[TurnOutcome], None]] = []
         self.turn_running = False
         self.before_first_request: Callable[[], None] | None = None
@@ -120,6 +137,7 @@ class AgentActor(GeventActor):
         """Before the actor serves anyone: requeue accepted work found in a stored log. It does
         not wake the agent; the next `Send` does."""
         self._queue.extend(messages)
+        self._held = bool(self._queue)
 
     # -- mailbox -------------------------------------------------------------------------------
 
@@ -139,14 +157,16 @@ class AgentActor(GeventActor):
     def _send(self, message: Send) -> str:
         if self._closing:
             raise SubagentError("RUN_DISPOSED", "the agent is closed")
-        message_id = message.message_id or new_message_id()
+        log_ = self.core.log
+        message_id = message.message_id or f"m{len(log_.events)}"
         source = message.source.to_json()
         content = list(message.content)
-        self.core.log.append(
+        log_.append(
             "inbox/accepted",
             {"message_id": message_id, "kind": "send", "content": content, "source": source},
         )
         self._queue.append({"id": message_id, "content": content, "source": source})
+        self._held = False
         if self._worker is None:
             self._worker = gevent.spawn(self._work)
         return message_id
@@ -157,21 +177,27 @@ class AgentActor(GeventActor):
         abort = self._turn_abort
         if not self.turn_running or abort is None or abort.signal.aborted:
             raise SubagentError("RUN_TERMINAL", "no running turn to steer")
+        log_ = self.core.log
+        message_id = f"s{len(log_.events)}"
+        source = message.source.to_json()
+        content = list(message.content)
+        log_.append(
+            "inbox/accepted",
+            {"message_id": message_id, "kind": "steer", "content": content, "source": source},
+        )
         reply = Deferred()
-        message_id = new_message_id("s")
         self._steers.append(
             PendingSteer(
-                message_id=message_id,
-                content=list(message.content),
-                source=message.source.to_json(),
-                on_admitted=reply.resolve,
+                message_id=message_id, content=content, source=source, on_admitted=reply.resolve
             )
         )
         self._steer_replies[message_id] = reply
         return reply
 
     def _cancel(self, message: Cancel) -> Deferred:
-        if not message.keep_inbox:
+        if message.keep_inbox:
+            self._held = bool(self._queue)
+        else:
             self._discard_queue("cancelled")
         if self._turn_abort is not None:
             self._turn_abort.abort(message.cause if message.cause is not None else "cancelled")
@@ -194,7 +220,6 @@ class AgentActor(GeventActor):
         if self._closing:
             return reply
         self._closing = True
-        self._discard_queue("closed")
         if self._turn_abort is not None:
             self._turn_abort.abort(message.cause if message.cause is not None else "closed")
         if self._worker is None:
@@ -205,28 +230,27 @@ class AgentActor(GeventActor):
 
     def _take_steers(self) -> list[PendingSteer]:
         if not self._steers:
-            return []
+            return _NO_STEERS
         steers, self._steers = self._steers, []
         for steer in steers:
             self._steer_replies.pop(steer.message_id, None)
         return steers
 
     def _work(self) -> None:
+        core = self.core
         try:
-            while self._queue and not self._closing:
+            while self._queue and not self._closing and not self._held:
                 message = self._queue.popleft()
-                self.core.log.append("inbox/claimed", {"message_id": message["id"]})
                 controller = self._turn_abort = AbortController()
                 self.turn_running = True
                 hook, self.before_first_request = self.before_first_request, None
                 try:
-                    outcome = self.core.run_turn(
-                        message, controller.signal, self._take_steers, hook
-                    )
+                    core.log.append("inbox/claimed", {"message_id": message["id"]})
+                    outcome = core.run_turn(message, controller.signal, self._take_steers, hook)
                 except Exception as exc:  # the log failed: an infrastructure fault
-                    log.exception("agent %s: turn failed outside the loop", self.core.session_id)
+                    log.exception("agent %s: turn failed outside the loop", core.session_id)
                     outcome = TurnOutcome(
-                        self.core.turn, "error", message=f"{type(exc).__name__}: {exc}", fault=exc
+                        core.turn, "error", message=f"{type(exc).__name__}: {exc}", fault=exc
                     )
                 finally:
                     self.turn_running = False
@@ -251,7 +275,9 @@ class AgentActor(GeventActor):
         for steer in steers:
             reply = self._steer_replies.pop(steer.message_id, None)
             try:
-                self.core.log.append("inbox/discarded", {"message_id": steer.message_id, "reason": why})
+                self.core.log.append(
+                    "inbox/discarded", {"message_id": steer.message_id, "reason": why}
+                )
             except Exception:
                 log.exception("could not log a discarded steer")
             if reply is not None:
@@ -260,9 +286,7 @@ class AgentActor(GeventActor):
     def _discard_queue(self, reason: str) -> None:
         while self._queue:
             message = self._queue.popleft()
-            self.core.log.append(
-                "inbox/discarded", {"message_id": message["id"], "reason": reason}
-            )
+            self.core.log.append("inbox/discarded", {"message_id": message["id"], "reason": reason})
 
     def _finish_close(self) -> None:
         try:
@@ -339,7 +363,8 @@ class Agent:
     def status(self) -> str:
         if self._closed:
             return "closed"
-        return "running" if self._actor.turn_running or self._actor._queue else "idle"
+        actor = self._actor
+        return "running" if actor.turn_running or actor._worker is not None else "idle"
 
     @property
     def turn_running(self) -> bool:
@@ -350,7 +375,9 @@ class Agent:
         return self._actor
 
     def send(self, content: Any, source: MessageSource | None = None) -> Any:
-        return self.ref.ask(Send(check_content(content), source or MessageSource.user()), block=False)
+        return self.ref.ask(
+            Send(check_content(content), source or MessageSource.user()), block=False
+        )
 
     def steer(self, content: Any, source: MessageSource | None = None) -> Any:
         return self.ref.ask(
@@ -401,4 +428,3 @@ class Agent:
     def _forget(self) -> None:
         self._closed = True
         self.ctx.agents.pop(self.id, None)
-

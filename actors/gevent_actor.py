@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import random
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import gevent
 import gevent.event
 import gevent.queue
-from actors.deferred import Deferred
 from pykka import Actor, ActorDeadError, ActorRef, ActorRegistry, Future, Timeout, messages
 from pykka._envelope import Envelope
+
+from actors.deferred import Deferred
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -131,6 +133,19 @@ class GeventFuture(Future[T]):
             self._event.set()
 
 
+# uuid4() reads os.urandom per call (a syscall, ~4 us); a seeded generator makes the same
+# random version-4 URNs at a fraction of the cost. Reseeded in a forked child.
+_urn_random = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _urn_random.seed(os.urandom(32)))
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _new_urn() -> str:
+    h = "%032x" % ((_urn_random.getrandbits(128) & _UUID4_CLEAR) | _UUID4_SET)
+    return f"urn:uuid:{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 # Our live actors by urn, in start order: O(1) membership, and the order a mass stop uses so
 # that Pykka's list-based registry finds each actor at its front.
 _live: dict[str, GeventActor] = {}
@@ -146,7 +161,8 @@ class GeventActor(Actor):
     _greenlet: Any
     _crash: BaseException | None
     _killed: ActorKilled | BaseException | None
-    _exited: gevent.event.Event
+    _exited: gevent.event.Event | None
+    _ended: bool
     _exit_callbacks: list[Callable[[GeventActor], None]] | None
     _unregistered: bool
     _in_teardown: bool
@@ -154,17 +170,35 @@ class GeventActor(Actor):
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
         # the hub if anyone waited on it. A gevent Event has the same interface.
-        self.actor_urn = uuid.uuid4().urn
+        self.actor_urn = _new_urn()
         self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = gevent.event.Event()
         self._actor_ref = ActorRef(self)
         self._greenlet = None
         self._crash = None
         self._killed = None
-        self._exited = gevent.event.Event()
+        self._exited = None  # made only if someone joins
+        self._ended = False
         self._exit_callbacks = None
         self._unregistered = False
         self._in_teardown = False
+
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
+        """Pykka's `Actor.start`, minus two log lines formatted even when debug is off."""
+        obj = cls(*args, **kwargs)
+        assert getattr(obj, "_actor_ref", None) is not None, (
+            "Actor.__init__() have not been called. "
+            "Did you forget to call super() in your override?"
+        )
+        ref = obj.actor_ref
+        with ActorRegistry._actor_refs_lock:
+            ActorRegistry._actor_refs.append(ref)
+        if _pykka_logger.isEnabledFor(logging.DEBUG):
+            _pykka_logger.debug(f"Registered {ref}")
+            _pykka_logger.debug(f"Starting {obj}")
+        obj._start_actor_loop()
+        return ref
 
     # -- Pykka's extension hooks -------------------------------------------------------------
 
@@ -199,7 +233,9 @@ class GeventActor(Actor):
             self.actor_stopped.set()
             self._actor_loop_teardown()
             _live.pop(self.actor_urn, None)
-            self._exited.set()
+            self._ended = True
+            if self._exited is not None:
+                self._exited.set()
             callbacks, self._exit_callbacks = self._exit_callbacks, None
             for callback in callbacks or ():
                 try:
@@ -299,10 +335,30 @@ class GeventActor(Actor):
         self.actor_stopped.set()
 
     def _unregister_once(self) -> None:
-        # A second unregister scans the whole registry list without finding it: O(N) wasted.
-        if not self._unregistered:
-            self._unregistered = True
-            ActorRegistry.unregister(self.actor_ref)
+        """Pykka's unregister, but O(1) when we are at either end of its registry list.
+
+        `ActorRegistry.unregister` scans the list from the front (twice), so stopping N actors
+        newest-first (as `ActorRegistry.stop_all()` and supervisors do) costs O(N^2), and a
+        second unregister scans it all for nothing. Mass stops hit one end of the list, so we
+        look there first. Uses Pykka's private list and lock (pinned: pykka 4.5).
+        """
+        if self._unregistered:
+            return
+        self._unregistered = True
+        ref = self._actor_ref
+        with ActorRegistry._actor_refs_lock:
+            refs = ActorRegistry._actor_refs
+            if refs and refs[-1] is ref:
+                refs.pop()
+            elif refs and refs[0] is ref:
+                del refs[0]
+            else:
+                try:
+                    refs.remove(ref)
+                except ValueError:
+                    return
+        if _pykka_logger.isEnabledFor(logging.DEBUG):
+            _pykka_logger.debug(f"Unregistered {ref}")
 
     def _record_crash(self, exc: BaseException | None) -> None:
         if self._crash is None and exc is not None:
@@ -311,7 +367,7 @@ class GeventActor(Actor):
     # -- used by kill(), join(), the supervision adapter -------------------------------------
 
     def _request_kill(self, exc: ActorKilled) -> None:
-        if self._killed is not None or self._exited.is_set():
+        if self._killed is not None or self._ended:
             return
         self._killed = exc
         glet = self._greenlet
@@ -325,9 +381,16 @@ class GeventActor(Actor):
             return  # the loop checks the flag itself on its next turn
         glet.throw(exc)
 
+    def _wait_ended(self, timeout: float | None) -> bool:
+        if self._ended:
+            return True
+        if self._exited is None:
+            self._exited = gevent.event.Event()
+        return bool(self._exited.wait(timeout))
+
     def _add_exit_callback(self, fn: Callable[[GeventActor], None]) -> None:
         """Call `fn(actor)` once when the loop has ended (at once if it has)."""
-        if self._exited.is_set():
+        if self._ended:
             fn(self)
             return
         if self._exit_callbacks is None:
@@ -368,7 +431,7 @@ def join(ref: ActorRef[Any] | GeventActor, timeout: float | None = None) -> bool
     actor = _actor_of(ref)
     if actor is None:
         return True
-    return bool(actor._exited.wait(timeout))
+    return actor._wait_ended(timeout)
 
 
 def live_actors() -> list[ActorRef[Any]]:
@@ -400,7 +463,7 @@ def stop_all(timeout: float | None = None, *, refs: Iterable[ActorRef[Any]] | No
     deadline = None if timeout is None else time.monotonic() + timeout
     for actor in actors:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not actor._exited.wait(remaining):
+        if not actor._wait_ended(remaining):
             msg = f"{timeout} seconds (stopping {actor})"
             raise Timeout(msg)
     return len(actors)

@@ -123,8 +123,9 @@ class RunActor(GeventActor):
             watcher = self._watcher
             if watcher is not None:
                 watcher.join()
+            # Quiescence includes this actor: reply only once it has stopped.
+            self.actor_ref.stop(block=False).get()
             reply.resolve(None)
-            self.stop()
 
         gevent.spawn(dispose)
         return reply

@@ -57,50 +57,40 @@ class InvariantError(SessionLogError):
         super().__init__(f"event seq {seq}: {message}")
 
 
-def _is_int(v: object) -> bool:
-    return type(v) is int
+# Required data fields per type: (field, exact type, what it must be). Exact types, so a bool
+# is not an int; `type(x) is t` keeps this check cheap on every append.
+_Field = tuple[str, type, str]
+_INT = (int, "an int")
+_STR = (str, "a str")
+_LIST = (list, "a list")
+_DICT = (dict, "a dict")
+_BOOL = (bool, "a bool")
 
 
-def _is_str(v: object) -> bool:
-    return type(v) is str
+def _fields(**checks: tuple[type, str]) -> tuple[_Field, ...]:
+    return tuple((name, typ, what) for name, (typ, what) in checks.items())
 
 
-def _is_list(v: object) -> bool:
-    return type(v) is list
-
-
-def _is_dict(v: object) -> bool:
-    return type(v) is dict
-
-
-# Required data fields per type: field -> (predicate, what it must be).
-_Check = tuple[Callable[[object], bool], str]
-_INT: _Check = (_is_int, "an int")
-_STR: _Check = (_is_str, "a str")
-_LIST: _Check = (_is_list, "a list")
-_DICT: _Check = (_is_dict, "a dict")
-_BOOL: _Check = (lambda v: type(v) is bool, "a bool")
-
-_REQUIRED: dict[str, dict[str, _Check]] = {
-    ev.TURN_START: {"turn": _INT},
-    ev.TURN_END: {"turn": _INT, "reason": _STR},
-    ev.STEP_START: {"turn": _INT, "step": _INT},
-    ev.STEP_END: {"turn": _INT, "step": _INT},
-    ev.USER_MESSAGE: {"message": _DICT},
-    ev.ASSISTANT_MESSAGE: {"message": _DICT, "finish": _STR},
-    ev.TOOL_CALL: {"call_id": _STR, "name": _STR, "arguments": _DICT},
-    ev.TOOL_RESULT: {"call_id": _STR, "name": _STR, "content": _LIST, "is_error": _BOOL},
-    ev.REQUEST_HEADER: {"system": _STR, "tools": _LIST},
-    ev.SESSION_END_SEED: {"length": _INT},
-    ev.SUBAGENT_DESCRIPTOR: {"descriptor": _DICT},
-    ev.INBOX_ACCEPTED: {"message_id": _STR, "kind": _STR, "content": _LIST, "source": _DICT},
-    ev.INBOX_CLAIMED: {"message_id": _STR},
-    ev.INBOX_DISCARDED: {"message_id": _STR, "reason": _STR},
+_REQUIRED: dict[str, tuple[_Field, ...]] = {
+    ev.TURN_START: _fields(turn=_INT),
+    ev.TURN_END: _fields(turn=_INT, reason=_STR),
+    ev.STEP_START: _fields(turn=_INT, step=_INT),
+    ev.STEP_END: _fields(turn=_INT, step=_INT),
+    ev.USER_MESSAGE: _fields(message=_DICT),
+    ev.ASSISTANT_MESSAGE: _fields(message=_DICT, finish=_STR),
+    ev.TOOL_CALL: _fields(call_id=_STR, name=_STR, arguments=_DICT),
+    ev.TOOL_RESULT: _fields(call_id=_STR, name=_STR, content=_LIST, is_error=_BOOL),
+    ev.REQUEST_HEADER: _fields(system=_STR, tools=_LIST),
+    ev.SESSION_END_SEED: _fields(length=_INT),
+    ev.SUBAGENT_DESCRIPTOR: _fields(descriptor=_DICT),
+    ev.INBOX_ACCEPTED: _fields(message_id=_STR, kind=_STR, content=_LIST, source=_DICT),
+    ev.INBOX_CLAIMED: _fields(message_id=_STR),
+    ev.INBOX_DISCARDED: _fields(message_id=_STR, reason=_STR),
 }
-_OPTIONAL: dict[str, dict[str, _Check]] = {
-    ev.TURN_END: {"message": _STR},
-    ev.ASSISTANT_MESSAGE: {"usage": _DICT},
-    ev.TOOL_RESULT: {"code": _STR},
+_OPTIONAL: dict[str, tuple[_Field, ...]] = {
+    ev.TURN_END: _fields(message=_STR),
+    ev.ASSISTANT_MESSAGE: _fields(usage=_DICT),
+    ev.TOOL_RESULT: _fields(code=_STR),
 }
 
 
@@ -159,13 +149,13 @@ class LogReplay:
                 raise InvariantError(seq, f"unknown event type {etype!r} (not marked ignorable)")
             self.seq = seq + 1
             return
-        for key, (pred, what) in required.items():
-            if not pred(data.get(key)):
+        for key, typ, what in required:
+            if type(data.get(key)) is not typ:
                 raise InvariantError(seq, f"{etype}: {key} must be {what}")
         optional = _OPTIONAL.get(etype)
         if optional is not None:
-            for key, (pred, what) in optional.items():
-                if key in data and not pred(data[key]):
+            for key, typ, what in optional:
+                if key in data and type(data[key]) is not typ:
                     raise InvariantError(seq, f"{etype}: {key} must be {what}")
         _HANDLERS[etype](self, seq, data)
         self.seq = seq + 1

@@ -7,7 +7,14 @@ request contains it, and only then is its sender told it was admitted.
 
 Every way a turn can end leaves a balanced log: open tool calls get synthetic results, the open
 step is closed, and `turn/end` carries the reason. Only an infrastructure fault (the log itself
-failing) escapes `run_turn`.
+failing) escapes `run_turn`. Observers (progress listeners) cannot change how a turn ends: a
+listener that raises is logged and ignored.
+
+Tool calls: a lone call (or a call that is not concurrency-safe) runs in the turn's own
+greenlet, which costs no spawn; an abort abandons it by throwing `_Abandon` into the turn
+greenlet, but only while it is still inside the tool (checked from the hub, where the turn
+greenlet cannot be running). A run of two or more concurrency-safe calls runs in parallel, one
+greenlet each, and an abort kills what is still running. Results are committed in model order.
 """
 
 from __future__ import annotations
@@ -21,22 +28,29 @@ from typing import Any
 import gevent
 from gevent.event import Event as GEvent
 
+from agent import events as ev
 from agent.history import history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
-from agent.tools import ToolContext, ToolResult, ToolScope
+from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
 from supervision.signal import AbortError, AbortSignal
 
-__all__ = ["AgentCore", "PendingSteer", "TurnOutcome", "new_message_id"]
+__all__ = ["AgentCore", "PendingSteer", "ToolCrash", "TurnBlocked", "TurnOutcome", "new_message_id"]
 
 log = logging.getLogger(__name__)
 
 _message_ids = itertools.count(1)
 
+# How long an abort waits for killed parallel tool greenlets before abandoning them.
+_KILL_GRACE = 1.0
+
+_NO_STEERS: list[PendingSteer] = []
+
 
 def new_message_id(prefix: str = "m") -> str:
+    """A process-unique id. Inbox ids are minted per session instead (see AgentActor)."""
     return f"{prefix}{next(_message_ids)}"
 
 
@@ -52,7 +66,7 @@ class PendingSteer:
 
 @dataclass(slots=True)
 class TurnOutcome:
-    """How one turn ended. `reason` is the `turn/end` reason."""
+    """How one turn ended. `reason` is the `turn/end` reason (or `refusal`, see run_turn)."""
 
     turn: int
     reason: str
@@ -67,10 +81,22 @@ class TurnOutcome:
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
+class TurnBlocked(Exception):
+    """Raised by a `before_first_request` hook to refuse the turn: it ends `blocked`."""
+
+
+class ToolCrash(Exception):
+    """The tool layer broke its contract (`execute` raised): the turn ends `error`."""
+
+
+class _Abandon(BaseException):
+    """Thrown into the turn greenlet to abandon an inline tool call after an abort."""
+
+
 class _Conclude:
     """The turn's structured-output capture state (see `AgentCore.capture`)."""
 
-    __slots__ = ("value", "concluded")
+    __slots__ = ("concluded", "value")
 
     def __init__(self) -> None:
         self.concluded = False
@@ -107,7 +133,6 @@ class AgentCore:
         self.turn = last_turn_number(log.events)
         self._last_header: tuple[str, list[Any]] | None = None
         self._capture: _Conclude | None = None
-        self._pending_log: list[tuple[str, dict[str, Any]]] = []
 
     # -- hooks for tools -------------------------------------------------------------------
 
@@ -137,29 +162,35 @@ class AgentCore:
     ) -> TurnOutcome:
         """Run one turn for `message` (`{id, content, source}`) until it ends.
 
-        Returns the outcome; raises only for infrastructure faults (the log failing).
+        Returns the outcome; raises only for infrastructure faults (the log failing). A model
+        refusal is outcome reason `refusal`; the log records it as `completed` unless the event
+        vocabulary knows `refusal` (the assistant message's `finish` says `refusal` either way).
         """
-        self.turn += 1
-        turn = self.turn
+        turn = self.turn + 1
         self.log.append("turn/start", {"turn": turn})
+        self.turn = turn
         self._progress({"kind": "turn/start", "turn": turn})
         self._log_user_message(message)
-        if before_first_request is not None:
-            before_first_request()
         capture = self._capture = _Conclude()
-        state = _TurnState()
+        state = _TurnState(gevent.getcurrent())
+        remove = signal.add_listener(state.on_abort)
         try:
+            if before_first_request is not None:
+                before_first_request()
             outcome = self._steps(turn, signal, take_steers, capture, state)
         except AbortError as exc:
             outcome = TurnOutcome(turn, "aborted", cause=_cause(exc.reason if exc.reason else exc))
+        except TurnBlocked as exc:
+            outcome = TurnOutcome(turn, "blocked", message=str(exc) or "the turn was blocked")
         except (ModelError, ToolCrash) as exc:
-            outcome = TurnOutcome(turn, "error", message=str(exc))
+            outcome = TurnOutcome(turn, "error", message=str(exc) or type(exc).__name__)
         except OSError:
             raise
         except Exception as exc:  # a crash in loop or adapter code: contained as `error`
             log.exception("agent %s: turn %d crashed", self.session_id, turn)
             outcome = TurnOutcome(turn, "error", message=f"{type(exc).__name__}: {exc}")
         finally:
+            remove()
             self._capture = None
         if signal.aborted and outcome.reason not in ("completed", "aborted"):
             outcome = TurnOutcome(turn, "aborted", cause=_cause(signal.reason))
@@ -177,32 +208,34 @@ class AgentCore:
         state: _TurnState,
     ) -> TurnOutcome:
         max_steps = self.options.max_steps
+        log_append = self.log.append
+        sink = self._model_progress(state)
         step = 0
         while True:
-            signal.raise_if_aborted()
+            if signal.aborted:
+                raise AbortError(reason=signal.reason)
             if step >= max_steps:
                 return TurnOutcome(turn, "error", message=f"max_steps ({max_steps}) reached")
             step += 1
             state.step = step
-            self.log.append("step/start", {"turn": turn, "step": step})
-            self._progress({"kind": "step/start", "turn": turn, "step": step})
-            for steer in take_steers():
-                self._log_user_message(
-                    {"id": steer.message_id, "content": steer.content, "source": steer.source}
-                )
-                steer.on_admitted()
+            log_append("step/start", {"turn": turn, "step": step})
+            if self.on_progress is not None:
+                self._progress({"kind": "step/start", "turn": turn, "step": step})
+            steers = take_steers()
+            if steers:
+                self._admit(steers)
             request = self._request(turn, step, signal)
             self.log.checkpoint("step")
-            state.partial = []
-            response = self.model.complete(request, self._model_progress(state))
+            state.partial.clear()
+            response = self.model.complete(request, sink)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)
             if response.content:
                 state.last_output = list(response.content)
             if calls:
-                self._run_tools(turn, calls, signal, capture, state)
-            self.log.append("step/end", {"turn": turn, "step": step})
+                self._run_tools(calls, signal, capture, state)
+            log_append("step/end", {"turn": turn, "step": step})
             state.step = 0
             if finish == "max-tokens":
                 return TurnOutcome(turn, "max-tokens")
@@ -212,6 +245,17 @@ class AgentCore:
                 if signal.aborted:
                     return TurnOutcome(turn, "aborted", cause=_cause(signal.reason))
                 return TurnOutcome(turn, "completed")
+
+    def _admit(self, steers: list[PendingSteer]) -> None:
+        """Log steers at the boundary, then account for them, then tell their senders."""
+        for steer in steers:
+            self._log_user_message(
+                {"id": steer.message_id, "content": steer.content, "source": steer.source}
+            )
+        for steer in steers:
+            self.log.append("inbox/claimed", {"message_id": steer.message_id})
+        for steer in steers:
+            steer.on_admitted()
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
         system = self.prompt.render(self.variables)
@@ -242,34 +286,35 @@ class AgentCore:
         )
 
     def _model_progress(self, state: _TurnState) -> Callable[[Mapping[str, Any]], None]:
-        on_progress = self.on_progress
         partial = state.partial
 
         def sink(chunk: Mapping[str, Any]) -> None:
             text = chunk.get("text")
             if isinstance(text, str):
                 partial.append(text)
-            if on_progress is not None:
-                on_progress({"kind": "model/chunk", **chunk})
+            if self.on_progress is not None:
+                self._progress({"kind": "model/chunk", **chunk})
 
         return sink
 
     def _log_user_message(self, message: Mapping[str, Any]) -> None:
+        content = list(message["content"])
         entry = {
             "id": message["id"],
             "role": "user",
-            "content": list(message["content"]),
+            "content": content,
             "source": dict(message["source"]),
         }
         self.log.append("user/message", {"message": entry})
-        self.history.append({"role": "user", "content": entry["content"]})
+        self.history.append({"role": "user", "content": content})
 
     def _log_assistant(self, response: ModelResponse, calls: Sequence[ToolCall]) -> None:
         content = list(response.content)
         tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls]
         data: dict[str, Any] = {
             "message": {
-                "id": new_message_id("a"),
+                # Unique within the session, also across processes: the event's own seq.
+                "id": f"a{len(self.log.events)}",
                 "role": "assistant",
                 "content": content,
                 "tool_calls": tool_calls,
@@ -284,95 +329,143 @@ class AgentCore:
             entry["tool_calls"] = tool_calls
         self.history.append(entry)
         if self.on_progress is not None:
-            self.on_progress({"kind": "assistant/message", "content": content})
+            self._progress({"kind": "assistant/message", "content": content})
 
     # -- tools ---------------------------------------------------------------------------------
 
     def _run_tools(
         self,
-        turn: int,
         calls: Sequence[ToolCall],
         signal: AbortSignal,
         capture: _Conclude,
         state: _TurnState,
     ) -> None:
+        append = self.log.append
+        open_calls = state.open_calls
         for call in calls:
-            self.log.append(
-                "tool/call", {"call_id": call.id, "name": call.name, "arguments": dict(call.arguments)}
+            append(
+                "tool/call",
+                {"call_id": call.id, "name": call.name, "arguments": dict(call.arguments)},
             )
-            state.open_calls[call.id] = call.name
+            open_calls[call.id] = call.name
             if self.on_progress is not None:
-                self.on_progress({"kind": "tool/call", "name": call.name, "call_id": call.id})
+                self._progress({"kind": "tool/call", "name": call.name, "call_id": call.id})
         results: list[ToolResult | None] = [None] * len(calls)
+        started = [False] * len(calls)
+        crash: list[BaseException] = []
+        resolve = self.tools.resolve
         index = 0
-        while index < len(calls):
+        count = len(calls)
+        while index < count:
             if signal.aborted or capture.concluded:
                 break
-            tool = self.tools.resolve(calls[index].name)
-            if tool is not None and tool.concurrency_safe:
-                end = index + 1
-                while end < len(calls):
-                    nxt = self.tools.resolve(calls[end].name)
-                    if nxt is None or not nxt.concurrency_safe:
-                        break
-                    end += 1
+            end = index + 1
+            if count > 1:
+                tool = resolve(calls[index].name)
+                if tool is not None and tool.concurrency_safe:
+                    while end < count:
+                        nxt = resolve(calls[end].name)
+                        if nxt is None or not nxt.concurrency_safe:
+                            break
+                        end += 1
+            if end - index == 1:
+                started[index] = True
+                self._run_inline(calls[index], index, results, crash, signal, state)
             else:
-                end = index + 1
-            self._run_batch(calls, index, end, results, signal)
+                self._run_parallel(calls, index, end, results, started, crash, signal, state)
             index = end
         for i, call in enumerate(calls):
             result = results[i]
             if result is None:
-                reason = "the turn concluded" if capture.concluded else "the turn was aborted"
-                result = ToolResult(
-                    content=[{"type": "text", "text": f"not run: {reason}"}],
-                    is_error=True,
-                    code="ABORTED" if not capture.concluded else "TURN_CONCLUDED",
-                )
+                if capture.concluded and not started[i]:
+                    result = _synthetic("TURN_CONCLUDED", "not run: the turn concluded")
+                elif started[i]:
+                    result = _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
+                else:
+                    result = _synthetic("ABORTED", "not run: the turn was aborted")
             self._log_tool_result(call.id, call.name, result)
-            state.open_calls.pop(call.id, None)
+            del open_calls[call.id]
+        if crash:
+            exc = crash[0]
+            raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
 
-    def _run_batch(
+    def _context(self, call: ToolCall, signal: AbortSignal) -> ToolContext:
+        return ToolContext(
+            agent=self.agent, session_id=self.session_id, call_id=call.id, signal=signal
+        )
+
+    def _execute(
+        self,
+        call: ToolCall,
+        i: int,
+        results: list[ToolResult | None],
+        crash: list[BaseException],
+        signal: AbortSignal,
+    ) -> None:
+        try:
+            results[i] = self.tools.execute(call, self._context(call, signal))
+        except AbortError:
+            pass
+        except Exception as exc:  # execute() must contain tool errors: this is a defect
+            crash.append(exc)
+            results[i] = _synthetic(TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+
+    def _run_inline(
+        self,
+        call: ToolCall,
+        i: int,
+        results: list[ToolResult | None],
+        crash: list[BaseException],
+        signal: AbortSignal,
+        state: _TurnState,
+    ) -> None:
+        """Run one call in the turn greenlet; an abort may abandon it (see `_TurnState`)."""
+        state.in_tool = True
+        try:
+            self._execute(call, i, results, crash, signal)
+        except _Abandon:
+            pass
+        finally:
+            state.in_tool = False
+
+    def _run_parallel(
         self,
         calls: Sequence[ToolCall],
         start: int,
         end: int,
         results: list[ToolResult | None],
+        started: list[bool],
+        crash: list[BaseException],
         signal: AbortSignal,
+        state: _TurnState,
     ) -> None:
-        """Run calls[start:end] concurrently, each in its own greenlet, so an abort can
-        abandon a tool that ignores its signal without touching the turn's own greenlet."""
-        done = GEvent()
+        """Run calls[start:end] concurrently, one greenlet each; an abort kills the rest."""
+        done = state.batch_done = GEvent()
         remaining = [end - start]
 
         def run_one(i: int) -> None:
-            call = calls[i]
-            ctx = ToolContext(
-                agent=self.agent, session_id=self.session_id, call_id=call.id, signal=signal
-            )
+            started[i] = True
             try:
-                results[i] = self.tools.execute(call, ctx)
-            except AbortError:
-                results[i] = None
-            except Exception as exc:  # execute() contains tool errors; this is a defect
-                results[i] = ToolResult(
-                    content=[{"type": "text", "text": f"{type(exc).__name__}: {exc}"}],
-                    is_error=True,
-                    code="TOOL_FAILED",
-                )
+                self._execute(calls[i], i, results, crash, signal)
             finally:
                 remaining[0] -= 1
                 if remaining[0] == 0:
                     done.set()
 
         greenlets = [gevent.spawn(run_one, i) for i in range(start, end)]
-        remove = signal.add_listener(lambda _reason: done.set())
         try:
             done.wait()
         finally:
-            remove()
-        if remaining[0]:
-            gevent.killall(greenlets, block=True)
+            state.batch_done = None
+            if remaining[0]:
+                gevent.killall(greenlets, block=True, timeout=_KILL_GRACE)
+                alive = sum(1 for g in greenlets if not g.dead)
+                if alive:
+                    log.warning(
+                        "agent %s: %d tool greenlet(s) ignored being killed; abandoned",
+                        self.session_id,
+                        alive,
+                    )
 
     def _log_tool_result(self, call_id: str, name: str, result: ToolResult) -> None:
         data: dict[str, Any] = {
@@ -383,38 +476,45 @@ class AgentCore:
         }
         if result.code is not None:
             data["code"] = result.code
-        self.log.append("tool/result", data)
+        try:
+            self.log.append("tool/result", data)
+        except (TypeError, ValueError) as exc:
+            # The tool's content is not lossless JSON (or too big): the model gets the failure.
+            result = _synthetic(TOOL_FAILED, f"the tool returned content the log refused: {exc}")
+            data = {
+                "call_id": call_id,
+                "name": name,
+                "content": result.content,
+                "is_error": True,
+                "code": TOOL_FAILED,
+            }
+            self.log.append("tool/result", data)
         self.history.append(
             {
                 "role": "tool",
                 "tool_call_id": call_id,
                 "name": name,
                 "content": data["content"],
-                "is_error": result.is_error,
+                "is_error": data["is_error"],
             }
         )
         if self.on_progress is not None:
-            self.on_progress({"kind": "tool/result", "name": name, "is_error": result.is_error})
+            self._progress({"kind": "tool/result", "name": name, "is_error": data["is_error"]})
 
     # -- ending ----------------------------------------------------------------------------------
 
     def _close_turn(self, turn: int, state: _TurnState, outcome: TurnOutcome) -> None:
         """Balance the log whatever happened, then write `turn/end` and checkpoint."""
         for call_id, name in list(state.open_calls.items()):
-            self._log_tool_result(
-                call_id,
-                name,
-                ToolResult(
-                    content=[{"type": "text", "text": "not run: the turn ended"}],
-                    is_error=True,
-                    code="ABORTED",
-                ),
-            )
+            self._log_tool_result(call_id, name, _synthetic("ABORTED", "not run: the turn ended"))
         state.open_calls.clear()
         if state.step:
             self.log.append("step/end", {"turn": turn, "step": state.step})
             state.step = 0
-        data: dict[str, Any] = {"turn": turn, "reason": outcome.reason}
+        reason = outcome.reason
+        if reason not in ev.TURN_END_REASONS:
+            reason = _LOGGED_AS.get(reason, "error")
+        data: dict[str, Any] = {"turn": turn, "reason": reason}
         if outcome.cause is not None:
             data["cause"] = outcome.cause
         if outcome.message is not None:
@@ -424,22 +524,58 @@ class AgentCore:
         self._progress({"kind": "turn/end", "turn": turn, "reason": outcome.reason})
 
     def _progress(self, event: dict[str, Any]) -> None:
-        if self.on_progress is not None:
-            self.on_progress(event)
+        """Tell the listener; an observer's failure never changes the turn."""
+        on_progress = self.on_progress
+        if on_progress is None:
+            return
+        try:
+            on_progress(event)
+        except Exception:
+            log.exception("agent %s: progress listener raised (ignored)", self.session_id)
 
 
-class ToolCrash(Exception):
-    """Reserved: a tool layer defect that must end the turn `error`."""
+# Outcome reasons the log's turn/end vocabulary may not know yet, and what to log instead.
+_LOGGED_AS = {"refusal": "completed"}
+
+
+def _synthetic(code: str, text: str) -> ToolResult:
+    return ToolResult(content=[{"type": "text", "text": text}], is_error=True, code=code)
 
 
 class _TurnState:
-    __slots__ = ("last_output", "open_calls", "partial", "step")
+    __slots__ = (
+        "batch_done",
+        "greenlet",
+        "in_tool",
+        "last_output",
+        "open_calls",
+        "partial",
+        "step",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, greenlet: Any) -> None:
+        self.greenlet = greenlet
         self.step = 0
+        self.in_tool = False
+        self.batch_done: GEvent | None = None
         self.open_calls: dict[str, str] = {}
         self.partial: list[str] = []
         self.last_output: list[Mapping[str, Any]] | None = None
+
+    def on_abort(self, reason: Any) -> None:
+        """Signal listener: stop waiting for tools. Runs on the aborting greenlet."""
+        batch = self.batch_done
+        if batch is not None:
+            batch.set()
+        if self.in_tool:
+            gevent.get_hub().loop.run_callback(self._abandon)
+
+    def _abandon(self) -> None:
+        # Runs in the hub: the turn greenlet is switched out, so `in_tool` tells exactly
+        # whether it is blocked inside the tool call.
+        greenlet = self.greenlet
+        if self.in_tool and greenlet is not None and not greenlet.dead:
+            greenlet.throw(_Abandon)
 
     def output(self) -> list[Mapping[str, Any]]:
         """The last non-empty assistant content of the turn; else the text streamed so far."""

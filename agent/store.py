@@ -53,7 +53,7 @@ logger = logging.getLogger("agent")
 _T = TypeVar("_T")
 
 SUFFIX: Final = ".session"
-# Files at least this big are read in the hub's thread pool rather than on the hub.
+# Files at least this big are read and decoded in the hub's thread pool, not on the hub.
 _THREADPOOL_READ: Final = 1 << 20
 
 
@@ -219,6 +219,14 @@ class _Store:
     # -- shared internals ---------------------------------------------------------------------
 
     def _decode(
+        self, session_id: str, data: bytes
+    ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
+        if len(data) >= _THREADPOOL_READ:
+            # Decoding a big log is tens of ms of CPU: do it off the hub so greenlets keep running.
+            return _blocking(self._decode_now, session_id, data)
+        return self._decode_now(session_id, data)
+
+    def _decode_now(
         self, session_id: str, data: bytes
     ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
         name = self._name(session_id)

@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gevent
 import pykka
-from gevent.event import AsyncResult, Event
+from gevent.event import Event
 
+from actors.gevent_actor import GeventFuture
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
 from providers.acp_process import ProcessGroup
 from providers.acp_rpc import (
@@ -76,38 +76,6 @@ STOP_REASONS: dict[str, str] = {
 PROGRESS_KINDS = frozenset({"tool_call", "tool_call_update", "agent_thought_chunk", "plan"})
 
 _CLIENT_CAPABILITIES = {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
-
-
-class _ResultFuture(pykka.Future[SubagentResult]):
-    """A pykka Future over a gevent AsyncResult (stand-in until actors.gevent_actor lands)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._async: AsyncResult = AsyncResult()
-
-    def get(self, *, timeout: float | None = None) -> Any:
-        try:
-            return super().get(timeout=timeout)
-        except NotImplementedError:
-            pass
-        try:
-            return self._async.get(timeout=timeout)
-        except gevent.Timeout as exc:
-            raise pykka.Timeout(f"{timeout} seconds") from exc
-
-    def set(self, value: Any = None) -> None:
-        if self._async.ready():
-            import queue
-
-            raise queue.Full
-        self._async.set(value)
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        exc = (exc_info or sys.exc_info())[1]
-        self._async.set_exception(exc)
-
-    def ready(self) -> bool:
-        return bool(self._async.ready())
 
 
 def _text_prompt(prompt: Sequence[ContentBlock]) -> list[dict[str, Any]]:
@@ -199,7 +167,7 @@ class _Child:
         """Reap the whole process group; concurrent callers all wait for the one teardown."""
         if self._teardown is None:
             self._teardown = gevent.spawn(self._do_teardown, graceful)
-        self._teardown.join()
+        self._teardown.get()  # re-raises a teardown fault in every caller
 
     def _do_teardown(self, graceful: bool) -> None:
         self.conn.close_input()
@@ -232,7 +200,7 @@ class AcpRun:
         self._child = child
         self.acp_session_id = session_id
         self._on_progress = on_progress
-        self._result = _ResultFuture()
+        self._result: GeventFuture[SubagentResult] = GeventFuture()
         self._settled = False
         self._output: list[str] = []
         self._prompting = False

@@ -131,13 +131,12 @@ class SteerableRunHandle(RunHandle):
     def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
         """Fulfils once the child's running turn admitted the message at a step boundary."""
         message = Steer(check_content(content), source or MessageSource.user())
+        if self._disposed:
+            return _failed(SubagentError("RUN_DISPOSED"))
         try:
             future: Future[None] = self.ref.ask(message, block=False)
         except ActorDeadError:
-            failed: GeventFuture[None] = GeventFuture()
-            exc = SubagentError("RUN_DISPOSED")
-            failed.set_exception((type(exc), exc, None))
-            return failed
+            return _failed(SubagentError("RUN_DISPOSED"))
         return future
 
 
@@ -160,6 +159,7 @@ class SubagentService:
         self._by_parent: dict[str, dict[str, RunHandle]] = {}
         self._progress: list[Callable[[Mapping[str, Any]], None]] = []
         self._closed = False
+        ctx.on_agent_published.append(self._on_agent_published)
         ctx.on_agent_closing.append(self._on_parent_closing)
         ctx.on_agent_cancelled.append(self._on_parent_cancelled)
 
@@ -206,6 +206,11 @@ class SubagentService:
                 self._progress.remove(listener)
 
         return remove
+
+    def _on_agent_published(self, agent: Any) -> None:
+        # Attached before the child's first turn runs, so a UI sees every event of it.
+        if self._progress and agent.header.origin == "subagent":
+            agent.add_progress_listener(self._relay_progress)
 
     def _relay_progress(self, event: Mapping[str, Any]) -> None:
         for listener in list(self._progress):
@@ -286,8 +291,6 @@ class SubagentService:
         self._live[run_id] = handle
         self._by_parent.setdefault(parent_id, {})[run_id] = handle
         agent = run.local_agent
-        if agent is not None and self._progress:
-            agent.add_progress_listener(self._relay_progress)
         self._ask(
             reg.Published(
                 ticket,
@@ -353,6 +356,12 @@ class SubagentService:
             return self._ref.ask(message)
         except ActorDeadError:
             raise SubagentError("RUNTIME_CLOSED") from None
+
+
+def _failed(exc: BaseException) -> GeventFuture[None]:
+    future: GeventFuture[None] = GeventFuture()
+    future.set_exception((type(exc), exc, None))
+    return future
 
 
 def _parent_id(parent: Any) -> str:

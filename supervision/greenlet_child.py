@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gevent import Greenlet, GreenletExit
-
+from gevent.event import Event
 
 from supervision.child import Exit
 from supervision.signal import AbortController, AbortError, AbortSignal
@@ -46,6 +46,7 @@ class GreenletChild:
     __slots__ = (
         "_args",
         "_controller",
+        "_ended",
         "_exit",
         "_fn",
         "_greenlet",
@@ -78,6 +79,7 @@ class GreenletChild:
         self._exit: Exit | None = None
         self._listeners: list[ExitListener] | None = []
         self._greenlet: Greenlet | None = None
+        self._ended: Event | None = None
 
     def __repr__(self) -> str:
         state = "new" if self._greenlet is None else (self._exit.kind if self._exit else "running")
@@ -131,8 +133,11 @@ class GreenletChild:
             return True
         if self._greenlet is None:
             raise RuntimeError(f"{self.name} was never started")
-        self._greenlet.join(timeout)
-        return self._exit is not None
+        if self._ended is None:
+            # Made only for joiners; set after the exit listeners ran, which a plain
+            # `Greenlet.join` does not promise (a greenlet killed before it ran is dead at once).
+            self._ended = Event()
+        return bool(self._ended.wait(timeout))
 
     def add_exit_listener(self, fn: ExitListener) -> None:
         if not callable(fn):
@@ -180,6 +185,8 @@ class GreenletChild:
         listeners, self._listeners = self._listeners, None
         for fn in listeners or ():
             _call(fn, exit)
+        if self._ended is not None:
+            self._ended.set()
 
 
 def spawn_child(

@@ -6,6 +6,7 @@ from typing import Any
 
 import gevent
 import gevent.event
+import pykka
 import pytest
 
 from actors import gevent_actor
@@ -99,7 +100,7 @@ def test_a_kill_is_crashed_and_fails_pending_asks() -> None:
     child.kill()
     exit = exits.one(child)
     assert (exit.kind, exit.exc_type) == ("crashed", "ActorKilled")
-    with pytest.raises(gevent_actor.ActorDeadError):
+    with pytest.raises(pykka.ActorDeadError):
         pending.get(timeout=5)
 
 
@@ -162,7 +163,6 @@ def test_join_times_out_while_running() -> None:
 
 
 def test_wrapping_a_foreign_actor_is_refused() -> None:
-    import pykka
 
     ref = pykka.ThreadingActor.start()
     try:

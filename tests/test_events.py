@@ -24,8 +24,9 @@ json_values = st.recursive(
     | st.integers(min_value=-(2**63), max_value=2**64 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
     max_leaves=30,
 )
 
@@ -198,4 +199,4 @@ def test_header_rejects_bad_fields(bad: dict[str, Any]) -> None:
 
 def test_header_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        SessionHeader("a")  # type: ignore[misc]
+        SessionHeader("a")  # type: ignore[call-arg]

@@ -24,6 +24,25 @@ def stub() -> Iterator[OpenAIStub]:
         yield server
 
 
+def background(fn: Any, *args: Any) -> gevent.Greenlet:
+    """Spawn a call whose exception comes back through `outcome` (not printed by the hub)."""
+
+    def run() -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            return e
+
+    return gevent.spawn(run)
+
+
+def outcome(g: gevent.Greenlet) -> Any:
+    result = g.get()
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 class Retries:
     def __init__(self) -> None:
         self.calls: list[tuple[int, float, str]] = []
@@ -38,6 +57,16 @@ class Retries:
         return [d for _, d, _ in self.calls]
 
 
+_models: list[OpenAIModel] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_models() -> Iterator[None]:
+    yield
+    while _models:
+        _models.pop().close()
+
+
 def make(stub: OpenAIStub, **kw: Any) -> OpenAIModel:
     opts: dict[str, Any] = {
         "base_url": stub.base_url,
@@ -46,7 +75,9 @@ def make(stub: OpenAIStub, **kw: Any) -> OpenAIModel:
         "backoff_base": 0.001,
     }
     opts.update(kw)
-    return OpenAIModel(**opts)
+    model = OpenAIModel(**opts)
+    _models.append(model)
+    return model
 
 
 def req(
@@ -180,7 +211,8 @@ def test_base_url_and_key_from_environment(
 ) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url + "/")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    OpenAIModel().complete(req())
+    with OpenAIModel() as model:
+        model.complete(req())
     assert stub.requests[0].headers["authorization"] == "Bearer sk-env"
     assert stub.requests[0].path == "/v1/chat/completions"
 
@@ -189,7 +221,8 @@ def test_no_key_for_a_custom_server_sends_no_authorization(
     stub: OpenAIStub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    OpenAIModel(base_url=stub.base_url).complete(req())
+    with OpenAIModel(base_url=stub.base_url) as model:
+        model.complete(req())
     assert "authorization" not in stub.requests[0].headers
 
 
@@ -450,11 +483,11 @@ def test_abort_mid_stream_abandons_the_connection(stub: OpenAIStub) -> None:
     stub.enqueue(stall)
     c = AbortController()
     got: list[Any] = []
-    g = gevent.spawn(make(stub).complete, req(signal=c.signal), got.append)
+    g = background(make(stub).complete, req(signal=c.signal), got.append)
     stall.holding.wait()
     c.abort()
     with pytest.raises(AbortError):
-        g.get()
+        outcome(g)
     assert stall.client_gone.wait(10)
     # The pool is still usable afterwards.
     assert make(stub).complete(req()).finish == "stop"
@@ -465,12 +498,12 @@ def test_abort_before_headers(stub: OpenAIStub) -> None:
     stub.enqueue(stall)
     c = AbortController()
     m = make(stub)
-    g = gevent.spawn(m.complete, req(signal=c.signal))
+    g = background(m.complete, req(signal=c.signal))
     stall.holding.wait()
     reason = TimeoutError("deadline")
     c.abort(reason)
     with pytest.raises(AbortError) as info:
-        g.get()
+        outcome(g)
     assert info.value.reason is reason
     assert stall.client_gone.wait(10)
     assert m.complete(req()).finish == "stop"  # the pool slot came back
@@ -480,11 +513,11 @@ def test_abort_during_backoff(stub: OpenAIStub) -> None:
     stub.enqueue(st.status(429, None, {"Retry-After": "3600"}))
     retries = Retries()
     c = AbortController()
-    g = gevent.spawn(make(stub, on_retry=retries).complete, req(signal=c.signal))
+    g = background(make(stub, on_retry=retries).complete, req(signal=c.signal))
     retries.event.wait()
     c.abort()
     with pytest.raises(AbortError):
-        g.get()
+        outcome(g)
     assert len(stub.requests) == 1
 
 
@@ -499,7 +532,7 @@ def test_already_aborted_sends_nothing(stub: OpenAIStub) -> None:
 def test_killing_the_caller_kills_the_request(stub: OpenAIStub) -> None:
     stall = st.Stall()
     stub.enqueue(stall)
-    g = gevent.spawn(make(stub).complete, req())
+    g = background(make(stub).complete, req())
     stall.holding.wait()
     g.kill()
     assert stall.client_gone.wait(10)
@@ -537,3 +570,18 @@ def test_payload_round_trips_through_json(stub: OpenAIStub) -> None:
     body = stub.requests[0].body
     assert body["tools"][0]["function"]["parameters"] == {"type": "object"}
     assert json.loads(body["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"k": 1}
+
+
+def test_tool_call_index_must_be_an_int(stub: OpenAIStub) -> None:
+    bad = {"index": "0", "id": "c", "function": {"name": "t", "arguments": "{}"}}
+    stub.enqueue(st.sse([{"choices": [{"index": 0, "delta": {"tool_calls": [bad]}}]}]))
+    with pytest.raises(ModelError, match="tool call index is not an int"):
+        make(stub).complete(req())
+
+
+def test_retry_after_as_an_http_date(stub: OpenAIStub) -> None:
+    past = "Wed, 21 Oct 2015 07:28:00 GMT"
+    stub.enqueue(st.status(503, None, {"Retry-After": past}), st.stream_text())
+    retries = Retries()
+    make(stub, on_retry=retries).complete(req())
+    assert retries.delays == [0.0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import gevent
@@ -26,8 +27,12 @@ def test_default_reason_is_abort_error_and_first_reason_wins() -> None:
 def test_listeners_run_once_in_registration_order() -> None:
     c = AbortController()
     calls: list[tuple[str, Any]] = []
+
+    def make(name: str) -> Callable[[Any], None]:
+        return lambda reason: calls.append((name, reason))
+
     for name in "abc":
-        c.signal.add_listener(lambda r, name=name: calls.append((name, r)))
+        c.signal.add_listener(make(name))
     c.abort("why")
     c.abort("again")
     assert calls == [("a", "why"), ("b", "why"), ("c", "why")]

@@ -200,6 +200,8 @@ class _Answer:
                 self.refusal.append(str(refusal))
             for pos, tc in enumerate(delta.get("tool_calls") or ()):
                 index = tc.get("index", pos)
+                if not isinstance(index, int):
+                    raise ModelError(f"openai: tool call index is not an int: {index!r:.50}")
                 slot = self.calls.get(index)
                 if slot is None:
                     slot = self.calls[index] = [None, None, []]
@@ -380,6 +382,12 @@ class OpenAIModel:
     def close(self) -> None:
         """Close the idle pooled connections; in-flight ones close as they finish."""
         self._client.close()
+
+    def __enter__(self) -> OpenAIModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for `request` (public so tests and logs can show it)."""

@@ -3,7 +3,11 @@
 `python sdk_agent.py MODE`; each mode is one behaviour the client must survive:
 
 - normal: thought, plan, tool call, then `echo: <prompt>`; a prompt `stop:<reason>` ends the turn
-  with that ACP stop reason instead. Advertises `loadSession`; `session/load` replays history.
+  with that ACP stop reason instead, `env:<NAME>` answers that variable's value. Advertises
+  `loadSession`; `session/load` replays history first.
+
+When $ACP_PEER_NOTIFY names a unix socket, the peer connects at start-up and reports lines there
+(`pid <pid>`, `new_session`, `grandchild <pid>`) so tests synchronise on events, not sleeps.
 - permission: asks `session/request_permission` and reports the outcome it got.
 - unknown: calls `fs/read_text_file` and an extension method it was never offered.
 - wait: waits for `session/cancel`, then ends `cancelled`. Writes $ACP_PEER_MARKER on cancel.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -44,6 +49,20 @@ from acp import (
 from acp.schema import AgentCapabilities, PermissionOption, ToolCallUpdate
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
+KNOWN_STOP_REASONS = {"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"}
+_notify: socket.socket | None = None
+
+
+def report(line: str) -> None:
+    """Tell the test what happened (a unix socket write: instant, fine to do synchronously)."""
+    global _notify
+    path = os.environ.get("ACP_PEER_NOTIFY")
+    if not path:
+        return
+    if _notify is None:
+        _notify = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        _notify.connect(path)
+    _notify.sendall(line.encode() + b"\n")
 
 
 class PeerAgent:
@@ -60,6 +79,7 @@ class PeerAgent:
         return InitializeResponse(protocol_version=1, agent_capabilities=caps)
 
     async def new_session(self, cwd: str, **kwargs: Any) -> Any:
+        report("new_session")
         if MODE == "slow_new":
             await asyncio.sleep(3600)
         if MODE == "no_session_id":
@@ -77,6 +97,7 @@ class PeerAgent:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            report(f"grandchild {self.grandchild.pid}")
         return NewSessionResponse(session_id=f"sess-{uuid.uuid4().hex[:8]}:{cwd}")
 
     async def load_session(self, cwd: str, session_id: str, **kwargs: Any) -> LoadSessionResponse:
@@ -97,7 +118,12 @@ class PeerAgent:
         if MODE == "normal":
             if text.startswith("stop:"):
                 await say("partial")
+                if text[5:] not in KNOWN_STOP_REASONS:
+                    return {"stopReason": text[5:]}  # type: ignore[return-value]
                 return PromptResponse(stop_reason=text[5:])
+            if text.startswith("env:"):
+                await say(os.environ.get(text[4:], "<unset>"))
+                return PromptResponse(stop_reason="end_turn")
             await self.conn.session_update(session_id, update_agent_thought_text("thinking"))
             await self.conn.session_update(session_id, update_plan([plan_entry("answer")]))
             await self.conn.session_update(session_id, start_tool_call("t1", "look around"))
@@ -167,6 +193,7 @@ class PeerAgent:
 
 
 async def main() -> None:
+    report(f"pid {os.getpid()}")
     if MODE == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     await acp.run_agent(PeerAgent())
