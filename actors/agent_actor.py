@@ -31,6 +31,7 @@ from typing import Any
 
 import gevent
 
+from actors import gevent_actor
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventActor
 from actors.local import start_local
@@ -423,6 +424,8 @@ class Agent:
 
             if not isinstance(exc, ActorDeadError):
                 raise
+        # The reply comes before the actor's loop has ended; quiescence means it has.
+        gevent_actor.join(self.ref)
         self._forget()
 
     def _forget(self) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 from actors.agent_actor import Agent
 from agent.context import AgentContext
-from agent.events import SessionHeader
+from agent.events import Event, SessionHeader
 from agent.loop import AgentCore
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
@@ -33,7 +33,7 @@ def create_agent(
     cwd: str | None = None,
     session_id: str | None = None,
     parent_session: str | None = None,
-    origin: str | None = None,
+    origin: Literal["subagent"] | None = None,
     delegation_depth: int = 0,
     seed: Sequence[Mapping[str, Any]] = (),
     tools: ToolScope | None = None,
@@ -52,7 +52,7 @@ def create_agent(
         delegation_depth=delegation_depth,
         seed_length=len(seed),
     )
-    session_log = ctx.store.create(header, seed)
+    session_log = ctx.store.create(header, cast(Sequence[Event], seed))
     try:
         if seed:
             session_log.append("session/end-seed", {"length": len(seed)})

@@ -62,9 +62,10 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class AdmitResume:
-    """Admission for a resume: the provider by name, a slot, no start-time validation."""
+    """Admission for a resume: a slot, no start-time validation. The provider is resolved by
+    the caller, because a stored child resumes even after its provider was unregistered."""
 
-    name: str
+    provider: SubagentProvider
     ticket: int
     parent_id: str | None
 
@@ -259,9 +260,7 @@ class RegistryActor(GeventActor):
         return self._enqueue(message.ticket, message.parent_id, provider)
 
     def _admit_resume(self, message: AdmitResume) -> Deferred:
-        provider = self._providers.get(message.name)
-        if provider is None:
-            raise SubagentError("NO_PROVIDER", f"no provider named {message.name!r}")
+        provider = message.provider
         if not isinstance(provider, Resumable):
             raise SubagentError(
                 "UNSUPPORTED_CAPABILITY", f"provider {provider.name!r} cannot resume children"

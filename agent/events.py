@@ -80,7 +80,7 @@ EVENT_TYPES: Final = frozenset(
 
 TurnEndReason = Literal["completed", "aborted", "error", "max-tokens", "blocked", "interrupted"]
 TURN_END_REASONS: Final = frozenset(
-    {"completed", "aborted", "error", "max-tokens", "blocked", "interrupted"}
+    {"completed", "aborted", "error", "max-tokens", "blocked", "refusal", "interrupted"}
 )
 
 HEADER_VERSION: Final = 1

@@ -71,6 +71,7 @@ class LocalRun:
         self._disposed = False
         self._on_settled = on_settled
         self._cancel_requested = False
+        self.message_id: str | None = None
         self._remove_turn_listener = _add(agent.actor.turn_listeners, self._on_turn_end)
         self._remove_signal_listener = signal.add_listener(self._on_abort)
 
@@ -93,6 +94,7 @@ class LocalRun:
     def begin(self, prompt: Sequence[Mapping[str, Any]], source: MessageSource) -> str:
         """Queue the activation's turn; returns the accepted message id."""
         message_id: str = self._agent.send(list(prompt), source).get()
+        self.message_id = message_id
         return message_id
 
     def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:

@@ -18,6 +18,7 @@ from agent.models.scripted import ScriptedModel
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
 from subagent.service import SubagentService
+from subagent.tasks import TaskService
 
 __all__ = ["Runtime"]
 
@@ -51,6 +52,8 @@ class Runtime:
 
             models.register("openai", OpenAIModel())
         self.ctx = AgentContext(store=store, models=models)
+        self.tasks = TaskService()
+        self.ctx.tasks = self.tasks
         self.subagents = SubagentService(
             self.ctx, max_children=max_children, max_children_per_parent=max_children_per_parent
         )
@@ -82,6 +85,7 @@ class Runtime:
             return
         self._closed = True
         self.subagents.close()
+        self.tasks.close()
         # Deepest first, so a parent never outlives a child it owns.
         for agent in sorted(self.ctx.agents.values(), key=lambda a: -a.depth):
             agent.close("runtime closed")

@@ -23,6 +23,7 @@ from actors.gevent_actor import GeventFuture
 from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
+from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.types import (
     MessageSource,
@@ -158,7 +159,11 @@ class SubagentService:
         self._live: dict[str, RunHandle] = {}
         self._by_parent: dict[str, dict[str, RunHandle]] = {}
         self._progress: list[Callable[[Mapping[str, Any]], None]] = []
+        # Every provider ever registered: a stored child resumes with the provider named in its
+        # descriptor even after that provider was unregistered (removal blocks new starts only).
+        self._known: dict[str, SubagentProvider] = {}
         self._closed = False
+        self._continuation = ContinuationManager(self, ctx)
         ctx.on_agent_published.append(self._on_agent_published)
         ctx.on_agent_closing.append(self._on_parent_closing)
         ctx.on_agent_cancelled.append(self._on_parent_cancelled)
@@ -168,6 +173,7 @@ class SubagentService:
     def register(self, provider: SubagentProvider) -> Callable[[], None]:
         """Register a provider; returns its unregister function. Removal blocks new starts only."""
         self._ask(reg.Register(provider))
+        self._known[provider.name] = provider
 
         def unregister() -> None:
             self._ask(reg.Unregister(provider))
@@ -252,8 +258,11 @@ class SubagentService:
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
+        known = self._known.get(name)
+        if known is None:
+            raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
-        provider, run_id = self._admit(reg.AdmitResume(name, ticket, parent_id), request.signal)
+        provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
         resume = provider.resume  # type: ignore[attr-defined]
         return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request))
 
@@ -332,6 +341,39 @@ class SubagentService:
         if self._ref.is_alive():
             self._ref.tell(reg.Ended(handle._ticket, event))
 
+    # -- continuable children (see subagent.continuation) ---------------------------------------
+
+    def start_continuable(
+        self, name: str, request: SubagentStartRequest, *, label: str, child_id: str | None = None
+    ) -> ContinuableStart:
+        """Start a durable child; resolves once its first prompt is accepted into its inbox."""
+        if not isinstance(request, SubagentStartRequest):
+            raise TypeError("request must be a SubagentStartRequest")
+        return self._continuation.start_continuable(name, request, label=label, child_id=child_id)
+
+    def send_message(
+        self,
+        parent: Any,
+        child_id: str,
+        content: Any,
+        source: MessageSource,
+        signal: Any = None,
+    ) -> SendResult:
+        """Steer the child's live activation, or cold-resume it with this message."""
+        return self._continuation.send_message(
+            parent, child_id, check_content(content), source, signal
+        )
+
+    def interrupt(self, child_id: str, *, by: Any) -> bool:
+        """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
+        return self._continuation.interrupt(child_id, by=by)
+
+    def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
+        return self._continuation.list_children(parent_session_id)
+
+    def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
+        return self._continuation.list_descendants(root_session_id)
+
     # -- ownership: a parent's end reaches its children ---------------------------------------------
 
     def _on_parent_closing(self, agent: Any) -> None:
@@ -346,6 +388,7 @@ class SubagentService:
     def close(self) -> None:
         """Dispose every live run, then stop the registry. Every start gets its end first."""
         self._closed = True
+        self._continuation.close()
         for handle in list(self._live.values()):
             handle.dispose()
         # Let the registry deliver the last end events before it stops.

@@ -502,3 +502,15 @@ def test_default_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert default_root().name == "sessions"
     with pytest.raises(ValueError):
         SessionStore(tmp_path, durability="always")  # type: ignore[arg-type]
+
+
+def test_a_big_log_loads_through_the_thread_pool(store: AnyStore) -> None:
+    big = "x" * (1 << 20)  # over the 1 MiB threshold: read and decode off the hub
+    with store.create(header()) as log:
+        full_turn(log, 1)
+        log.append("turn/start", {"turn": 2})
+        log.append("step/start", {"turn": 2, "step": 1})
+        log.append("tool/call", {"call_id": "c", "name": "cat", "arguments": {"blob": big}})
+    loaded = store.load("s1")
+    assert loaded.repaired and loaded.events[10]["data"]["arguments"]["blob"] == big
+    assert types(loaded.events[11:]) == ["tool/result", "step/end", "turn/end"]

@@ -1,0 +1,141 @@
+"""AgentActor and the `Agent` handle: mailbox vocabulary, status, hooks, close at quiescence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gevent.event import Event
+from test_agent_loop import kit, of_type, wait_for
+
+from actors.agent_actor import Agent, Send, check_content
+from actors.agents import create_agent, pending_inbox
+from agent.loop import TurnOutcome
+from agent.models import scripted as S
+from subagent.errors import SubagentError
+from subagent.types import MessageSource
+
+
+def test_check_content_accepts_text_and_blocks_and_refuses_the_rest() -> None:
+    assert check_content("hi") == [{"type": "text", "text": "hi"}]
+    blocks = [{"type": "text", "text": "x"}]
+    assert check_content(blocks) == blocks
+    for bad in (42, [{"text": "no type"}], ["str"], {"type": "text"}):
+        with pytest.raises(TypeError):
+            check_content(bad)
+
+
+def test_send_replies_with_the_message_id_and_logs_its_source() -> None:
+    with kit() as k:
+        a = k.agent()
+        k.model.script(a.id, [S.text("x")])
+        message_id = a.send("hi", MessageSource.coordinator("parent")).get()
+        a.when_idle().get()
+        (accepted,) = of_type(k.events(a), "inbox/accepted")
+        assert accepted["data"]["message_id"] == message_id
+        assert accepted["data"]["source"] == MessageSource.coordinator("parent").to_json()
+        (claimed,) = of_type(k.events(a), "inbox/claimed")
+        assert claimed["data"]["message_id"] == message_id
+
+
+def test_content_that_is_not_lossless_json_fails_at_the_call_site() -> None:
+    with kit() as k:
+        a = k.agent()
+        with pytest.raises(TypeError):
+            a.send([{"type": "text", "text": ("a", "tuple")}]).get()
+        assert a.status == "idle"
+        assert of_type(k.events(a), "inbox/accepted") == []
+
+
+def test_unknown_messages_are_refused() -> None:
+    with kit() as k:
+        a = k.agent()
+        with pytest.raises(TypeError):
+            a.ref.ask("hello")
+
+
+def test_status_when_idle_and_turn_listeners() -> None:
+    with kit() as k:
+        a = k.agent()
+        outcomes: list[TurnOutcome] = []
+        a.actor.turn_listeners.append(outcomes.append)
+        a.actor.turn_listeners.append(lambda o: 1 / 0)  # a raising listener is contained
+        assert a.when_idle().get() is None
+        assert a.status == "idle" and not a.turn_running
+        k.model.script(a.id, [S.hang()])
+        a.send("go").get()
+        wait_for(lambda: a.turn_running)
+        assert a.status == "running"
+        waiting = a.when_idle()
+        outcome = a.cancel().get()
+        assert waiting.get() is outcome
+        assert outcomes == [outcome]
+
+
+def test_progress_listeners_are_tagged_and_removable() -> None:
+    with kit() as k:
+        a = k.agent()
+        seen: list[dict[str, Any]] = []
+        remove = a.add_progress_listener(seen.append)
+        k.model.script(a.id, [S.text("one"), S.text("two")])
+        a.send("go").get()
+        a.when_idle().get()
+        assert seen and all(e["agent_id"] == a.id for e in seen)
+        assert [e["kind"] for e in seen if e["kind"].startswith("turn/")] == [
+            "turn/start",
+            "turn/end",
+        ]
+        remove()
+        count = len(seen)
+        a.send("again").get()
+        a.when_idle().get()
+        assert len(seen) == count
+
+
+def test_context_hooks_fire_on_publish_cancel_and_close() -> None:
+    with kit() as k:
+        calls: list[str] = []
+        k.ctx.on_agent_published.append(lambda ag: calls.append("published"))
+        k.ctx.on_agent_cancelled.append(lambda ag, cause: calls.append(f"cancelled:{cause}"))
+        k.ctx.on_agent_closing.append(lambda ag: calls.append("closing"))
+        a = create_agent(k.ctx)
+        a.cancel("why").get()
+        a.close()
+        assert calls == ["published", "cancelled:why", "closing"]
+
+
+def test_close_mid_turn_aborts_it_keeps_queued_work_and_reaches_quiescence() -> None:
+    with kit() as k:
+        a = k.agent()
+        entered, never = Event(), Event()
+
+        def stubborn(args: Any, ctx: Any) -> str:
+            entered.set()
+            never.wait()
+            return "x"
+
+        k.tool("stubborn", stubborn)
+        k.model.script(a.id, [S.tool_call("stubborn")])
+        a.send("go").get()
+        a.send("queued").get()
+        entered.wait()
+        a.close("shutting down")
+        assert a.status == "closed"
+        assert not a.ref.is_alive()
+        assert a.log.closed
+        assert a.id not in k.ctx.agents
+        stored = k.store.load(a.id).events
+        end = of_type(stored, "turn/end")[-1]["data"]
+        assert (end["reason"], end["cause"]) == ("aborted", "shutting down")
+        assert [m["content"][0]["text"] for m in pending_inbox(stored)] == ["queued"]
+        a.close()  # idempotent
+        with pytest.raises(SubagentError) as info:
+            a.actor.on_receive(Send([{"type": "text", "text": "late"}], MessageSource.user()))
+        assert info.value.code == "RUN_DISPOSED"
+
+
+def test_close_while_idle_is_quick_and_complete() -> None:
+    with kit() as k:
+        a: Agent = k.agent()
+        a.close()
+        assert not a.ref.is_alive() and a.log.closed and a.status == "closed"
