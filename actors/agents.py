@@ -68,7 +68,9 @@ def create_agent(
             prompt=prompt,
             variables=ctx.variables,
         )
-        agent = Agent(ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options)
+        agent = Agent(
+            ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options
+        )
     except BaseException:
         _discard_session(ctx, header.id, session_log)
         raise
@@ -107,7 +109,9 @@ def resume_agent(
             prompt=prompt,
             variables=ctx.variables,
         )
-        agent = Agent(ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options)
+        agent = Agent(
+            ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options
+        )
         agent.actor.restore_queue(pending_inbox(session_log.events))
     except BaseException:
         session_log.close()

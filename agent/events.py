@@ -78,7 +78,9 @@ EVENT_TYPES: Final = frozenset(
     }
 )
 
-TurnEndReason = Literal["completed", "aborted", "error", "max-tokens", "blocked", "interrupted"]
+TurnEndReason = Literal[
+    "completed", "aborted", "error", "max-tokens", "blocked", "refusal", "interrupted"
+]
 TURN_END_REASONS: Final = frozenset(
     {"completed", "aborted", "error", "max-tokens", "blocked", "refusal", "interrupted"}
 )

@@ -71,7 +71,7 @@ def _pykka_figures(
     start: Callable[[], pykka.ActorRef[Any]],
     n: int,
     settle: Callable[[], None],
-    stop_all: Callable[[list[pykka.ActorRef[Any]]], None],
+    stop_all: Callable[[list[pykka.ActorRef[Any]]], object],
 ) -> dict[str, Any]:
     """The same measurements for any Pykka runtime."""
     gc.collect()
@@ -206,7 +206,7 @@ def _tree(n: int) -> dict[str, Any]:
     made = 0
     for b in range(branches):
         branch = Supervisor(f"branch-{b}")
-        root.start_child(ChildSpec(id=f"branch-{b}", start=lambda s=branch: s, restart="temporary"))
+        root.start_child(ChildSpec(id=f"branch-{b}", start=_returns(branch), restart="temporary"))
         share = n // branches + (1 if b < n % branches else 0)
         for i in range(share):
             branch.start_child(
@@ -233,6 +233,10 @@ def _tree(n: int) -> dict[str, Any]:
         "tree_cancel_s": round(cancel_s, 4),
         "tree_quiescent": gevent_actor.live_count() == 0 and root.quiescent,
     }
+
+
+def _returns(child: Any) -> Callable[[], Any]:
+    return lambda: child
 
 
 def _check(value: float | None, rule: tuple[str, float]) -> bool | None:

@@ -81,6 +81,7 @@ def test_steer_is_admitted_at_the_next_step_boundary() -> None:
         run = k.start(k.parent(), "first")
         gate.reached.wait()
         admitted = run.steer([text_block("more")], MessageSource.user())
+        wait_until(lambda: bool(run.local_agent.actor._steers))  # queued in the child
         gate.open()
         assert admitted.get(timeout=5) is None
         result = run.result.get(timeout=5)
@@ -103,10 +104,12 @@ def test_ref_ask_steer_behaves_like_run_steer_and_tell_is_fire_and_forget() -> N
         run = k.start(k.parent(), "first")
         gates[1].reached.wait()
         asked = run.ref.ask(Steer([text_block("asked")], MessageSource.user()), block=False)
+        wait_until(lambda: bool(run.local_agent.actor._steers))
         gates[1].open()
         assert asked.get(timeout=5) is None
         gates[2].reached.wait()
         run.ref.tell(Steer([text_block("told")], MessageSource.user()))
+        wait_until(lambda: bool(run.local_agent.actor._steers))
         gates[2].open()
         result = run.result.get(timeout=5)
         assert result.output == [text_block("final: told")]
