@@ -10,10 +10,13 @@ and is measured with `time.process_time` (CPU, not wall time: fsync waits are no
   (it is framework code too); there is no real model latency to hide behind.
 - `child_run_cpu_us_median`: one complete one-turn child run: create the agent, send the
   prompt, the model calls one tool, the tool answers, the model answers text, close the
-  agent (its durable log closed). The peer is the OpenAI Agents SDK (`openai-agents`) doing
-  the same conversation with its own scripted test model (`agents.testing.ScriptedModel`,
+  agent. Like for like with the peer, which keeps no session, the log is in a `MemoryStore`
+  (still framed, checksummed and invariant-checked); `child_run_durable_cpu_us_median` is the
+  same run on the durable `SessionStore` (file create, link, fsyncs). The peer is the OpenAI
+  Agents SDK (`openai-agents`) doing the same conversation with its own scripted test model (`agents.testing.ScriptedModel`,
   no network), tracing disabled: `Agent(...)` + `Runner.run(...)`, all runs inside one asyncio
-  loop. `peer_over_ours` is its median over ours (target: >= 10).
+  loop. `peer_over_ours` is its median over ours (target: >= 10); `peer_over_ours_durable`
+  divides by the durable figure instead.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from agent.context import AgentContext
 from agent.models import ModelRegistry
 from agent.models import scripted as sc
 from agent.options import AgentOptions
-from agent.store import SessionStore
+from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool, ToolContext
 
 DEFAULT_N = 2_000
@@ -72,10 +75,12 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 2)
 
 
-def bench_steps(turns: int) -> dict[str, Any]:
+def bench_steps(turns: int, durable: bool = True) -> dict[str, Any]:
     """Median framework CPU per step over `turns` turns of STEPS_PER_TURN tool steps."""
     with tempfile.TemporaryDirectory(prefix="agent-turn-") as root:
         ctx, model = _context(root)
+        if not durable:
+            ctx.store = MemoryStore()
         model.script(
             sc.DEFAULT,
             [sc.tool_call("lookup", {"key": "k"})] * STEPS_PER_TURN + [sc.text("done")],
@@ -104,9 +109,11 @@ def bench_steps(turns: int) -> dict[str, Any]:
     }
 
 
-def _ours_child_runs(runs: int) -> list[float]:
+def _ours_child_runs(runs: int, durable: bool) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="agent-run-") as root:
         ctx, model = _context(root)
+        if not durable:
+            ctx.store = MemoryStore()
         model.script(
             sc.DEFAULT, [sc.tool_call("lookup", {"key": "k"}), sc.text("the answer is 42")]
         )
@@ -168,21 +175,28 @@ def _peer_child_runs(runs: int) -> tuple[list[float] | None, str | None]:
 
 def bench_child_runs(runs: int) -> dict[str, Any]:
     gc.collect()
-    ours = _ours_child_runs(runs)
+    durable = _ours_child_runs(runs, durable=True)
+    gc.collect()
+    ours = _ours_child_runs(runs, durable=False)
     gc.collect()
     peer, why = _peer_child_runs(runs)
     out: dict[str, Any] = {
         "child_run_cpu_us_median": _us(statistics.median(ours)),
+        "child_run_durable_cpu_us_median": _us(statistics.median(durable)),
         "child_runs": runs,
         "peer": "openai-agents",
     }
     if peer is None:
         out["peer_child_run_cpu_us_median"] = None
         out["peer_over_ours"] = None
+        out["peer_over_ours_durable"] = None
         out["peer_unavailable"] = why
     else:
         out["peer_child_run_cpu_us_median"] = _us(statistics.median(peer))
         out["peer_over_ours"] = round(statistics.median(peer) / statistics.median(ours), 1)
+        out["peer_over_ours_durable"] = round(
+            statistics.median(peer) / statistics.median(durable), 1
+        )
         try:
             from importlib.metadata import version
 
@@ -196,6 +210,8 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
     n = n or (QUICK_N if getattr(args, "quick", False) else DEFAULT_N)
     figures: dict[str, Any] = {}
     figures.update(bench_steps(max(1, n // 10)))
+    memory = bench_steps(max(1, n // 10), durable=False)
+    figures["step_cpu_us_median_memory_store"] = memory["step_cpu_us_median"]
     figures.update(bench_child_runs(n))
     verdicts: dict[str, str] = {}
     for key, (op, bound) in TARGETS.items():

@@ -14,7 +14,7 @@ from actors.agent_actor import Agent
 from actors.agents import create_agent, resume_agent
 from agent.context import AgentContext
 from agent.models import ModelRegistry
-from agent.models.scripted import ScriptedModel
+from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
 from subagent.service import SubagentService
@@ -44,7 +44,8 @@ class Runtime:
             raise TypeError("store must be a SessionStore, a MemoryStore, a path or None")
         if models is None:
             models = ModelRegistry()
-        self.scripted = scripted if scripted is not None else ScriptedModel()
+        # The embedded default model echoes the last user message: no network, no keys.
+        self.scripted = scripted if scripted is not None else ScriptedModel(echo, record=False)
         if "scripted" not in models:
             models.register("scripted", self.scripted)
         if "openai" not in models:
