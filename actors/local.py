@@ -14,6 +14,6 @@ A = TypeVar("A", bound=Actor)
 
 def start_local(cls: type[A], *args: Any, **kwargs: Any) -> tuple[A, ActorRef[A]]:
     ref = cls.start(*args, **kwargs)
-    actor = ref._actor_weakref()  # noqa: SLF001 - Pykka keeps only a weak reference
+    actor = ref._actor_weakref()
     assert actor is not None
     return actor, ref

@@ -14,9 +14,7 @@ import benchmarks
 
 def available() -> list[str]:
     return sorted(
-        m.name
-        for m in pkgutil.iter_modules(benchmarks.__path__)
-        if not m.name.startswith("_")
+        m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.name.startswith("_")
     )
 
 

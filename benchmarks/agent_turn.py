@@ -13,9 +13,9 @@ and is measured with `time.process_time` (CPU, not wall time: fsync waits are no
   agent. Like for like with the peer, which keeps no session, the log is in a `MemoryStore`
   (still framed, checksummed and invariant-checked); `child_run_durable_cpu_us_median` is the
   same run on the durable `SessionStore` (file create, link, fsyncs). The peer is the OpenAI
-  Agents SDK (`openai-agents`) doing the same conversation with its own scripted test model (`agents.testing.ScriptedModel`,
-  no network), tracing disabled: `Agent(...)` + `Runner.run(...)`, all runs inside one asyncio
-  loop. `peer_over_ours` is its median over ours (target: >= 10); `peer_over_ours_durable`
+  Agents SDK (`openai-agents`) doing the same conversation with its own scripted test model
+  (`agents.testing.ScriptedModel`, no network), tracing disabled: `Agent(...)` +
+  `Runner.run(...)`, all runs inside one asyncio loop. `peer_over_ours` is its median over ours (target: >= 10); `peer_over_ours_durable`
   divides by the durable figure instead.
 """
 

@@ -9,6 +9,7 @@ listener, and every start has exactly one end.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -83,25 +84,20 @@ class RunHandle:
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
-        try:
+        with contextlib.suppress(ActorDeadError):
             self.ref.tell(CancelRun(cause))
-        except ActorDeadError:
-            pass
 
     def dispose(self) -> None:
         """Cancel what remains and return at quiescence (the result is settled). Idempotent."""
         self._disposed = True
-        try:
+        with contextlib.suppress(ActorDeadError):
             self.ref.ask(DisposeRun())
-        except ActorDeadError:
-            pass
-        # Quiescence includes the end event: wait for it whoever triggered the disposal.
-        try:
+        # Quiescence includes the end event: wait for it whoever triggered the disposal. An
+        # infrastructure fault is reported through `result`, not by dispose.
+        with contextlib.suppress(Exception):
             self.result.get()
-        except Exception:
-            pass  # an infrastructure fault is reported through `result`, not by dispose
 
-    # -- settlement, called by the run actor and the service ---------------------------------------
+    # -- settlement, called by the run actor and the service --------------------------------------
 
     def _on_settled(self, outcome: SubagentResult | BaseException) -> None:
         if self._published:
@@ -168,7 +164,7 @@ class SubagentService:
         ctx.on_agent_closing.append(self._on_parent_closing)
         ctx.on_agent_cancelled.append(self._on_parent_cancelled)
 
-    # -- providers -------------------------------------------------------------------------
+    # -- providers --------------------------------------------------------------------------------
 
     def register(self, provider: SubagentProvider) -> Callable[[], None]:
         """Register a provider; returns its unregister function. Removal blocks new starts only."""
@@ -188,7 +184,7 @@ class SubagentService:
         result: SubagentProvider | None = self._ask(reg.GetProvider(name))
         return result
 
-    # -- events ----------------------------------------------------------------------------
+    # -- events -----------------------------------------------------------------------------------
 
     def subscribe(self, listener: Listener, *, parent_id: str | None = None) -> Callable[[], None]:
         """Receive lifecycle events (all, or one parent's children). Listeners are observe-only
@@ -225,7 +221,7 @@ class SubagentService:
             except Exception:
                 log.exception("progress listener raised")
 
-    # -- runs ------------------------------------------------------------------------------
+    # -- runs -------------------------------------------------------------------------------------
 
     def runs(self, parent_id: str | None = None) -> list[RunHandle]:
         if parent_id is None:
@@ -263,7 +259,7 @@ class SubagentService:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
         provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
-        resume = provider.resume  # type: ignore[attr-defined]
+        resume = provider.resume
         return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request))
 
     def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
@@ -341,7 +337,7 @@ class SubagentService:
         if self._ref.is_alive():
             self._ref.tell(reg.Ended(handle._ticket, event))
 
-    # -- continuable children (see subagent.continuation) ---------------------------------------
+    # -- continuable children (see subagent.continuation) -----------------------------------------
 
     def start_continuable(
         self, name: str, request: SubagentStartRequest, *, label: str, child_id: str | None = None
@@ -374,7 +370,7 @@ class SubagentService:
     def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
         return self._continuation.list_descendants(root_session_id)
 
-    # -- ownership: a parent's end reaches its children ---------------------------------------------
+    # -- ownership: a parent's end reaches its children -------------------------------------------
 
     def _on_parent_closing(self, agent: Any) -> None:
         """Dispose the closing agent's children first (release completes child-first)."""
@@ -412,4 +408,3 @@ def _parent_id(parent: Any) -> str:
     if not isinstance(parent_id, str):
         raise TypeError("request.parent must be an agent (with a string id)")
     return parent_id
-

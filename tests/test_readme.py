@@ -4,9 +4,10 @@ set-up commands."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from gevent import subprocess
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

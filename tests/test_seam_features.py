@@ -7,12 +7,12 @@ from typing import Any
 
 import gevent
 import pytest
+from seam_kit import Gate, Kit, assert_log_valid, kit, last_user_text
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.prompt import PERSONA_SECTION
 from agent.tools import Tool, ToolContext
-from seam_kit import Gate, Kit, assert_log_valid, kit, last_user_text
 from subagent.types import ToolRestriction, text_block
 from supervision.signal import AbortController
 
@@ -73,11 +73,7 @@ def test_fork_excludes_the_in_flight_turn_and_never_returns_parent_text() -> Non
         assert result.output == []  # never the parent's text
         run.dispose()
         events = assert_log_valid(k.store, run.id)
-        texts = [
-            e["data"]["message"]["content"]
-            for e in events
-            if e["type"] == "user/message"
-        ]
+        texts = [e["data"]["message"]["content"] for e in events if e["type"] == "user/message"]
         assert [text_block("turn two")] not in texts  # the in-flight turn is excluded
         assert [text_block("turn one")] in texts
 

@@ -10,12 +10,12 @@ import gevent
 import pytest
 from gevent.event import Event
 from pykka import ActorDeadError
+from seam_kit import Gate, Kit, assert_log_valid, kit, last_user_text, wait_until
 
 from actors.run_actor import CancelRun, DisposeRun, Steer
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from providers.local_run import MAX_DIAGNOSTIC_BYTES
-from seam_kit import Gate, Kit, assert_log_valid, kit, last_user_text, wait_until
 from subagent.errors import SubagentError
 from subagent.types import MessageSource, Steerable, SubagentRun, text_block
 from supervision.signal import AbortController

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from seam_kit import Kit, kit
 
 from agent.models import scripted as S
 from providers.inprocess import SpawnProvider
@@ -13,7 +14,6 @@ from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import UnsupportedSchemaError
 from subagent.types import SubagentCapabilities, SubagentStartRequest, ToolRestriction
 from supervision.signal import AbortController
-from seam_kit import Kit, kit
 
 
 class NoCaps(SpawnProvider):
