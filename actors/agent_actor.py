@@ -257,6 +257,7 @@ class AgentActor(GeventActor):
                     self.turn_running = False
                     self._turn_abort = None
                     self._reject_steers("the turn ended before a step boundary admitted it")
+                outcome.message_id = message["id"]
                 self._last_outcome = outcome
                 for listener in list(self.turn_listeners):
                     try:
@@ -375,9 +376,13 @@ class Agent:
     def actor(self) -> AgentActor:
         return self._actor
 
-    def send(self, content: Any, source: MessageSource | None = None) -> Any:
+    def send(
+        self, content: Any, source: MessageSource | None = None, *, message_id: str | None = None
+    ) -> Any:
+        """Queue a turn; the future gives the accepted message id (`message_id` if given: it
+        must be unique in this session)."""
         return self.ref.ask(
-            Send(check_content(content), source or MessageSource.user()), block=False
+            Send(check_content(content), source or MessageSource.user(), message_id), block=False
         )
 
     def steer(self, content: Any, source: MessageSource | None = None) -> Any:

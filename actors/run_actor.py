@@ -57,6 +57,21 @@ class RunActor(GeventActor):
     def on_start(self) -> None:
         self._watcher = gevent.spawn(self._watch)
 
+    def on_stop(self) -> None:
+        """Stopped by its supervisor (the parent is going away): dispose the run first, so the
+        actor never outlives the child it serves."""
+        if self._dispose_reply is None:
+            self._dispose_reply = Deferred()
+            self._dispose_now()
+            self._dispose_reply.resolve(None)
+
+    def on_failure(self, *exc_info: Any) -> None:
+        """The actor crashed or was killed: it is going away, so release the run it served (off
+        this greenlet, which is ending) rather than leaving a child behind."""
+        if self._dispose_reply is None:
+            self._dispose_reply = Deferred()
+            gevent.spawn(self._dispose_now).link(lambda _g: self._dispose_reply.resolve(None))
+
     def _watch(self) -> None:
         """Wait for the provider's result off the mailbox, then report it exactly once."""
         outcome: SubagentResult | BaseException
@@ -114,18 +129,21 @@ class RunActor(GeventActor):
         reply = self._dispose_reply = Deferred()
 
         def dispose() -> None:
-            try:
-                self.run.dispose()
-            except Exception as exc:
-                log.exception("dispose of run %s raised", self.run.id)
-                self._settle(exc)
-            # The provider settled the result during dispose; wait for the watcher to report it.
-            watcher = self._watcher
-            if watcher is not None:
-                watcher.join()
+            self._dispose_now()
             # Quiescence includes this actor: reply only once it has stopped.
             self.actor_ref.stop(block=False).get()
             reply.resolve(None)
 
         gevent.spawn(dispose)
         return reply
+
+    def _dispose_now(self) -> None:
+        try:
+            self.run.dispose()
+        except Exception as exc:
+            log.exception("dispose of run %s raised", self.run.id)
+            self._settle(exc)
+        # The provider settled the result during dispose; wait for the watcher to report it.
+        watcher = self._watcher
+        if watcher is not None and watcher is not gevent.getcurrent():
+            watcher.join()

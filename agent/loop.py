@@ -28,7 +28,6 @@ from typing import Any
 import gevent
 from gevent.event import Event as GEvent
 
-from agent import events as ev
 from agent.history import history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
@@ -66,7 +65,7 @@ class PendingSteer:
 
 @dataclass(slots=True)
 class TurnOutcome:
-    """How one turn ended. `reason` is the `turn/end` reason (or `refusal`, see run_turn)."""
+    """How one turn ended. `reason` is the `turn/end` reason."""
 
     turn: int
     reason: str
@@ -76,6 +75,9 @@ class TurnOutcome:
     structured: Any = None
     # An infrastructure fault (the log failed): the turn's state may not be durable.
     fault: BaseException | None = None
+    # The inbox message the turn answered (set by the host), so a run can tell its own turn
+    # from one of a restored message queued before it.
+    message_id: str | None = None
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -163,8 +165,7 @@ class AgentCore:
         """Run one turn for `message` (`{id, content, source}`) until it ends.
 
         Returns the outcome; raises only for infrastructure faults (the log failing). A model
-        refusal is outcome reason `refusal`; the log records it as `completed` unless the event
-        vocabulary knows `refusal` (the assistant message's `finish` says `refusal` either way).
+        refusal ends the turn `refusal`.
         """
         turn = self.turn + 1
         self.log.append("turn/start", {"turn": turn})
@@ -511,10 +512,7 @@ class AgentCore:
         if state.step:
             self.log.append("step/end", {"turn": turn, "step": state.step})
             state.step = 0
-        reason = outcome.reason
-        if reason not in ev.TURN_END_REASONS:
-            reason = _LOGGED_AS.get(reason, "error")
-        data: dict[str, Any] = {"turn": turn, "reason": reason}
+        data: dict[str, Any] = {"turn": turn, "reason": outcome.reason}
         if outcome.cause is not None:
             data["cause"] = outcome.cause
         if outcome.message is not None:
@@ -532,10 +530,6 @@ class AgentCore:
             on_progress(event)
         except Exception:
             log.exception("agent %s: progress listener raised (ignored)", self.session_id)
-
-
-# Outcome reasons the log's turn/end vocabulary may not know yet, and what to log instead.
-_LOGGED_AS = {"refusal": "completed"}
 
 
 def _synthetic(code: str, text: str) -> ToolResult:

@@ -15,8 +15,8 @@ and is measured with `time.process_time` (CPU, not wall time: fsync waits are no
   same run on the durable `SessionStore` (file create, link, fsyncs). The peer is the OpenAI
   Agents SDK (`openai-agents`) doing the same conversation with its own scripted test model
   (`agents.testing.ScriptedModel`, no network), tracing disabled: `Agent(...)` +
-  `Runner.run(...)`, all runs inside one asyncio loop. `peer_over_ours` is its median over ours (target: >= 10); `peer_over_ours_durable`
-  divides by the durable figure instead.
+  `Runner.run(...)`, all runs inside one asyncio loop. `peer_over_ours` is its median over
+  ours (target: >= 10); `peer_over_ours_durable` divides by the durable figure instead.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ infrastructure fault (the child's log could not be made durable) fails the futur
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -93,8 +94,10 @@ class LocalRun:
 
     def begin(self, prompt: Sequence[Mapping[str, Any]], source: MessageSource) -> str:
         """Queue the activation's turn; returns the accepted message id."""
-        message_id: str = self._agent.send(list(prompt), source).get()
-        self.message_id = message_id
+        # Chosen here, before the send, so the turn that answers it is recognised even if it
+        # ends before the send's reply arrives, or after restored messages queued before it.
+        self.message_id = "p" + os.urandom(6).hex()
+        message_id: str = self._agent.send(list(prompt), source, message_id=self.message_id).get()
         return message_id
 
     def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:
@@ -132,7 +135,7 @@ class LocalRun:
         self.cancel(reason)
 
     def _on_turn_end(self, outcome: TurnOutcome) -> None:
-        if self._settled:
+        if self._settled or outcome.message_id != self.message_id:
             return
         if outcome.fault is not None:
             self._settled = True

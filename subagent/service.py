@@ -24,6 +24,7 @@ from actors.gevent_actor import GeventFuture
 from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
+from actors.supervised import ActorChild
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.types import (
@@ -35,12 +36,17 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
 __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Mapping[str, Any]], None]
+
+# How long a run actor may take to dispose its run when its supervisor stops it (an ACP child's
+# teardown graces fit well inside) before the supervisor kills the actor.
+RUN_SHUTDOWN_GRACE = 60.0
 
 
 class RunHandle:
@@ -159,6 +165,10 @@ class SubagentService:
         # descriptor even after that provider was unregistered (removal blocks new starts only).
         self._known: dict[str, SubagentProvider] = {}
         self._closed = False
+        # The supervision tree: the runtime's root, one supervisor per parent agent holding the
+        # actors of that parent's child runs, nested under the supervisor of the parent's own run.
+        self._root = Supervisor("subagents")
+        self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
         ctx.on_agent_published.append(self._on_agent_published)
         ctx.on_agent_closing.append(self._on_parent_closing)
@@ -292,7 +302,25 @@ class SubagentService:
         cls = SteerableRunHandle if isinstance(run, Steerable) else RunHandle
         handle = cls(self, run, run_id, provider.name, parent_id)
         handle._ticket = ticket
-        handle.ref = RunActor.start(run, handle._on_settled)
+        try:
+            supervisor = self._supervisor_for(parent_id)
+            handle.ref = RunActor.start(run, handle._on_settled)
+            supervisor.start_child(
+                ChildSpec(
+                    id=run_id,
+                    start=lambda: ActorChild(handle.ref, name=f"run {run_id}"),
+                    restart="temporary",
+                    shutdown=RUN_SHUTDOWN_GRACE,
+                )
+            )
+        except SupervisorClosedError:
+            # The parent is being disposed while this child was starting: undo, emit nothing.
+            if handle.ref is not None:
+                handle.ref.ask(DisposeRun())
+            else:
+                run.dispose()
+            self._ref.tell(reg.Released(ticket))
+            raise SubagentError("START_FAILED", "the parent is shutting down") from None
         self._live[run_id] = handle
         self._by_parent.setdefault(parent_id, {})[run_id] = handle
         agent = run.local_agent
@@ -372,10 +400,32 @@ class SubagentService:
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
 
+    def _supervisor_for(self, parent_id: str) -> Supervisor:
+        supervisor = self._supervisors.get(parent_id)
+        if supervisor is not None:
+            return supervisor
+        if self._closed:
+            raise SupervisorClosedError("the runtime is closing")
+        supervisor = Supervisor(f"children of {parent_id}")
+        parent = self._ctx.agents.get(parent_id)
+        grandparent_id = None if parent is None else parent.header.parent_session
+        owner = self._supervisors.get(grandparent_id or "", self._root)
+        owner.start_child(
+            ChildSpec(
+                id=f"agent {parent_id}",
+                start=lambda: supervisor,
+                restart="temporary",
+                shutdown=RUN_SHUTDOWN_GRACE,
+            )
+        )
+        self._supervisors[parent_id] = supervisor
+        return supervisor
+
     def _on_parent_closing(self, agent: Any) -> None:
         """Dispose the closing agent's children first (release completes child-first)."""
-        for handle in list(self._by_parent.get(agent.id, {}).values()):
-            handle.dispose()
+        supervisor = self._supervisors.pop(agent.id, None)
+        if supervisor is not None:
+            supervisor.dispose(f"parent {agent.id} closing")
 
     def _on_parent_cancelled(self, agent: Any, cause: Any) -> None:
         for handle in list(self._by_parent.get(agent.id, {}).values()):
@@ -385,8 +435,8 @@ class SubagentService:
         """Dispose every live run, then stop the registry. Every start gets its end first."""
         self._closed = True
         self._continuation.close()
-        for handle in list(self._live.values()):
-            handle.dispose()
+        self._root.dispose("runtime closing")
+        self._supervisors.clear()
         # Let the registry deliver the last end events before it stops.
         self._ref.stop(block=True)
 

@@ -122,6 +122,7 @@ def test_event_type_names() -> None:
         "error",
         "max-tokens",
         "blocked",
+        "refusal",
         "interrupted",
     } == ev.TURN_END_REASONS
 

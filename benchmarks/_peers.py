@@ -1,0 +1,342 @@
+"""Peer frameworks measured in the same process as our runtime (used by `fanout` and `resume`).
+
+Each peer runs its own asyncio loop to completion inside one call (`asyncio.run`): while it runs,
+the gevent hub is blocked, which is fine in a benchmark as long as each side is measured on its
+own. Nothing here monkey-patches anything. A peer that cannot be imported or fails reports
+`None` figures and the reason, never an exception.
+
+Peers:
+- autogen-core `SingleThreadedAgentRuntime`: N agents, each answering 10 request/reply rounds
+  through the runtime, sleeping 10 ms before each reply; plus its agent creation rate.
+- OpenAI Agents SDK `Runner`: N runs of a scripted conversation (9 tool calls, then a text
+  answer) against a fake `Model` that sleeps 10 ms per call; no network, tracing disabled.
+- LangGraph: a thread whose checkpoint holds ~M messages in a SQLite checkpointer; time from
+  `invoke(...)` on a fresh graph over the same database to the first node call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import sqlite3
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "autogen_creation",
+    "autogen_fanout",
+    "cpu_s",
+    "langgraph_resume",
+    "openai_agents_fanout",
+    "peer_failure",
+]
+
+
+def cpu_s() -> float:
+    """User + system CPU of this process (all threads), seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def peer_failure(name: str, exc: BaseException) -> dict[str, Any]:
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return {"available": False, "reason": f"{name}: {last}"}
+
+
+# -- autogen-core ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Round:
+    index: int
+
+
+@dataclass
+class _Hello:
+    pass
+
+
+def autogen_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, Any]:
+    """N agents x `steps` sleep-then-reply rounds, driven concurrently through the runtime."""
+    try:
+        from autogen_core import (
+            AgentId,
+            MessageContext,
+            RoutedAgent,
+            SingleThreadedAgentRuntime,
+            message_handler,
+        )
+    except Exception as exc:  # ImportError, or a broken install
+        return peer_failure("autogen-core", exc)
+
+    async def on_round(self: Any, message: _Round, ctx: MessageContext) -> _Round:
+        await asyncio.sleep(latency)
+        return _Round(message.index + 1)
+
+    # autogen reads the handler's type hints at decoration time; with postponed annotations
+    # (this module) they must be real objects, so the class is built by hand.
+    on_round.__annotations__ = {"message": _Round, "ctx": MessageContext, "return": _Round}
+    Worker = _routed_agent(RoutedAgent, "bench worker", message_handler(on_round))
+
+    async def main() -> dict[str, Any]:
+        runtime = SingleThreadedAgentRuntime()
+        await Worker.register(runtime, "worker", Worker)
+        runtime.start()
+
+        async def drive(k: int) -> int:
+            target = AgentId("worker", str(k))
+            reply = _Round(0)
+            for _ in range(steps):
+                reply = await runtime.send_message(reply, target)
+            return reply.index
+
+        t0 = time.perf_counter()
+        c0 = cpu_s()
+        done = await asyncio.gather(*(drive(k) for k in range(n)))
+        wall = time.perf_counter() - t0
+        cpu = cpu_s() - c0
+        await runtime.stop_when_idle()
+        await runtime.close()
+        if done != [steps] * n:
+            raise AssertionError("autogen: a conversation did not finish all its rounds")
+        return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
+
+    try:
+        figures = asyncio.run(main())
+    except Exception as exc:
+        return peer_failure("autogen-core", exc)
+    figures.update(
+        available=True,
+        n=n,
+        cpu_per_step_us=round(figures["cpu_s"] / (n * steps) * 1e6, 2),
+        note="no log, no lifecycle events; agents created lazily by the first message",
+    )
+    return figures
+
+
+def autogen_creation(n: int) -> dict[str, Any]:
+    """Agents/s: N fresh agent ids, each instantiated and answering one no-latency message."""
+    try:
+        from autogen_core import (
+            AgentId,
+            MessageContext,
+            RoutedAgent,
+            SingleThreadedAgentRuntime,
+            message_handler,
+        )
+    except Exception as exc:
+        return peer_failure("autogen-core", exc)
+
+    async def on_hello(self: Any, message: _Hello, ctx: MessageContext) -> _Hello:
+        return message
+
+    on_hello.__annotations__ = {"message": _Hello, "ctx": MessageContext, "return": _Hello}
+    Greeter = _routed_agent(RoutedAgent, "bench greeter", message_handler(on_hello))
+
+    async def main() -> dict[str, Any]:
+        runtime = SingleThreadedAgentRuntime()
+        await Greeter.register(runtime, "greeter", Greeter)
+        runtime.start()
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(runtime.send_message(_Hello(), AgentId("greeter", str(k))) for k in range(n))
+        )
+        wall = time.perf_counter() - t0
+        await runtime.stop_when_idle()
+        await runtime.close()
+        return {"creation_per_s": round(n / wall), "wall_s": round(wall, 4)}
+
+    try:
+        figures = asyncio.run(main())
+    except Exception as exc:
+        return peer_failure("autogen-core", exc)
+    figures.update(available=True, n=n)
+    return figures
+
+
+def _routed_agent(base: Any, description: str, handler: Any) -> Any:
+    def __init__(self: Any) -> None:
+        base.__init__(self, description)
+
+    return type("BenchAgent", (base,), {"__init__": __init__, "handle": handler})
+
+
+# -- OpenAI Agents SDK --------------------------------------------------------------------------
+
+
+def openai_agents_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, Any]:
+    """N concurrent `Runner.run` conversations against a fake model (no network, no tracing)."""
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    os.environ.setdefault("OPENAI_API_KEY", "sk-benchmark-not-used")
+    try:
+        from agents import (
+            Agent,
+            ModelResponse,
+            RunConfig,
+            Runner,
+            Usage,
+            function_tool,
+            set_tracing_disabled,
+        )
+        from agents.models.interface import Model
+        from openai.types.responses import (
+            ResponseFunctionToolCall,
+            ResponseOutputMessage,
+            ResponseOutputText,
+        )
+    except Exception as exc:
+        return peer_failure("openai-agents", exc)
+    set_tracing_disabled(True)
+
+    class FakeModel(Model):
+        """Counts its calls per conversation from the input: tool calls until `steps`."""
+
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any,
+                               **kwargs: Any) -> Any:
+            await asyncio.sleep(latency)
+            calls = 0 if isinstance(input, str) else sum(
+                1 for item in input if _item_type(item) == "function_call"
+            )
+            if calls + 1 < steps:
+                call = ResponseFunctionToolCall(
+                    type="function_call",
+                    call_id=f"call_{calls}",
+                    name="noop",
+                    arguments="{}",
+                    id=f"fc_{calls}",
+                    status="completed",
+                )
+                return ModelResponse(output=[call], usage=Usage(), response_id=None)
+            message = ResponseOutputMessage(
+                id="msg_final",
+                type="message",
+                role="assistant",
+                status="completed",
+                content=[ResponseOutputText(type="output_text", text="done", annotations=[])],
+            )
+            return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    @function_tool
+    def noop() -> str:
+        """Do nothing."""
+        return "ok"
+
+    model = FakeModel()
+    agent = Agent(name="child", instructions="bench", model=model, tools=[noop])
+    config = RunConfig(tracing_disabled=True)
+
+    async def main() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        c0 = cpu_s()
+        results = await asyncio.gather(
+            *(
+                Runner.run(agent, f"task {k}", max_turns=steps + 5, run_config=config)
+                for k in range(n)
+            )
+        )
+        wall = time.perf_counter() - t0
+        cpu = cpu_s() - c0
+        if any(r.final_output != "done" for r in results):
+            raise AssertionError("agents-sdk: a conversation did not finish")
+        return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
+
+    try:
+        figures = asyncio.run(main())
+    except Exception as exc:
+        return peer_failure("openai-agents", exc)
+    figures.update(
+        available=True,
+        n=n,
+        cpu_per_step_us=round(figures["cpu_s"] / (n * steps) * 1e6, 2),
+        note="fake Model (asyncio.sleep per call), function tool 'noop', tracing disabled",
+    )
+    return figures
+
+
+def _item_type(item: Any) -> Any:
+    if isinstance(item, dict):
+        return item.get("type")
+    return getattr(item, "type", None)
+
+
+# -- LangGraph ------------------------------------------------------------------------------
+
+
+def langgraph_resume(messages: int, repeats: int = 5) -> dict[str, Any]:
+    """A thread holding `messages` messages in a SQLite checkpointer (written in one checkpoint,
+    then reopened): time from `invoke` on a fresh graph + connection to the first node call."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.graph import END, START, MessagesState, StateGraph
+    except Exception as exc:
+        return peer_failure("langgraph", exc)
+
+    try:
+        return _langgraph_resume(messages, repeats, SqliteSaver, StateGraph, MessagesState,
+                                 START, END)
+    except Exception as exc:
+        return peer_failure("langgraph", exc)
+
+
+def _langgraph_resume(messages: int, repeats: int, saver_cls: Any, graph_cls: Any,
+                      state_cls: Any, start: Any, end: Any) -> dict[str, Any]:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    seen: list[float] = []
+
+    def model_node(state: Any) -> dict[str, Any]:
+        seen.append(time.perf_counter())
+        return {"messages": [AIMessage(content="ok")]}
+
+    def build(saver: Any) -> Any:
+        graph = graph_cls(state_cls)
+        graph.add_node("model", model_node)
+        graph.add_edge(start, "model")
+        graph.add_edge("model", end)
+        return graph.compile(checkpointer=saver)
+
+    with tempfile.TemporaryDirectory(prefix="bench-langgraph-") as tmp:
+        path = os.path.join(tmp, "checkpoints.sqlite")
+        config = {"configurable": {"thread_id": "child"}}
+        history: list[Any] = []
+        for i in range(messages // 2):
+            history.append(HumanMessage(content=f"user message {i}", id=f"h{i}"))
+            history.append(AIMessage(content=f"assistant reply {i}", id=f"a{i}"))
+        t0 = time.perf_counter()
+        conn = sqlite3.connect(path, check_same_thread=False)
+        app = build(saver_cls(conn))
+        app.update_state(config, {"messages": history})
+        conn.close()
+        build_s = time.perf_counter() - t0
+        size = os.path.getsize(path)
+
+        samples: list[float] = []
+        for i in range(repeats):
+            seen.clear()
+            t0 = time.perf_counter()
+            conn = sqlite3.connect(path, check_same_thread=False)
+            app = build(saver_cls(conn))
+            app.invoke({"messages": [HumanMessage(content=f"resume {i}")]}, config)
+            samples.append(seen[0] - t0)
+            state = app.get_state(config)
+            count = len(state.values["messages"])
+            conn.close()
+    samples.sort()
+    return {
+        "available": True,
+        "messages": messages,
+        "state_messages_after": count,
+        "db_bytes": size,
+        "build_s": round(build_s, 3),
+        "resume_to_first_node_ms_median": round(samples[len(samples) // 2] * 1e3, 2),
+        "resume_to_first_node_ms_min": round(samples[0] * 1e3, 2),
+        "repeats": repeats,
+        "note": "one checkpoint holding the whole MessagesState; fresh connection + graph each",
+    }

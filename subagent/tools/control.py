@@ -1,0 +1,151 @@
+"""Model-facing control of children: `send_message`, `interrupt_agent`, `list_agents`.
+
+These act for the calling agent only: the service authorizes every call against the caller's
+lineage (direct parent for messages, any ancestor for interrupts), so a model cannot address a
+child that is not its own. Failures come back as error tool results carrying the seam's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agent.tools import Tool, ToolContext, ToolError
+from subagent.errors import SubagentError
+from subagent.tools.delegate import child_labels
+from subagent.types import MessageSource, text_block
+
+__all__ = [
+    "INTERRUPT_AGENT",
+    "LIST_AGENTS",
+    "SEND_MESSAGE",
+    "format_agent_rows",
+    "interrupt_agent_tool",
+    "list_agents_tool",
+    "send_message_tool",
+]
+
+SEND_MESSAGE: Final = "send_message"
+INTERRUPT_AGENT: Final = "interrupt_agent"
+LIST_AGENTS: Final = "list_agents"
+
+
+def _error(exc: SubagentError) -> ToolError:
+    return ToolError(f"{exc.detail} ({exc.code})", code=exc.code)
+
+
+def send_message_tool(service: Any) -> Tool:
+    """Steer a running continuable child, or wake a stopped one with this message."""
+
+    def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        agent = ctx.agent
+        child_id = str(arguments["subagent_id"])
+        try:
+            sent = service.send_message(
+                agent,
+                child_id,
+                [text_block(str(arguments["message"]))],
+                MessageSource.coordinator(agent.id),
+                signal=ctx.signal,
+            )
+        except SubagentError as exc:
+            raise _error(exc) from exc
+        if sent.kind == "steered":
+            return f"Delivered to the running subagent {child_id}; it sees it at its next step."
+        return (
+            f"Subagent {child_id} was stopped; it resumed with your message as task "
+            f"{sent.task_id} and reports back when it settles."
+        )
+
+    return Tool(
+        name=SEND_MESSAGE,
+        description=(
+            "Send a follow-up message to one of your continuable subagents (started with "
+            "run_in_background). A running subagent receives it at its next step; a stopped "
+            "one is resumed with its full session and this message."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "subagent_id": {"type": "string", "minLength": 1},
+                "message": {"type": "string", "minLength": 1},
+            },
+            "required": ["subagent_id", "message"],
+            "additionalProperties": False,
+        },
+        fn=fn,
+        concurrency_safe=True,
+    )
+
+
+def interrupt_agent_tool(service: Any) -> Tool:
+    """Cancel a descendant's current turn; its queued messages are kept."""
+
+    def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        agent_id = str(arguments["agent_id"])
+        try:
+            stopped = service.interrupt(agent_id, by=ctx.agent)
+        except SubagentError as exc:
+            raise _error(exc) from exc
+        if stopped:
+            return f"Interrupted {agent_id}: its current turn was cancelled; queued messages stay."
+        return f"{agent_id} was not running; nothing was interrupted."
+
+    return Tool(
+        name=INTERRUPT_AGENT,
+        description=(
+            "Stop what one of your subagents (or their descendants) is doing right now. Its "
+            "session is kept; a continuable subagent can be resumed later with send_message."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"agent_id": {"type": "string", "minLength": 1}},
+            "required": ["agent_id"],
+            "additionalProperties": False,
+        },
+        fn=fn,
+        concurrency_safe=True,
+    )
+
+
+def format_agent_rows(rows: list[dict[str, Any]], labels: Mapping[str, str]) -> str:
+    """One line per agent: id, status, mode, depth, parent, label."""
+    if not rows:
+        return "No subagents."
+    lines = []
+    for row in rows:
+        label = row.get("label") or labels.get(row["id"]) or "-"
+        lines.append(
+            f"{row['id']}  status={row.get('activity')}  mode={row.get('mode')}  "
+            f"depth={row.get('depth')}  parent={row.get('parent_id')}  label={label}"
+        )
+    return "\n".join(lines)
+
+
+def list_agents_tool(service: Any) -> Tool:
+    """The caller's children (or whole subtree) with status running, idle or stored."""
+
+    def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        agent = ctx.agent
+        scope = arguments.get("scope", "children")
+        if scope == "descendants":
+            rows = service.list_descendants(agent.id)
+        else:
+            rows = service.list_children(agent.id)
+        return format_agent_rows(rows, child_labels(agent.ctx))
+
+    return Tool(
+        name=LIST_AGENTS,
+        description=(
+            "List your subagents with their status: running (working now), idle (live, "
+            "waiting) or stored (not in memory; a continuable one resumes on send_message). "
+            "scope='descendants' includes their subagents too."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"scope": {"type": "string", "enum": ["children", "descendants"]}},
+            "additionalProperties": False,
+        },
+        fn=fn,
+        concurrency_safe=True,
+    )

@@ -1,0 +1,376 @@
+"""The model-facing `subagent` tool: one per provider, built from a `SubagentToolConfig`.
+
+The tool turns the model's `{description, prompt, run_in_background?}` into a
+`SubagentStartRequest` and maps the outcome back to a tool result. Three ways to run:
+
+- foreground: the call waits for the child; the child's signal is the tool call's signal, so
+  cancelling the parent's turn cancels the child. A non-`completed` result is an error result
+  (headline, diagnostic, partial output). The run is disposed exactly once, whatever happens.
+- background one-shot: the run becomes an adopted task in `ctx.tasks`; `task_output` reads it.
+- background continuable: `start_continuable`; the model gets the child id for `send_message`.
+
+The depth cap is enforced twice on purpose: the tool is hidden from agents at the cap (see
+`subagent.tools.install`) and refused when called anyway (a forged call, a lifted filter).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import gevent
+
+from agent.options import AgentOptions
+from agent.tools import Tool, ToolContext, ToolError
+from subagent.errors import SubagentError
+from subagent.types import (
+    ABORTED,
+    COMPLETED,
+    ERROR,
+    MAX_TOKENS,
+    REFUSAL,
+    MessageSource,
+    SubagentResult,
+    SubagentStartRequest,
+    ToolRestriction,
+    text_block,
+)
+from supervision.signal import AbortController
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "PROVIDER_MANAGED",
+    "SubagentToolConfig",
+    "child_labels",
+    "describe_subagent_tool",
+    "failure_text",
+    "headline",
+    "output_text",
+    "subagent_tool",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_DEPTH: Final = 3
+PROVIDER_MANAGED: Final = "provider-managed"
+
+BackgroundMode = Literal["one-shot", "continuable"]
+
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+# child id -> the description its delegating call gave, per runtime context. Display only:
+# the CLI's live tree shows it; nothing decides anything from it.
+_LABELS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def child_labels(ctx: Any) -> dict[str, str]:
+    """The labels the subagent tools recorded for children of this runtime context."""
+    labels = _LABELS.get(ctx)
+    if labels is None:
+        labels = _LABELS[ctx] = {}
+    return labels
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentToolConfig:
+    """How one delegation tool behaves. `name=None` picks a name at install time."""
+
+    provider: str
+    name: str | None = None
+    max_depth: int | Literal["provider-managed"] = DEFAULT_MAX_DEPTH
+    tool_filter: ToolRestriction | None = None
+    persona: str | None = None
+    agent_options: AgentOptions | None = None
+    background: BackgroundMode = "one-shot"
+    # Background one-shot: tell the parent when the child settles (a `subagent-settled` message).
+    notify_parent: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.provider, str) or not self.provider:
+            raise ValueError("provider must be a non-empty string")
+        if self.name is not None and not isinstance(self.name, str):
+            raise TypeError("name must be a string or None")
+        md = self.max_depth
+        if md != PROVIDER_MANAGED and (not isinstance(md, int) or isinstance(md, bool) or md < 0):
+            raise ValueError(f"max_depth must be a non-negative int or {PROVIDER_MANAGED!r}")
+        if self.background not in ("one-shot", "continuable"):
+            raise ValueError("background must be 'one-shot' or 'continuable'")
+        if self.tool_filter is not None and not isinstance(self.tool_filter, ToolRestriction):
+            raise TypeError("tool_filter must be a ToolRestriction or None")
+        if self.persona is not None and not isinstance(self.persona, str):
+            raise TypeError("persona must be a string or None")
+        if self.agent_options is not None and not isinstance(self.agent_options, AgentOptions):
+            raise TypeError("agent_options must be an AgentOptions or None")
+
+    @property
+    def depth_cap(self) -> int | None:
+        """The absolute child depth cap, or None when the provider manages depth."""
+        return None if self.max_depth == PROVIDER_MANAGED else int(self.max_depth)
+
+    def tool_name(self) -> str:
+        if self.name is not None:
+            return self.name
+        return "subagent_" + _NAME_UNSAFE.sub("_", self.provider)
+
+    def hidden_for(self, depth: int) -> bool:
+        """Whether an agent at `depth` must not see this tool: its child would pass the cap."""
+        cap = self.depth_cap
+        return cap is not None and depth + 1 > cap
+
+
+PARAMETERS: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "description": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "A short (3-8 word) label for the task, shown in listings.",
+        },
+        "prompt": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The task for the subagent: what to do and what to report back.",
+        },
+        "run_in_background": {
+            "type": "boolean",
+            "description": "Return at once instead of waiting for the subagent's answer.",
+        },
+    },
+    "required": ["description", "prompt"],
+    "additionalProperties": False,
+}
+
+
+def describe_subagent_tool(config: SubagentToolConfig, inherits_parent_context: bool) -> str:
+    """The model-facing description; the context sentence follows the provider's truth."""
+    if inherits_parent_context:
+        context = (
+            "The subagent starts with a copy of this conversation up to your last completed "
+            "turn, so the prompt may refer to what was said before; it does not see the "
+            "current turn, so restate anything from it that the task needs."
+        )
+    else:
+        context = (
+            "The subagent does NOT see this conversation: it starts fresh, so the prompt must "
+            "stand alone and carry every fact, file path and constraint the task needs."
+        )
+    if config.background == "continuable":
+        background = (
+            "With run_in_background=true the call returns at once with the subagent's id; the "
+            "subagent keeps its session, reports back to you when each activation settles, "
+            "and you can message it later with send_message."
+        )
+    else:
+        background = (
+            "With run_in_background=true the call returns at once with a task id; read the "
+            "result later with task_output, or stop it with task_kill."
+        )
+    return (
+        f"Delegate a self-contained task to a subagent (provider {config.provider!r}). "
+        f"{context} By default you wait and receive the subagent's final answer. {background} "
+        "Independent tasks may be delegated in parallel with several calls in one step."
+    )
+
+
+_HEADLINES: Final = {
+    ABORTED: "Subagent was cancelled before it finished.",
+    ERROR: "Subagent failed with an error.",
+    MAX_TOKENS: "Subagent ran out of output tokens before it finished.",
+    REFUSAL: "Subagent declined the task.",
+}
+
+_CODES: Final = {
+    ABORTED: "SUBAGENT_ABORTED",
+    ERROR: "SUBAGENT_ERROR",
+    MAX_TOKENS: "SUBAGENT_MAX_TOKENS",
+    REFUSAL: "SUBAGENT_REFUSAL",
+}
+
+
+def headline(stop_reason: str) -> str:
+    """One line a model can act on; an unknown stop reason is reported as a failure."""
+    return _HEADLINES.get(
+        stop_reason,
+        f"Subagent ended with stop reason {stop_reason!r}, which is treated as a failure.",
+    )
+
+
+def output_text(result: SubagentResult) -> str:
+    """The text of the child's output blocks (non-text blocks are named, not dropped)."""
+    parts: list[str] = []
+    for block in result.output:
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(f"[{block.get('type')} block]")
+    return "\n".join(parts)
+
+
+def failure_text(result: SubagentResult, child_id: str | None = None) -> str:
+    """Headline, then the diagnostic, then whatever partial output there is."""
+    lines = [headline(result.stop_reason)]
+    if child_id:
+        lines.append(f"Subagent id: {child_id}")
+    if result.diagnostic:
+        lines.append(f"Diagnostic: {result.diagnostic}")
+    partial = output_text(result)
+    lines.append(f"Partial output:\n{partial}" if partial else "Partial output: (none)")
+    return "\n".join(lines)
+
+
+def _tool_error(exc: SubagentError) -> ToolError:
+    return ToolError(f"Could not start the subagent: {exc.detail} ({exc.code})", code=exc.code)
+
+
+class _Delegate:
+    """The tool function, bound to its service and config."""
+
+    def __init__(self, service: Any, config: SubagentToolConfig, name: str) -> None:
+        self.service = service
+        self.config = config
+        self.name = name
+
+    def __call__(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        agent = ctx.agent
+        depth: int = agent.depth
+        if self.config.hidden_for(depth):
+            raise ToolError(
+                f"{self.name} is not available at delegation depth {depth} "
+                f"(max_depth {self.config.max_depth})",
+                code="DEPTH_EXCEEDED",
+            )
+        description = str(arguments["description"])
+        prompt = [text_block(str(arguments["prompt"]))]
+        background = bool(arguments.get("run_in_background", False))
+        if background and self.config.background == "continuable":
+            return self._continuable(agent, description, prompt, ctx)
+        if background:
+            return self._one_shot(agent, description, prompt)
+        return self._foreground(agent, description, prompt, ctx)
+
+    def _request(self, agent: Any, prompt: list[dict[str, Any]], signal: Any) -> Any:
+        c = self.config
+        return SubagentStartRequest(
+            prompt=prompt,
+            parent=agent,
+            signal=signal,
+            agent_options=c.agent_options,
+            max_depth=c.depth_cap,
+            tool_filter=c.tool_filter,
+            persona=c.persona,
+        )
+
+    def _start(self, request: Any, description: str) -> Any:
+        try:
+            handle = self.service.start(self.config.provider, request)
+        except SubagentError as exc:
+            raise _tool_error(exc) from exc
+        child_labels(request.parent.ctx)[handle.id] = description
+        return handle
+
+    def _foreground(
+        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+    ) -> str:
+        handle = self._start(self._request(agent, prompt, ctx.signal), description)
+        try:
+            result: SubagentResult = handle.result.get()
+        finally:
+            handle.dispose()
+        if result.stop_reason != COMPLETED:
+            raise ToolError(
+                failure_text(result), code=_CODES.get(result.stop_reason, "SUBAGENT_FAILED")
+            )
+        return output_text(result)
+
+    def _one_shot(self, agent: Any, description: str, prompt: list[dict[str, Any]]) -> str:
+        tasks = agent.ctx.tasks
+        if tasks is None:
+            raise ToolError("background subagents need ctx.tasks", code="CONTINUATION_UNAVAILABLE")
+        # The child outlives this call, so it gets its own signal; the task's kill aborts it.
+        controller = AbortController()
+        handle = self._start(self._request(agent, prompt, controller.signal), description)
+        task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
+        gevent.spawn(self._watch, agent, handle, task.id, description)
+        return (
+            f"Started subagent {handle.id} in the background as task {task.id}. "
+            f"Read its result with task_output(task_id={task.id!r}); "
+            f"stop it with task_kill(task_id={task.id!r})."
+        )
+
+    def _watch(self, agent: Any, handle: Any, task_id: str, description: str) -> None:
+        outcome: SubagentResult | BaseException
+        try:
+            outcome = handle.result.get()
+        except Exception as exc:  # an infrastructure fault the seam could not represent
+            outcome = exc
+        finally:
+            handle.dispose()
+        tasks = agent.ctx.tasks
+        if isinstance(outcome, BaseException):
+            summary = f"Subagent {handle.id} ({description}) failed: {outcome}"
+            tasks.settle(task_id, "failed", detail=f"{type(outcome).__name__}: {outcome}")
+        elif outcome.stop_reason == COMPLETED:
+            summary = f"Subagent {handle.id} ({description}) completed; task {task_id}."
+            tasks.settle(task_id, "completed", output=output_text(outcome))
+        else:
+            summary = f"Subagent {handle.id} ({description}) ended {outcome.stop_reason}."
+            status = "killed" if outcome.stop_reason == ABORTED else "failed"
+            tasks.settle(task_id, status, output=output_text(outcome), detail=failure_text(outcome))
+        if self.config.notify_parent and agent.ctx.agents.get(agent.id) is agent:
+            note = f"{summary} Use task_output(task_id={task_id!r}) for the result."
+            try:
+                agent.send([text_block(note)], MessageSource.subagent_settled(summary)).get()
+            except Exception:
+                log.info("settlement notice for task %s not delivered", task_id)
+
+    def _continuable(
+        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+    ) -> str:
+        request = self._request(agent, prompt, ctx.signal)
+        try:
+            started = self.service.start_continuable(
+                self.config.provider, request, label=description
+            )
+        except SubagentError as exc:
+            raise _tool_error(exc) from exc
+        child_labels(agent.ctx)[started.child_id] = description
+        return (
+            f"Started continuable subagent {started.child_id} (task {started.task_id}). It "
+            "reports back when its activation settles; send follow-ups with "
+            f"send_message(subagent_id={started.child_id!r}, message=...)."
+        )
+
+
+def subagent_tool(service: Any, config: SubagentToolConfig, *, name: str | None = None) -> Tool:
+    """Build the delegation tool for `config.provider` (which must be registered)."""
+    provider = service.get(config.provider)
+    if provider is None:
+        raise SubagentError("NO_PROVIDER", f"no provider named {config.provider!r}")
+    caps = provider.capabilities
+    needs = [
+        ("max_depth", config.depth_cap is not None, caps.depth_limit),
+        ("tool_filter", config.tool_filter is not None, caps.tool_filter),
+        ("persona", config.persona is not None, caps.persona),
+    ]
+    missing = [what for what, wanted, has in needs if wanted and not has]
+    if missing:
+        hint = " (use max_depth='provider-managed')" if "max_depth" in missing else ""
+        raise SubagentError(
+            "UNSUPPORTED_CAPABILITY",
+            f"provider {config.provider!r} does not support {', '.join(missing)}{hint}",
+        )
+    tool_name = name or config.tool_name()
+    fn: Callable[[Mapping[str, Any], ToolContext], str] = _Delegate(service, config, tool_name)
+    return Tool(
+        name=tool_name,
+        description=describe_subagent_tool(config, bool(provider.inherits_parent_context)),
+        parameters=PARAMETERS,
+        fn=fn,
+        # Several delegations in one step run side by side: that is the point of fanning out.
+        concurrency_safe=True,
+    )

@@ -1,0 +1,144 @@
+"""Putting the subagent tools in front of agents: runtime-wide, or for one agent's subtree.
+
+Two placements, one depth rule (an agent whose child would pass a tool's `max_depth` must not
+see that tool):
+
+- runtime-wide (`install_subagent_tools(runtime)`): the tools go into the global registry, so a
+  child's `tool_filter` may name them; each agent at a tool's cap gets a `deny` restriction on
+  it when it is published (created or resumed), which hides it from `specs()` and refuses a
+  forged call (visibility is authority in `ToolScope`).
+- one agent (`install_subagent_tools(agent)`): the tools go into that agent's own scope and,
+  with `inherit=True`, into every descendant's scope as it is published, each only below the
+  cap. A child filter cannot name them (they are added after the filter), so an allow-list child
+  simply does not get them.
+
+The delegation tool also refuses at run time, whatever the placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.tools import Tool
+from subagent.tools.control import interrupt_agent_tool, list_agents_tool, send_message_tool
+from subagent.tools.delegate import SubagentToolConfig, subagent_tool
+from subagent.tools.task_tools import task_kill_tool, task_output_tool
+
+__all__ = ["install_subagent_tools", "resolve_configs"]
+
+ToolSpecArg = SubagentToolConfig | str
+
+
+def resolve_configs(
+    service: Any, tools: Sequence[ToolSpecArg] | None
+) -> list[tuple[SubagentToolConfig, str]]:
+    """Configs with their final tool names. A lone unnamed tool is called `subagent`."""
+    if tools is None:
+        tools = [p.name for p in service.providers()]
+    configs = [SubagentToolConfig(provider=t) if isinstance(t, str) else t for t in tools]
+    for c in configs:
+        if not isinstance(c, SubagentToolConfig):
+            raise TypeError(f"expected a SubagentToolConfig or provider name, got {c!r}")
+    lone = len(configs) == 1
+    out = [(c, "subagent" if (lone and c.name is None) else c.tool_name()) for c in configs]
+    names = [n for _, n in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"two delegation tools would be named {', '.join(dupes)}")
+    return out
+
+
+def install_subagent_tools(
+    target: Any,
+    service: Any = None,
+    *,
+    tools: Sequence[ToolSpecArg] | None = None,
+    control: bool = True,
+    task_tools: bool = True,
+    inherit: bool = True,
+) -> Callable[[], None]:
+    """Install the delegation tools (one per config) and the control/task tools.
+
+    `target` is a `Runtime`, an `AgentContext` (runtime-wide) or an `Agent` (its subtree).
+    Returns an idempotent uninstall function (agents already published keep their scopes).
+    """
+    ctx = getattr(target, "ctx", None)
+    is_agent = ctx is not None and hasattr(target, "tools") and hasattr(target, "depth")
+    if ctx is None:
+        ctx = target  # an AgentContext itself
+    if service is None:
+        service = getattr(ctx, "subagents", None)
+    if service is None:
+        raise ValueError("no SubagentService: pass service= or use a Runtime")
+    configs = resolve_configs(service, tools)
+    delegation: list[tuple[SubagentToolConfig, Tool]] = [
+        (c, subagent_tool(service, c, name=n)) for c, n in configs
+    ]
+    extra: list[Tool] = []
+    if control:
+        extra += [
+            send_message_tool(service),
+            interrupt_agent_tool(service),
+            list_agents_tool(service),
+        ]
+    if task_tools:
+        if ctx.tasks is None:
+            raise ValueError("task tools need ctx.tasks (use a Runtime)")
+        extra += [task_output_tool(ctx.tasks), task_kill_tool(ctx.tasks)]
+    undo: list[Callable[[], None]] = []
+    if is_agent:
+        hook = _subtree_installer(target, delegation, extra, inherit)
+    else:
+        for _, tool in delegation:
+            undo.append(ctx.tools.register(tool))
+        for tool in extra:
+            undo.append(ctx.tools.register(tool))
+        hook = _cap_hider(delegation)
+        for agent in list(ctx.agents.values()):
+            hook(agent)
+    ctx.on_agent_published.append(hook)
+
+    def uninstall() -> None:
+        if hook in ctx.on_agent_published:
+            ctx.on_agent_published.remove(hook)
+        while undo:
+            undo.pop()()
+
+    return uninstall
+
+
+def _cap_hider(delegation: list[tuple[SubagentToolConfig, Tool]]) -> Callable[[Any], None]:
+    def hide(agent: Any) -> None:
+        hidden = [t.name for c, t in delegation if c.hidden_for(agent.depth)]
+        if hidden:
+            agent.tools.restrict(deny=hidden)
+
+    return hide
+
+
+def _subtree_installer(
+    root: Any,
+    delegation: list[tuple[SubagentToolConfig, Tool]],
+    extra: list[Tool],
+    inherit: bool,
+) -> Callable[[Any], None]:
+    members = {root.id}
+
+    def install(agent: Any) -> None:
+        for config, tool in delegation:
+            if not config.hidden_for(agent.depth):
+                agent.tools.add(tool)
+        for tool in extra:
+            agent.tools.add(tool)
+
+    install(root)
+
+    def on_published(agent: Any) -> None:
+        if not inherit or agent is root:
+            return
+        if agent.header.parent_session in members:
+            members.add(agent.id)
+            install(agent)
+
+    return on_published

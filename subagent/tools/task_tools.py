@@ -1,0 +1,105 @@
+"""Model-facing access to background tasks: `task_output` and `task_kill`.
+
+An agent sees only the tasks it owns: another agent's task id is refused exactly like an
+unknown one, so ids leaking through a shared channel grant nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agent.tools import Tool, ToolContext, ToolError
+from subagent.tasks import Task, UnknownTaskError
+
+__all__ = ["TASK_KILL", "TASK_OUTPUT", "format_task", "task_kill_tool", "task_output_tool"]
+
+TASK_OUTPUT: Final = "task_output"
+TASK_KILL: Final = "task_kill"
+
+
+def _own_task(tasks: Any, task_id: str, agent: Any) -> Task:
+    try:
+        task: Task = tasks.get(task_id)
+    except UnknownTaskError:
+        task = None  # type: ignore[assignment]
+    if task is None or task.owner != agent.id:
+        raise ToolError(f"no task {task_id!r} of yours", code="UNKNOWN_TASK")
+    return task
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(
+            str(b.get("text", "")) if isinstance(b, Mapping) else str(b) for b in value
+        )
+    return str(value)
+
+
+def format_task(task: Task) -> str:
+    """Status line, then the detail (for a failure), then the output."""
+    lines = [f"Task {task.id} ({task.label}): {task.status}"]
+    if task.detail and task.status != "completed":
+        lines.append(task.detail)
+    out = _text(task.output)
+    if out and not (task.detail and out in task.detail):
+        lines.append(out)
+    return "\n".join(lines)
+
+
+def task_output_tool(tasks: Any) -> Tool:
+    def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        task_id = str(arguments["task_id"])
+        task = _own_task(tasks, task_id, ctx.agent)
+        if arguments.get("wait") and not task.settled:
+            # Cooperative wait; the turn's signal ends it (the loop abandons the call).
+            task = tasks.wait(task_id)
+        text = format_task(task)
+        if task.status in ("failed", "killed"):
+            raise ToolError(text, code=f"TASK_{task.status.upper()}")
+        return text
+
+    return Tool(
+        name=TASK_OUTPUT,
+        description=(
+            "Read the status and result of one of your background tasks. Status is running, "
+            "completed, failed or killed. wait=true blocks until the task settles."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "task_id": {"type": "string", "minLength": 1},
+                "wait": {"type": "boolean"},
+            },
+            "required": ["task_id"],
+            "additionalProperties": False,
+        },
+        fn=fn,
+        concurrency_safe=True,
+    )
+
+
+def task_kill_tool(tasks: Any) -> Tool:
+    def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        task_id = str(arguments["task_id"])
+        task = _own_task(tasks, task_id, ctx.agent)
+        if tasks.kill(task_id, f"killed by {ctx.agent.id}"):
+            return f"Task {task_id} ({task.label}) was killed."
+        return f"Task {task_id} had already settled: {tasks.get(task_id).status}."
+
+    return Tool(
+        name=TASK_KILL,
+        description="Stop one of your background tasks (and the subagent running it).",
+        parameters={
+            "type": "object",
+            "properties": {"task_id": {"type": "string", "minLength": 1}},
+            "required": ["task_id"],
+            "additionalProperties": False,
+        },
+        fn=fn,
+        concurrency_safe=True,
+    )
