@@ -1,0 +1,499 @@
+"""Fan-out: many scripted children through the full seam, against autogen-core and the Agents SDK.
+
+`python -m benchmarks fanout [--n N] [--quick] [--json]`. Every child is started with
+`rt.subagents.start("spawn", ...)` on the in-memory store (validation, registry actor, run
+actor, child agent and its actor, session header, lifecycle events), its result collected and
+its run disposed. Phases, each on a fresh `Runtime` (RSS first, so its delta does not reuse
+memory freed by the others):
+
+- rss: N children parked in a `hang` model step; RSS delta / N.
+- fanout: N children x 10 steps (9 tool calls of a trivial tool, then text), 10 ms scripted
+  latency per model call; wall time to every result, process CPU / (N * 10).
+- starts: N one-step, no-latency children; start() calls per second.
+- tree: a root with ~10,000 descendants in 3 levels, all hanging; `root.cancel()` until every
+  result resolved and every `subagent/end` was emitted; then `root.close()` to quiescence.
+- steer: 10,000 children mid-turn. Latency from `run.steer()` to the child AgentActor queueing
+  the message (the `time` of its `inbox/accepted` event, a `time.time()` stamp: read from the
+  log, no instrumentation), and to admission (the steer future). Two loads: "quiet" (every
+  child parked inside a tool call behind a gate) and "busy" (every child stepping with 1 s model
+  latency while the steers go out). The child logs are then read to check each message was
+  admitted at the very next step boundary after it was accepted.
+
+Peers (benchmarks/_peers.py), same N, same process: autogen-core and the OpenAI Agents SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gevent
+from gevent.event import Event as GEvent
+
+from actors import gevent_actor
+from agent.model import ModelRequest
+from agent.models import scripted as S
+from agent.options import AgentOptions
+from agent.store import MemoryStore
+from agent.tools import Tool, ToolContext
+from benchmarks import _peers
+from providers.inprocess import SpawnProvider
+from subagent.runtime import Runtime
+from subagent.types import SubagentStartRequest, text_block
+from supervision.signal import AbortController
+
+DEFAULT_N = 2_000
+QUICK_N = 200
+STEPS = 10
+LATENCY = 0.01
+TREE_N = 10_000
+QUICK_TREE_N = 1_000
+STEER_N = 10_000
+QUICK_STEER_N = 500
+BUSY_STEP_LATENCY = 1.0
+
+TARGETS = {
+    "wall_ours_over_autogen": ("<", 1.0),
+    "wall_ours_over_agents_sdk": ("<=", 0.1),
+    "cpu_per_child_step_us": ("<=", 35.0),
+    "starts_per_s": (">=", 5_000.0),
+    "starts_per_s_over_autogen_creation": (">", 1.0),
+    "rss_per_idle_child_kib": ("<=", 64.0),
+    "tree_cancel_s": ("<=", 1.0),
+    "steer_ack_p50_us_quiet": ("<=", 20.0),
+    "steer_ack_p99_us_quiet": ("<=", 100.0),
+    "steer_ack_p99_ms_busy": ("<=", 10.0),
+}
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _GcClock:
+    """Total time spent in cyclic GC passes while installed."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.passes = 0
+        self._t = 0.0
+
+    def __call__(self, phase: str, info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._t
+            self.passes += 1
+
+    def __enter__(self) -> _GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def _noop_tool() -> Tool:
+    def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        return "ok"
+
+    return Tool(name="noop", description="does nothing", parameters={"type": "object"}, fn=fn)
+
+
+def _runtime(responder: Callable[[ModelRequest], S.Step | str]) -> Runtime:
+    # record=False: the scripted model keeps no request history (it would hold every message).
+    rt = Runtime(store=MemoryStore(), scripted=S.ScriptedModel(responder, record=False))
+    rt.subagents.register(SpawnProvider())
+    rt.ctx.tools.register(_noop_tool())
+    return rt
+
+
+def _request(parent: Any, prompt: str = "task", **kwargs: Any) -> SubagentStartRequest:
+    return SubagentStartRequest(
+        prompt=[text_block(prompt)], parent=parent, signal=AbortController().signal, **kwargs
+    )
+
+
+def _settle(predicate: Callable[[], bool], limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("benchmark: condition never held")
+        gevent.sleep(0.001)
+
+
+# -- phases ---------------------------------------------------------------------------------
+
+
+def _rss(n: int) -> dict[str, Any]:
+    parked = [0]
+
+    def responder(request: ModelRequest) -> S.Step:
+        parked[0] += 1
+        return S.hang()
+
+    rt = _runtime(responder)
+    parent = rt.agent()
+    gc.collect()
+    rss0 = _rss_bytes()
+    runs = [rt.subagents.start("spawn", _request(parent)) for _ in range(n)]
+    _settle(lambda: parked[0] == n)
+    gc.collect()
+    gevent_actor.freeze_gc()
+    rss_per = (_rss_bytes() - rss0) / n
+    live = gevent_actor.live_count()
+    t0 = time.perf_counter()
+    for run in runs:
+        run.dispose()
+    dispose_s = time.perf_counter() - t0
+    rt.close()
+    gc.unfreeze()
+    return {
+        "n": n,
+        "rss_per_idle_child_kib": round(rss_per / 1024, 2),
+        "live_actors_while_parked": live,
+        "dispose_all_s": round(dispose_s, 4),
+    }
+
+
+_TOOL_STEP = S.tool_call("noop", {}, latency=LATENCY)
+_FINAL_STEP = S.text("done", latency=LATENCY)
+
+
+def _fanout_responder(request: ModelRequest) -> S.Step:
+    return _TOOL_STEP if request.step < STEPS else _FINAL_STEP
+
+
+def _fanout(n: int) -> dict[str, Any]:
+    rt = _runtime(_fanout_responder)
+    parent = rt.agent()
+    ends = [0]
+    rt.subagents.subscribe(lambda e: _count_end(e, ends))
+    gc.collect()
+    with _GcClock() as gc_clock:
+        t0 = time.perf_counter()
+        c0 = _peers.cpu_s()
+        runs = [rt.subagents.start("spawn", _request(parent)) for _ in range(n)]
+        started_s = time.perf_counter() - t0
+        results = [run.result.get() for run in runs]
+        wall = time.perf_counter() - t0
+        cpu = _peers.cpu_s() - c0
+        t1 = time.perf_counter()
+        for run in runs:
+            run.dispose()
+        dispose_s = time.perf_counter() - t1
+        c_all = _peers.cpu_s() - c0
+    completed = sum(1 for r in results if r.stop_reason == "completed")
+    sample = rt.store.load(runs[0].id).events
+    steps = sum(1 for e in sample if e["type"] == "step/start")
+    rt.subagents.providers()  # flush the registry's end events
+    rt.close()
+    return {
+        "n": n,
+        "wall_s": round(wall, 4),
+        "start_calls_s": round(started_s, 4),
+        "dispose_all_s": round(dispose_s, 4),
+        "cpu_s": round(cpu, 4),
+        "cpu_per_child_step_us": round(cpu / (n * STEPS) * 1e6, 2),
+        "cpu_per_child_step_us_incl_dispose": round(c_all / (n * STEPS) * 1e6, 2),
+        "gc_s": round(gc_clock.total, 4),
+        "gc_passes": gc_clock.passes,
+        "completed": completed,
+        "end_events": ends[0],
+        "steps_in_a_child_log": steps,
+        "events_in_a_child_log": len(sample),
+    }
+
+
+def _count_end(event: Mapping[str, Any], ends: list[int]) -> None:
+    if event["type"] == "subagent/end":
+        ends[0] += 1
+
+
+def _starts(n: int) -> dict[str, Any]:
+    rt = _runtime(lambda request: S.text("ok"))
+    parent = rt.agent()
+    gc.collect()
+    with _GcClock() as gc_clock:
+        t0 = time.perf_counter()
+        runs = [rt.subagents.start("spawn", _request(parent)) for _ in range(n)]
+        start_s = time.perf_counter() - t0
+        results = [run.result.get() for run in runs]
+        done_s = time.perf_counter() - t0
+    for run in runs:
+        run.dispose()
+    rt.close()
+    return {
+        "n": n,
+        "starts_per_s": round(n / start_s),
+        "start_us_each": round(start_s / n * 1e6, 2),
+        "all_results_s": round(done_s, 4),
+        "completed": sum(1 for r in results if r.stop_reason == "completed"),
+        "gc_s": round(gc_clock.total, 4),
+    }
+
+
+def _tree_shape(total: int) -> tuple[int, int, int]:
+    """(level-1 fan, level-2 fan per level-1, level-3 fan per level-2) giving ~total nodes."""
+    a = b = max(2, round(total ** (1 / 4)))  # e.g. 10 x 10 x 99 for 10,000
+    c = max(1, round((total - a - a * b) / (a * b)))
+    return a, b, c
+
+
+def _tree(total: int) -> dict[str, Any]:
+    rt = _runtime(lambda request: S.hang())
+    root = rt.agent()
+    ends = [0]
+    rt.subagents.subscribe(lambda e: _count_end(e, ends))
+    baseline = gevent_actor.live_count()
+    a, b, c = _tree_shape(total)
+    runs: list[Any] = []
+    t0 = time.perf_counter()
+    for _ in range(a):
+        l1 = rt.subagents.start("spawn", _request(root))
+        runs.append(l1)
+        for _ in range(b):
+            l2 = rt.subagents.start("spawn", _request(l1.local_agent))
+            runs.append(l2)
+            for _ in range(c):
+                runs.append(rt.subagents.start("spawn", _request(l2.local_agent)))
+    n = len(runs)
+    _settle(lambda: all(r.local_agent.turn_running for r in runs))
+    build_s = time.perf_counter() - t0
+    gc.collect()
+    gevent_actor.freeze_gc()
+    live_before = gevent_actor.live_count()
+    t0 = time.perf_counter()
+    root.cancel("benchmark: cancel the tree")
+    for run in runs:
+        run.result.get()
+    _settle(lambda: ends[0] >= n, limit_s=30)
+    rt.subagents.providers()
+    cancel_s = time.perf_counter() - t0
+    running_after = sum(1 for r in runs if r.local_agent.status == "running")
+    aborted = sum(1 for r in runs if r.result.get().stop_reason == "aborted")
+    t0 = time.perf_counter()
+    root.close("benchmark over")
+    dispose_s = time.perf_counter() - t0
+    live_after = gevent_actor.live_count()
+    rt.close()
+    gc.unfreeze()
+    return {
+        "descendants": n,
+        "shape": f"{a} x {b} x {c}",
+        "build_s": round(build_s, 3),
+        "tree_cancel_s": round(cancel_s, 4),
+        "aborted": aborted,
+        "end_events": ends[0],
+        "turns_running_after_cancel": running_after,
+        "live_actors_before_cancel": live_before,
+        "root_close_dispose_s": round(dispose_s, 4),
+        "live_actors_after_dispose": live_after,
+        "live_actors_baseline_with_root": baseline,
+        "quiescent": live_after <= baseline - 1,
+    }
+
+
+def _steer(n: int, busy: bool) -> dict[str, Any]:
+    gate = GEvent()
+
+    def wait_gate(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        gate.wait()
+        return "gate open"
+
+    parked = [0]
+    busy_step = S.tool_call("noop", {}, latency=BUSY_STEP_LATENCY)
+    quiet_step = S.tool_call("wait_gate", {})
+    final = S.text("steered: done")
+
+    def responder(request: ModelRequest) -> S.Step:
+        last = request.messages[-1]
+        if request.step > 1 and last["role"] == "user":
+            return final  # the steer was admitted at this boundary
+        if request.step == 1:
+            parked[0] += 1
+        return busy_step if busy else quiet_step
+
+    rt = _runtime(responder)
+    rt.ctx.tools.register(
+        Tool(name="wait_gate", description="waits", parameters={"type": "object"}, fn=wait_gate)
+    )
+    parent = rt.agent()
+    options = AgentOptions(model="scripted:default", max_steps=10_000)
+    runs = [rt.subagents.start("spawn", _request(parent, agent_options=options)) for _ in range(n)]
+    _settle(lambda: parked[0] == n)
+    gc.collect()
+    gevent_actor.freeze_gc()
+    acks: list[float] = []
+    futures = []
+    marks: list[int] = []
+    steps_before = sum(len(r.local_agent.log.events) for r in runs) if busy else 0
+    t_window = time.perf_counter()
+    for run in runs:
+        events = run.local_agent.log.events
+        mark = len(events)
+        t_call = time.time()
+        futures.append((t_call, run.steer("please wrap up")))
+        while True:
+            found = _accepted_steer(events, mark)
+            if found is not None:
+                acks.append(found["time"] - t_call)
+                marks.append(found["seq"])
+                break
+            gevent.sleep(0)
+    window_s = time.perf_counter() - t_window
+    events_during = (sum(len(r.local_agent.log.events) for r in runs) - steps_before) if busy else 0
+    gate.set()
+    admissions: list[float] = []
+    failures = 0
+    for t_call, future in futures:
+        try:
+            future.get()
+            admissions.append(time.time() - t_call)
+        except Exception:
+            failures += 1
+    results = [run.result.get() for run in runs]
+    next_boundary, later, missing = _check_admission(runs, marks)
+    for run in runs:
+        run.dispose()
+    rt.close()
+    gc.unfreeze()
+    acks_us = [a * 1e6 for a in acks]
+    return {
+        "n": n,
+        "load": f"every child stepping, {BUSY_STEP_LATENCY} s model latency" if busy
+        else "every child parked inside a tool call (gate)",
+        "ack_p50_us": round(statistics.median(acks_us), 2),
+        "ack_p99_us": round(_pct(acks_us, 0.99), 2),
+        "ack_max_us": round(max(acks_us), 2),
+        "steer_window_s": round(window_s, 3),
+        "log_events_appended_by_others_during_window": events_during,
+        "admission_p50_ms_after_gate_or_step": round(statistics.median(admissions) * 1e3, 2)
+        if admissions else None,
+        "steer_failures": failures,
+        "admitted_at_next_boundary": next_boundary,
+        "admitted_later": later,
+        "never_admitted": missing,
+        "completed": sum(1 for r in results if r.stop_reason == "completed"),
+        "note": "ack = inbox/accepted event time (child AgentActor queued it) - time.time() "
+        "just before run.steer()",
+    }
+
+
+def _accepted_steer(events: list[Mapping[str, Any]], start: int) -> Mapping[str, Any] | None:
+    for i in range(start, len(events)):
+        e = events[i]
+        if e["type"] == "inbox/accepted" and e["data"]["kind"] == "steer":
+            return e
+    return None
+
+
+def _check_admission(runs: list[Any], marks: list[int]) -> tuple[int, int, int]:
+    """Per child: the steer accepted at seq `mark` must be logged as a user/message right after
+    the first step/start following it (no step boundary may pass it by)."""
+    ok = later = missing = 0
+    for run, mark in zip(runs, marks, strict=True):
+        events = run.local_agent.log.events
+        message_id = events[mark]["data"]["message_id"]
+        boundaries = 0
+        admitted = False
+        for e in events[mark + 1 :]:
+            if e["type"] == "step/start":
+                boundaries += 1
+            elif e["type"] == "user/message" and e["data"]["message"]["id"] == message_id:
+                admitted = True
+                break
+        if not admitted:
+            missing += 1
+        elif boundaries == 1:
+            ok += 1
+        else:
+            later += 1
+    return ok, later, missing
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def _check(value: float | None, rule: tuple[str, float]) -> bool | None:
+    if value is None:
+        return None
+    op, bound = rule
+    if op == "<":
+        return value < bound
+    if op == "<=":
+        return value <= bound
+    if op == ">":
+        return value > bound
+    return value >= bound
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 4)
+
+
+def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    quick = bool(getattr(args, "quick", False))
+    n = n or (QUICK_N if quick else DEFAULT_N)
+    tree_n = QUICK_TREE_N if quick else TREE_N
+    steer_n = QUICK_STEER_N if quick else STEER_N
+
+    ours: dict[str, Any] = {"rss": _rss(n)}  # first: its RSS delta must not reuse freed memory
+    ours["fanout"] = _fanout(n)
+    ours["starts"] = _starts(n)
+    ours["tree"] = _tree(tree_n)
+    ours["steer_quiet"] = _steer(steer_n, busy=False)
+    ours["steer_busy"] = _steer(steer_n, busy=True)
+
+    autogen = _peers.autogen_fanout(n, STEPS, LATENCY)
+    autogen_create = _peers.autogen_creation(n)
+    sdk = _peers.openai_agents_fanout(n, STEPS, LATENCY)
+
+    wall = ours["fanout"]["wall_s"]
+    ratios: dict[str, float | None] = {
+        "wall_ours_over_autogen": _ratio(wall, autogen.get("wall_s")),
+        "wall_ours_over_agents_sdk": _ratio(wall, sdk.get("wall_s")),
+        "cpu_per_child_step_us": ours["fanout"]["cpu_per_child_step_us"],
+        "starts_per_s": ours["starts"]["starts_per_s"],
+        "starts_per_s_over_autogen_creation": _ratio(
+            ours["starts"]["starts_per_s"], autogen_create.get("creation_per_s")
+        ),
+        "rss_per_idle_child_kib": ours["rss"]["rss_per_idle_child_kib"],
+        "tree_cancel_s": ours["tree"]["tree_cancel_s"],
+        "steer_ack_p50_us_quiet": ours["steer_quiet"]["ack_p50_us"],
+        "steer_ack_p99_us_quiet": ours["steer_quiet"]["ack_p99_us"],
+        "steer_ack_p99_ms_busy": round(ours["steer_busy"]["ack_p99_us"] / 1e3, 3),
+    }
+    return {
+        "n": n,
+        "steps_per_child": STEPS,
+        "model_latency_s": LATENCY,
+        "ours": ours,
+        "autogen_core": {"fanout": autogen, "creation": autogen_create},
+        "openai_agents": sdk,
+        "ratios": ratios,
+        "targets": {k: f"{op} {bound}" for k, (op, bound) in TARGETS.items()},
+        "meets_target": {k: _check(ratios[k], rule) for k, rule in TARGETS.items()},
+        "notes": [
+            "ScriptedModel(record=False); in-memory store; one fresh Runtime per phase",
+            "gc.freeze() after the start bursts of the rss, tree and steer phases; the fanout "
+            "and starts phases run with the default GC (its time is reported as gc_s)",
+            "peers run their own asyncio loop to completion inside one call (hub blocked)",
+        ],
+    }
