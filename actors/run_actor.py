@@ -20,7 +20,7 @@ from actors.agent_actor import Steer
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventActor
 from subagent.errors import SubagentError
-from subagent.types import Steerable, SubagentResult, SubagentRun
+from subagent.types import SubagentResult, SubagentRun
 
 __all__ = ["CancelRun", "DisposeRun", "RunActor", "Steer"]
 
@@ -109,7 +109,7 @@ class RunActor(GeventActor):
     def _steer(self, message: Steer) -> Deferred:
         if self._dispose_reply is not None:
             raise SubagentError("RUN_DISPOSED")
-        if not isinstance(self.run, Steerable):
+        if not callable(getattr(self.run, "steer", None)):
             raise SubagentError("UNSUPPORTED_CAPABILITY", "this run cannot be steered")
         reply = Deferred()
         future = self.run.steer(message.content, message.source)

@@ -23,8 +23,9 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from actors.agents import new_session_id
-from agent.events import validate_session_id
-from agent.store import SessionNotFoundError
+from agent.events import SessionLogError, validate_session_id
+from agent.frames import CorruptSessionError, decode_frames
+from agent.store import SessionExistsError, SessionNotFoundError
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -66,6 +67,8 @@ class SendResult:
 @dataclass
 class _Child:
     child_id: str
+    label: str = ""
+    users: int = 0  # callers between `_use` and `_release`: the record must stay
     lock: Semaphore = field(default_factory=Semaphore)
     handle: Any = None
     task_id: str | None = None
@@ -85,6 +88,7 @@ class ContinuationManager:
         self._children: dict[str, _Child] = {}
         self.max_restarts = max_restarts
         self.within = within
+        self._closed = False
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -111,8 +115,6 @@ class ContinuationManager:
             child_id = new_session_id()
         else:
             validate_session_id(child_id)
-            if child_id in self._ctx.agents or self._ctx.store.exists(child_id):
-                raise SubagentError("DUPLICATE_CHILD", f"child {child_id!r} is live or stored")
         options = request.agent_options
         model = options.model if options is not None else parent.options.model
         descriptor = SubagentDescriptor(
@@ -130,14 +132,27 @@ class ContinuationManager:
             signal=activation.signal,
             continuation=SubagentContinuation(session_id=child_id, descriptor=descriptor),
         )
-        child = self._child(child_id)
-        with child.lock:
-            try:
-                handle = self._service.start(name, started)
-            finally:
-                remove()
-            task_id = self._adopt(child, handle, label, parent.id)
+        child = self._use(child_id)
+        try:
+            with child.lock:
+                # Checked under the child's lock: two starts with one id cannot both pass.
+                if child.handle is not None or self._exists(child_id):
+                    raise SubagentError("DUPLICATE_CHILD", f"child {child_id!r} is live or stored")
+                try:
+                    handle = self._service.start(name, started)
+                except SessionExistsError:  # created by another process meanwhile
+                    raise SubagentError(
+                        "DUPLICATE_CHILD", f"child {child_id!r} is already stored"
+                    ) from None
+                child.label = label
+                task_id = self._adopt(child, handle, label, parent.id)
+        finally:
+            remove()
+            self._release(child)
         return ContinuableStart(child_id, _message_id(handle), task_id)
+
+    def _exists(self, child_id: str) -> bool:
+        return child_id in self._ctx.agents or bool(self._ctx.store.exists(child_id))
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -154,7 +169,21 @@ class ContinuationManager:
         content = list(content)
         signal = signal or AbortSignal.never()
         self._require_continuation()
-        child = self._child(child_id)
+        child = self._use(child_id)
+        try:
+            return self._send(parent, child, content, source, signal)
+        finally:
+            self._release(child)
+
+    def _send(
+        self,
+        parent: Any,
+        child: _Child,
+        content: list[Mapping[str, Any]],
+        source: MessageSource,
+        signal: AbortSignal,
+    ) -> SendResult:
+        child_id = child.child_id
         while True:
             child.lock.acquire()
             try:
@@ -188,9 +217,9 @@ class ContinuationManager:
         signal: AbortSignal,
     ) -> tuple[str, SubagentResumeRequest]:
         """Load and authorize a stored child and resolve its resume request."""
-        header, descriptor = self._stored_descriptor(child_id)
-        if header.parent_session != parent.id:
+        if self._header(child_id).parent_session != getattr(parent, "id", None):
             raise SubagentError("UNAUTHORIZED", "only the child's recorded parent may resume it")
+        _header, descriptor = self._stored_descriptor(child_id)
         request = SubagentResumeRequest(
             session_id=child_id,
             prompt=list(content),
@@ -218,8 +247,8 @@ class ContinuationManager:
             handle = self._service.resume(provider, request)
         finally:
             remove()
-        label = self._label(child.child_id)
-        task_id = self._adopt(child, handle, label, parent.id)
+        child.label = request.descriptor.label
+        task_id = self._adopt(child, handle, child.label, parent.id)
         return SendResult("started", _message_id(handle), task_id)
 
     # -- interrupt ---------------------------------------------------------------------------
@@ -236,36 +265,45 @@ class ContinuationManager:
     # -- listings ------------------------------------------------------------------------------
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
-        rows = self._rows()
-        return [r for r in rows if r.get("parent_id") == parent_session_id]
+        """The parent's direct children (live-preferred), ordered by creation time."""
+        headers = self._headers()
+        parents = {h.parent_session for h in headers.values()}
+        mine = [h for h in headers.values() if h.parent_session == parent_session_id]
+        return self._rows(mine, parents)
 
     def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
-        rows = self._rows()
-        by_parent: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            by_parent.setdefault(row.get("parent_id") or "", []).append(row)
-        out: list[dict[str, Any]] = []
+        """Every descendant of `root_session_id` (rows carry `parent_id` and `depth`)."""
+        headers = self._headers()
+        by_parent: dict[str, list[Any]] = {}
+        for header in headers.values():
+            by_parent.setdefault(header.parent_session or "", []).append(header)
+        found: list[Any] = []
+        seen = {root_session_id}
         frontier = [root_session_id]
         while frontier:
             nxt: list[str] = []
             for parent_id in frontier:
-                for row in by_parent.get(parent_id, []):
-                    out.append(row)
-                    nxt.append(row["id"])
+                for header in by_parent.get(parent_id, []):
+                    if header.id in seen:  # a damaged store could hold a cycle
+                        continue
+                    seen.add(header.id)
+                    found.append(header)
+                    nxt.append(header.id)
             frontier = nxt
-        out.sort(key=lambda r: r.get("created_at", 0.0))
-        return out
+        return self._rows(found, set(by_parent))
 
-    def _rows(self) -> list[dict[str, Any]]:
-        """Live-preferred merge of running agents and stored subagent headers."""
-        store = self._ctx.store
-        headers = {h.id: h for h in store.list() if h.origin == "subagent"}
+    def _headers(self) -> dict[str, Any]:
+        """Subagent session headers: stored ones, overridden by the live agents' own."""
+        headers = {h.id: h for h in self._ctx.store.list() if h.origin == "subagent"}
         for agent_id, agent in list(self._ctx.agents.items()):
             if agent.header.origin == "subagent":
                 headers[agent_id] = agent.header
-        parents = {h.parent_session for h in headers.values()}
+        return headers
+
+    def _rows(self, headers: Sequence[Any], parents: set[str | None]) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        for child_id, header in headers.items():
+        for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
+            child_id = header.id
             row: dict[str, Any] = {
                 "id": child_id,
                 "parent_id": header.parent_session,
@@ -277,28 +315,38 @@ class ContinuationManager:
             try:
                 descriptor = self._descriptor_of(child_id, agent)
             except Exception as exc:  # one unreadable log never hides its siblings
+                log.warning("listing: child %s is unreadable: %s", child_id, exc)
                 row.update(mode="unknown", label=None, activity=_diagnostic(exc), error=str(exc))
                 rows.append(row)
                 continue
-            row["mode"] = "continuable" if descriptor is not None else "one-shot"
-            row["label"] = descriptor.label if descriptor is not None else None
+            record = self._children.get(child_id)
+            mode, label = "one-shot", None
+            if isinstance(descriptor, SubagentDescriptor):
+                mode, label = "continuable", descriptor.label
+            elif isinstance(descriptor, Unclassifiable):
+                mode = "continuable"
+                row["error"] = descriptor.reason  # e.g. written by a newer runtime
+            elif record is not None and record.label:
+                mode, label = "continuable", record.label  # ours, before its first request
+            row["mode"] = mode
+            row["label"] = label
             if agent is None:
                 row["activity"] = "stored"
             else:
                 row["activity"] = "running" if agent.status == "running" else "idle"
             rows.append(row)
-        rows.sort(key=lambda r: r["created_at"])
         return rows
 
-    def _descriptor_of(self, child_id: str, agent: Any) -> SubagentDescriptor | None:
+    def _descriptor_of(
+        self, child_id: str, agent: Any
+    ) -> SubagentDescriptor | Unclassifiable | None:
         if agent is not None:
             events = agent.log.events
             seed_length = agent.header.seed_length
         else:
             loaded = self._ctx.store.inspect(child_id)
             events, seed_length = loaded.events, loaded.header.seed_length
-        found = authoritative_descriptor(events, seed_length)
-        return found if isinstance(found, SubagentDescriptor) else None
+        return authoritative_descriptor(events, seed_length)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -308,20 +356,43 @@ class ContinuationManager:
         if self._ctx.tasks is None or self._ctx.agents is None:
             raise SubagentError("CONTINUATION_UNAVAILABLE")
 
-    def _child(self, child_id: str) -> _Child:
+    def _use(self, child_id: str) -> _Child:
+        """The child's record, held until `_release`: one record (one lock) per child id."""
         child = self._children.get(child_id)
         if child is None:
             child = self._children[child_id] = _Child(child_id)
+        child.users += 1
         return child
 
+    def _release(self, child: _Child) -> None:
+        """Drop the record of a child nobody holds and nothing runs for (e.g. an unknown id)."""
+        child.users -= 1
+        if (
+            child.users == 0
+            and child.handle is None
+            and child.settled.is_set()
+            and not child.restarts
+            and self._children.get(child.child_id) is child
+        ):
+            del self._children[child.child_id]
+
     def _header(self, child_id: str) -> Any:
+        """The live agent's header, else the stored one (read alone: the body may be corrupt)."""
         agent = self._ctx.agents.get(child_id)
         if agent is not None:
             return agent.header
+        store = self._ctx.store
         try:
-            return self._ctx.store.inspect(child_id).header
+            read = getattr(store, "_read_header_bytes", None)
+            if read is None:
+                return store.inspect(child_id).header
+            return decode_frames(read(child_id), child_id)[0]
         except (SessionNotFoundError, KeyError):
             raise SubagentError("UNKNOWN_CHILD", f"no live or stored child {child_id!r}") from None
+        except (SessionLogError, OSError) as exc:
+            raise SubagentError(
+                "NOT_RESUMABLE", f"the header of child {child_id!r} cannot be read: {exc}"
+            ) from exc
 
     def _authorize_direct_parent(self, parent: Any, child_id: str) -> None:
         header = self._header(child_id)
@@ -353,6 +424,10 @@ class ContinuationManager:
             loaded = self._ctx.store.inspect(child_id)
         except (SessionNotFoundError, KeyError):
             raise SubagentError("UNKNOWN_CHILD", f"no stored child {child_id!r}") from None
+        except (SessionLogError, OSError) as exc:  # corrupt mid-body, unreadable file
+            raise SubagentError(
+                "NOT_RESUMABLE", f"the log of child {child_id!r} cannot be read: {exc}"
+            ) from exc
         try:
             found = authoritative_descriptor(loaded.events, loaded.header.seed_length)
         except DescriptorError as exc:
@@ -361,18 +436,13 @@ class ContinuationManager:
             raise SubagentError("NOT_RESUMABLE", f"child {child_id!r} has no usable descriptor")
         return loaded.header, found
 
-    def _label(self, child_id: str) -> str:
-        try:
-            return self._stored_descriptor(child_id)[1].label
-        except SubagentError:
-            return child_id
-
     def _adopt(self, child: _Child, handle: Any, label: str, owner: str) -> str:
         tasks = self._ctx.tasks
         task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))
         child.handle = handle
         child.task_id = task.id
         child.settled.clear()
+        child.users += 1  # released by `_settle`
         gevent.spawn(self._settle, child, handle, task.id)
         return str(task.id)
 
@@ -380,27 +450,34 @@ class ContinuationManager:
         """When the activation ends: notify the parent, release the run, settle the task."""
         outcome: SubagentResult | BaseException
         try:
-            outcome = handle.result.get()
-        except BaseException as exc:
-            outcome = exc
-        with child.lock:
             try:
-                self._notify_parent(handle, outcome)
-            finally:
-                handle.dispose()
-                if child.handle is handle:
-                    child.handle = None
-                self._settle_task(task_id, outcome)
-                child.settled.set()
-        if isinstance(outcome, BaseException):
-            self._maybe_restart(child, handle, outcome)
+                outcome = handle.result.get()
+            except BaseException as exc:
+                outcome = exc
+            with child.lock:
+                try:
+                    self._notify_parent(child, handle, outcome)
+                finally:
+                    handle.dispose()
+                    if child.handle is handle:
+                        child.handle = None
+                    self._settle_task(task_id, outcome)
+                    child.settled.set()
+            if isinstance(outcome, Exception):
+                self._maybe_restart(child, handle, outcome)
+        finally:
+            self._release(child)
 
-    def _notify_parent(self, handle: Any, outcome: SubagentResult | BaseException) -> None:
+    def _notify_parent(
+        self, child: _Child, handle: Any, outcome: SubagentResult | BaseException
+    ) -> None:
         parent = self._ctx.agents.get(handle.parent_id)
         if parent is None:
-            log.info("parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id)
+            log.info(
+                "parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id
+            )
             return
-        summary = _summary(handle.id, outcome)
+        summary = _summary(child.label, handle.id, outcome)
         content: list[Mapping[str, Any]] = [{"type": "text", "text": summary}]
         if isinstance(outcome, SubagentResult):
             content.extend(outcome.output)
@@ -426,15 +503,25 @@ class ContinuationManager:
             )
 
     def _maybe_restart(self, child: _Child, handle: Any, failure: BaseException) -> None:
-        """Transient restart: a crashed activation is resumed cold, within the intensity."""
-        now = time.monotonic()
-        child.restarts = [t for t in child.restarts if now - t < self.within]
+        """Transient restart: a crashed activation is resumed cold, within the intensity.
+
+        Past the intensity, or when the restart itself fails, the child is left stored and the
+        parent is told (a `subagent-report` message).
+        """
+        if self._closed:
+            return
         parent = self._ctx.agents.get(handle.parent_id)
         if parent is None:
+            log.info("parent of crashed child %s is gone; not restarting", child.child_id)
             return
+        now = time.monotonic()
+        child.restarts = [t for t in child.restarts if now - t < self.within]
         if len(child.restarts) >= self.max_restarts:
-            note = f"child {child.child_id} crashed too often; it is left stored"
-            parent.send([{"type": "text", "text": note}], MessageSource("subagent-report")).get()
+            self._report(
+                parent,
+                f"Subagent {child.child_id} crashed {len(child.restarts) + 1} times within "
+                f"{self.within:g} s; it is not restarted and stays stored.",
+            )
             return
         child.restarts.append(now)
         try:
@@ -444,10 +531,23 @@ class ContinuationManager:
                 [{"type": "text", "text": f"Your last activation crashed ({failure}); continue."}],
                 MessageSource("subagent-report"),
             )
-        except Exception:
+        except Exception as exc:
             log.exception("restarting %s by cold resume failed", child.child_id)
+            self._report(
+                parent,
+                f"Subagent {child.child_id} crashed and could not be restarted "
+                f"({_one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
+            )
+
+    def _report(self, parent: Any, text: str) -> None:
+        try:
+            parent.send([{"type": "text", "text": text}], MessageSource("subagent-report")).get()
+        except Exception:
+            log.exception("could not tell %s: %s", parent.id, text)
 
     def close(self) -> None:
+        """Dispose every live activation and wait for their settlements (notices included)."""
+        self._closed = True
         for child in list(self._children.values()):
             handle = child.handle
             if handle is not None:
@@ -461,15 +561,26 @@ def _message_id(handle: Any) -> str:
     return str(getattr(run, "message_id", "") or "")
 
 
-def _summary(child_id: str, outcome: SubagentResult | BaseException) -> str:
+MAX_SUMMARY_CHARS = 300
+
+
+def _one_line(text: str, limit: int = MAX_SUMMARY_CHARS) -> str:
+    """Whitespace collapsed to single spaces, clipped to `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def _summary(label: str, child_id: str, outcome: SubagentResult | BaseException) -> str:
+    """The one-line summary of how an activation ended."""
+    who = f"Subagent {label!r} ({child_id})" if label else f"Subagent {child_id}"
     if isinstance(outcome, BaseException):
-        return f"Subagent {child_id} failed: {type(outcome).__name__}: {outcome}"
+        return _one_line(f"{who} crashed: {type(outcome).__name__}: {outcome}")
     if outcome.stop_reason == "completed":
-        return f"Subagent {child_id} completed."
+        return _one_line(f"{who} completed.")
     detail = f": {outcome.diagnostic}" if outcome.diagnostic else ""
-    return f"Subagent {child_id} ended {outcome.stop_reason}{detail}."
+    return _one_line(f"{who} ended {outcome.stop_reason}{detail}.")
 
 
 def _diagnostic(exc: BaseException) -> str:
-    name = type(exc).__name__
-    return "corrupt" if "Corrupt" in name or "Invariant" in name else "unavailable"
+    corrupt = (CorruptSessionError, SessionLogError, DescriptorError)
+    return "corrupt" if isinstance(exc, corrupt) else "unavailable"

@@ -29,7 +29,6 @@ from subagent.continuation import ContinuableStart, ContinuationManager, SendRes
 from subagent.errors import SubagentError
 from subagent.types import (
     MessageSource,
-    Steerable,
     SubagentProvider,
     SubagentResult,
     SubagentResumeRequest,
@@ -299,7 +298,9 @@ class SubagentService:
         except BaseException:
             self._ref.tell(reg.Released(ticket))
             raise
-        cls = SteerableRunHandle if isinstance(run, Steerable) else RunHandle
+        # Method presence is the capability (the seed's narrowing); a direct attribute check is
+        # exact and far cheaper than a runtime-checkable Protocol `isinstance` on every start.
+        cls = SteerableRunHandle if callable(getattr(run, "steer", None)) else RunHandle
         handle = cls(self, run, run_id, provider.name, parent_id)
         handle._ticket = ticket
         try:

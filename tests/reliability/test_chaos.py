@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -199,6 +200,7 @@ class Chaos:
         self.log_faulted: set[str] = set()
         self.events: list[Mapping[str, Any]] = []
         self.roots: set[str] = set()
+        self.first_turn: dict[str, int] = {}
         self.creating: dict[Any, AbortController] = {}  # greenlet -> its start's controller
         self.fault_next_publish: dict[Any, int] = {}  # greenlet -> write budget
         self.model = S.ScriptedModel(self.respond, record=False)
@@ -225,7 +227,8 @@ class Chaos:
         if index is None:
             return S.text("no plan")
         plan = self.plans[index]
-        if request.turn > 1:
+        # A fork continues its parent's turn numbers: the plan drives the child's first turn.
+        if request.turn > self.first_turn.setdefault(request.session_id, request.turn):
             return S.text(f"turn {request.turn} done")
         if request.step > len(plan.actions):
             return S.text("done")
@@ -461,7 +464,7 @@ class Chaos:
             self.violations.append(f"plan {plan.index}: aborted continuable start succeeded")
             return
         if fault == "log_fault":
-            self.fault_next_publish[gevent.getcurrent()] = self.rng.randint(0, 2)
+            self.fault_next_publish[gevent.getcurrent()] = self.rng.randint(1, 2)
         try:
             started = self.service.start_continuable("spawn", request, label=f"c{plan.index}")
         finally:
@@ -505,9 +508,19 @@ class Chaos:
             parents.append(parent)
         plans = [self.make_plan(i) for i in range(CHILDREN)]
         pool = gevent.pool.Pool(CONCURRENCY)
-        for plan in plans:
-            pool.spawn(self.drive, plan, parents)
-        pool.join()
+        drivers = {plan.index: pool.spawn(self.drive, plan, parents) for plan in plans}
+        try:
+            pool.join()
+        except gevent.exceptions.LoopExit:
+            # Every driver waits on something nobody will set: a deadlock. Say where.
+            stuck = [(i, g) for i, g in drivers.items() if not g.dead]
+            for index, greenlet in stuck[:8]:
+                plan = self.plans[index]
+                stack = "".join(traceback.format_stack(greenlet.gr_frame)[-6:])
+                self.violations.append(
+                    f"DEADLOCK plan {index} {plan.kind}/{plan.fault} {plan.actions}:\n{stack}"
+                )
+            raise AssertionError("\n".join(self.violations)) from None
         self.runtime.close()
 
 
