@@ -20,7 +20,7 @@ from typing import Any
 from pykka import ActorRef
 
 from actors import gevent_actor
-from actors.gevent_actor import GeventActor
+from actors.gevent_actor import ActorKilled, GeventActor
 from supervision.child import Exit
 
 __all__ = ["ActorChild", "spawn_actor_child"]
@@ -81,7 +81,11 @@ class ActorChild:
 
     def _on_actor_exit(self, actor: GeventActor) -> None:
         crash = actor._crash
-        if crash is not None:
+        if self._stop_requested and (crash is None or isinstance(crash, ActorKilled)):
+            # A stop was asked for; a kill after the grace only finished it. Same rule as the
+            # greenlet child: not a crash, so a transient child is not restarted for it.
+            exit = Exit("cancelled")
+        elif crash is not None:
             exit = Exit.crashed(crash)
         elif self._stop_requested:
             exit = Exit("cancelled")

@@ -116,6 +116,23 @@ def test_a_requested_stop_is_cancelled_after_queued_messages() -> None:
     assert actor.handled == [1, 2]
 
 
+class SlowToStop(Worker):
+    """Its on_stop waits for ever: only a kill ends it."""
+
+    def on_stop(self) -> None:
+        gevent.event.Event().wait()
+
+
+def test_a_kill_finishing_a_requested_stop_is_cancelled_not_crashed() -> None:
+    child = spawn_actor_child(SlowToStop, name="slow")
+    exits = Exits()
+    child.add_exit_listener(exits)
+    child.request_stop("shutting down")
+    assert not child.join(0.01)  # stuck in on_stop
+    child.kill()
+    assert exits.one(child).kind == "cancelled"
+
+
 def test_a_self_stop_is_normal() -> None:
     child, exits = _watched()
     child.ref.tell("quit")
