@@ -109,10 +109,11 @@ class RunActor(GeventActor):
     def _steer(self, message: Steer) -> Deferred:
         if self._dispose_reply is not None:
             raise SubagentError("RUN_DISPOSED")
-        if not callable(getattr(self.run, "steer", None)):
+        steer = getattr(self.run, "steer", None)
+        if not callable(steer):
             raise SubagentError("UNSUPPORTED_CAPABILITY", "this run cannot be steered")
         reply = Deferred()
-        future = self.run.steer(message.content, message.source)
+        future = steer(message.content, message.source)
 
         def relay() -> None:
             try:

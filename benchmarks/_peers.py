@@ -195,11 +195,14 @@ def openai_agents_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict
     class FakeModel(Model):
         """Counts its calls per conversation from the input: tool calls until `steps`."""
 
-        async def get_response(self, system_instructions: Any, input: Any, *args: Any,
-                               **kwargs: Any) -> Any:
+        async def get_response(
+            self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+        ) -> Any:
             await asyncio.sleep(latency)
-            calls = 0 if isinstance(input, str) else sum(
-                1 for item in input if _item_type(item) == "function_call"
+            calls = (
+                0
+                if isinstance(input, str)
+                else sum(1 for item in input if _item_type(item) == "function_call")
             )
             if calls + 1 < steps:
                 call = ResponseFunctionToolCall(
@@ -279,14 +282,22 @@ def langgraph_resume(messages: int, repeats: int = 5) -> dict[str, Any]:
         return peer_failure("langgraph", exc)
 
     try:
-        return _langgraph_resume(messages, repeats, SqliteSaver, StateGraph, MessagesState,
-                                 START, END)
+        return _langgraph_resume(
+            messages, repeats, SqliteSaver, StateGraph, MessagesState, START, END
+        )
     except Exception as exc:
         return peer_failure("langgraph", exc)
 
 
-def _langgraph_resume(messages: int, repeats: int, saver_cls: Any, graph_cls: Any,
-                      state_cls: Any, start: Any, end: Any) -> dict[str, Any]:
+def _langgraph_resume(
+    messages: int,
+    repeats: int,
+    saver_cls: Any,
+    graph_cls: Any,
+    state_cls: Any,
+    start: Any,
+    end: Any,
+) -> dict[str, Any]:
     from langchain_core.messages import AIMessage, HumanMessage
 
     seen: list[float] = []

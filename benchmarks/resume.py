@@ -124,8 +124,11 @@ def _big(root: Path, events: int, repeats: int) -> dict[str, Any]:
     rt.close()
     stored = rt.store.load(child_id)
     count = len(stored.events)
-    history = sum(1 for e in stored.events if e["type"] in ("user/message", "assistant/message",
-                                                           "tool/result"))
+    history = sum(
+        1
+        for e in stored.events
+        if e["type"] in ("user/message", "assistant/message", "tool/result")
+    )
     size = (root / f"{child_id}.session").stat().st_size
 
     samples: list[float] = []

@@ -255,7 +255,10 @@ class JsonRpcConnection:
                 self._guard(self._on_notification, method, message.get("params"))
             return
         if "id" in message and ("result" in message or "error" in message):
-            entry = self._pending.get(message["id"]) if isinstance(message["id"], int) else None
+            ident = message["id"]
+            # bool is an int subclass, but JSON `false` is not the id 0 we sent.
+            known = isinstance(ident, int) and not isinstance(ident, bool)
+            entry = self._pending.get(ident) if known else None
             if entry is None:
                 log.debug("%s: response to unknown request id %r", self._name, message["id"])
                 return

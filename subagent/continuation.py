@@ -100,7 +100,9 @@ class ContinuationManager:
         label: str,
         child_id: str | None = None,
     ) -> ContinuableStart:
-        if not isinstance(label, str) or not label:
+        if not isinstance(label, str):
+            raise TypeError(f"label must be a str, got {type(label).__name__}")
+        if not label.strip():
             raise ValueError("label must be a non-empty string")
         provider = self._service.get(name)
         if provider is None:
@@ -166,6 +168,7 @@ class ContinuationManager:
     ) -> SendResult:
         if not isinstance(source, MessageSource):
             raise TypeError("source must be a MessageSource")
+        validate_session_id(child_id)
         content = list(content)
         signal = signal or AbortSignal.never()
         self._require_continuation()
@@ -191,7 +194,7 @@ class ContinuationManager:
                 if signal.aborted:
                     raise SubagentError("ABORTED", f"the message was aborted: {signal.reason}")
                 handle = child.handle
-                if handle is not None and not handle.settled:
+                if handle is not None and not handle.settled and hasattr(handle, "steer"):
                     try:
                         handle.steer(content, source).get()
                         return SendResult("steered", "", child.task_id)
@@ -201,6 +204,7 @@ class ContinuationManager:
                     # Lost the race with settlement: wait for it, then resume cold.
                     waiting = child.settled
                 elif not child.settled.is_set():
+                    # Settling, or live but not steerable: the next activation takes it.
                     waiting = child.settled
                 else:
                     return self._resume(parent, child, content, source, signal)
@@ -255,6 +259,7 @@ class ContinuationManager:
 
     def interrupt(self, child_id: str, *, by: Any) -> bool:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may."""
+        validate_session_id(child_id)
         self._authorize_ancestor(by, child_id)
         agent = self._ctx.agents.get(child_id)
         if agent is None or agent.status != "running":
@@ -355,6 +360,8 @@ class ContinuationManager:
             raise SubagentError("PERSISTENCE_UNAVAILABLE")
         if self._ctx.tasks is None or self._ctx.agents is None:
             raise SubagentError("CONTINUATION_UNAVAILABLE")
+        if self._closed or getattr(self._ctx.tasks, "closed", False):
+            raise SubagentError("RUNTIME_CLOSED", "the runtime is closing")
 
     def _use(self, child_id: str) -> _Child:
         """The child's record, held until `_release`: one record (one lock) per child id."""
@@ -378,6 +385,7 @@ class ContinuationManager:
 
     def _header(self, child_id: str) -> Any:
         """The live agent's header, else the stored one (read alone: the body may be corrupt)."""
+        validate_session_id(child_id)  # never a path outside the store
         agent = self._ctx.agents.get(child_id)
         if agent is not None:
             return agent.header
@@ -438,7 +446,11 @@ class ContinuationManager:
 
     def _adopt(self, child: _Child, handle: Any, label: str, owner: str) -> str:
         tasks = self._ctx.tasks
-        task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))
+        try:
+            task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))
+        except BaseException:
+            handle.dispose()  # an activation nobody tracks must not keep running
+            raise
         child.handle = handle
         child.task_id = task.id
         child.settled.clear()

@@ -223,6 +223,11 @@ class SubagentService:
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
 
+    def relay_progress(self, event: Mapping[str, Any]) -> None:
+        """For remote providers: hand one child's progress event (tagged with its id) to the
+        progress listeners, as local children's events are."""
+        self._relay_progress(event)
+
     def _relay_progress(self, event: Mapping[str, Any]) -> None:
         for listener in list(self._progress):
             try:

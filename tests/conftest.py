@@ -7,8 +7,8 @@ teardown) during which they arrived. Each phase starts with a switch through the
 spent in pytest itself between tests is never blamed on a test. A block shorter than the
 threshold may go unnoticed; one of twice the threshold never does.
 
-Opt out per test with `@pytest.mark.allow_hub_block(reason)` (e.g. a deliberate CPU-bound
-property test); every use should say why.
+Opt out per test with `@pytest.mark.allow_hub_block(reason)`; every use should say why.
+Hypothesis property tests are opted out as a whole (see `_is_property`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:Unable to monitor memory usage")
 
 
+def _is_property(item: pytest.Item) -> bool:
+    """Hypothesis tests are exempt: between examples its engine (generation, shrinking, its
+    database) runs on the hub greenlet for as long as it likes. That is the test framework, not
+    code under test; the properties they check are about values, not cooperation."""
+    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+
+
 def _switch_through_hub() -> None:
     # Resets the monitor's "no switch since last check" state (only if a hub exists).
     if get_hub_if_exists() is not None:
@@ -108,7 +115,7 @@ def pytest_runtest_makereport(
     with _blocked_lock:
         new = _blocked[start:]
         item.stash[_mark_key] = len(_blocked)
-    if not new or item.get_closest_marker("allow_hub_block") is not None:
+    if not new or item.get_closest_marker("allow_hub_block") is not None or _is_property(item):
         return report
     message = (
         f"the gevent hub was blocked for more than {MAX_BLOCKING_TIME} s during {call.when} "

@@ -19,11 +19,13 @@ from agent.options import AgentOptions
 from agent.store import SessionStore
 from agent.tools import Tool
 from providers.inprocess import SpawnProvider
+from subagent.descriptor import SubagentDescriptor, authoritative_descriptor
 from subagent.errors import SubagentError
 from subagent.runtime import Runtime
 from subagent.types import (
     MessageSource,
     SubagentCapabilities,
+    SubagentResumeRequest,
     SubagentStartRequest,
     ToolRestriction,
     text_block,
@@ -217,6 +219,30 @@ def test_continuation_unavailable_without_tasks(k: Kit) -> None:
     assert [h for h in k.store.list() if h.origin == "subagent"] == []
 
 
+def test_bad_labels_are_refused_before_anything_starts(k: Kit) -> None:
+    parent = k.parent()
+    with pytest.raises(ValueError):
+        start(k, parent, label="   ")
+    with pytest.raises(TypeError):
+        start(k, parent, label=7)
+    assert [h for h in k.store.list() if h.origin == "subagent"] == []
+
+
+def test_no_untracked_activation_once_the_task_service_closed(k: Kit) -> None:
+    parent = k.parent()
+    first = start(k, parent)
+    k.runtime.tasks.wait(first.task_id)
+    k.runtime.tasks.close()
+    with pytest.raises(SubagentError) as info:
+        start(k, parent)
+    assert code_of(info) == "RUNTIME_CLOSED"
+    with pytest.raises(SubagentError) as info:
+        k.service.send_message(parent, first.child_id, "more", coord(parent))
+    assert code_of(info) == "RUNTIME_CLOSED"
+    assert [h.id for h in k.store.list() if h.origin == "subagent"] == [first.child_id]
+    assert user_texts(stored(k, first.child_id)) == ["first"]
+
+
 def test_duplicate_child_live_and_stored(k: Kit) -> None:
     gate = Gate()
     k.respond = gated_on({"first": gate})
@@ -345,6 +371,30 @@ def test_message_arriving_while_the_child_settles_waits_then_cold_resumes(k: Kit
     assert user_texts(assert_log_valid(k.store, started.child_id)) == ["first", "late"]
 
 
+def test_message_holding_the_lock_over_an_ended_run_waits_for_its_settlement(k: Kit) -> None:
+    gate = Gate()
+    k.respond = gated_on({"first": gate})
+    parent = k.parent()
+    started = start(k, parent)
+    gate.reached.wait()
+    record = k.service._continuation._children[started.child_id]
+    handle = record.handle
+    record.lock.acquire()  # white box: order the sender before the settlement
+    try:
+        sending = gevent.spawn(
+            k.service.send_message, parent, started.child_id, "after the end", coord(parent)
+        )
+        gevent.sleep(0)  # the sender queues on the lock first
+        gate.open()
+        wait_until(lambda: handle.settled)  # the run ended; its settlement queues second
+    finally:
+        record.lock.release()
+    result = sending.get()
+    assert result.kind == "started"
+    assert k.runtime.tasks.wait(result.task_id or "").output == [text_block("done: after the end")]
+    assert user_texts(assert_log_valid(k.store, started.child_id)) == ["first", "after the end"]
+
+
 def test_concurrent_messages_to_a_stored_child_are_all_delivered(k: Kit) -> None:
     parent = k.parent()
     first = start(k, parent)
@@ -406,6 +456,51 @@ def test_an_already_aborted_signal_is_refused_and_nothing_is_logged(k: Kit) -> N
     assert stored(k, first.child_id) == before
 
 
+class _Unsteerable:
+    """A run without the steering capability (like a remote run that cannot steer)."""
+
+    def __init__(self, run: Any) -> None:
+        self._run = run
+        self.message_id = run.message_id
+
+    id = property(lambda self: self._run.id)
+    local_agent = property(lambda self: self._run.local_agent)
+    result = property(lambda self: self._run.result)
+
+    def cancel(self, cause: Any = None) -> None:
+        self._run.cancel(cause)
+
+    def dispose(self) -> None:
+        self._run.dispose()
+
+
+class UnsteerableProvider(SpawnProvider):
+    def start(self, request: SubagentStartRequest) -> Any:
+        return _Unsteerable(super().start(request))
+
+    def resume(self, request: SubagentResumeRequest) -> Any:
+        return _Unsteerable(super().resume(request))
+
+
+def test_a_live_activation_that_cannot_steer_hands_the_message_to_the_next(k: Kit) -> None:
+    k.service.register(UnsteerableProvider("nosteer"))
+    gate = Gate()
+    k.respond = gated_on({"first": gate})
+    parent = k.parent()
+    started = start(k, parent, provider="nosteer")
+    gate.reached.wait()
+    sending = gevent.spawn(
+        k.service.send_message, parent, started.child_id, "queued up", coord(parent)
+    )
+    gevent.sleep(0)
+    assert not sending.ready()  # waits for the running activation...
+    gate.open()
+    result = sending.get()
+    assert result.kind == "started"  # ...then starts the next one with the message
+    assert k.runtime.tasks.wait(result.task_id or "").output == [text_block("done: queued up")]
+    assert user_texts(assert_log_valid(k.store, started.child_id)) == ["first", "queued up"]
+
+
 # -- authorization and lookup errors --------------------------------------------------------
 
 
@@ -417,6 +512,17 @@ def test_unknown_child(k: Kit) -> None:
     with pytest.raises(SubagentError) as info:
         k.service.interrupt("snosuchchild", by=parent)
     assert code_of(info) == "UNKNOWN_CHILD"
+
+
+def test_an_invalid_child_id_is_a_bad_argument_never_a_path(k: Kit) -> None:
+    parent = k.parent()
+    for bad in ("../escape", "", "a/b"):
+        with pytest.raises(ValueError):
+            k.service.send_message(parent, bad, "hi", coord(parent))
+        with pytest.raises(ValueError):
+            k.service.interrupt(bad, by=parent)
+        with pytest.raises(ValueError):
+            start(k, parent, child_id=bad)
 
 
 def test_unauthorized_stranger_and_sibling_and_nothing_is_logged(k: Kit) -> None:
@@ -584,6 +690,66 @@ def test_cold_resume_in_a_new_runtime_over_the_same_store(tmp_path: Path) -> Non
         assert "done: first" in repr(request.messages)  # rebuilt from its own log
         # The notice reached the rebuilt parent, not the old runtime's object.
         assert len(settled_notices(rebuilt)) == 2
+
+
+def test_the_first_descriptor_after_the_fork_prefix_is_authoritative(k: Kit) -> None:
+    gate = Gate()
+    k.respond = gated_on({"second": gate})
+    parent = k.parent()
+    a = start(k, parent, label="outer")
+    k.runtime.tasks.wait(a.task_id)
+    again = k.service.send_message(parent, a.child_id, "second", coord(parent))
+    gate.reached.wait()  # a's second turn runs; its first (with its descriptor) is complete
+    a_agent = k.runtime.ctx.agents[a.child_id]
+    forked = k.service.start_continuable("fork", k.request(a_agent, "forked work"), label="inner")
+    k.runtime.tasks.wait(forked.task_id)
+    header = k.store.inspect(forked.child_id).header
+    events = assert_log_valid(k.store, forked.child_id)
+    descriptors = [e for e in events if e["type"] == "subagent/descriptor"]
+    assert len(descriptors) == 2  # a's, inherited in the seed, then its own
+    assert descriptors[0]["seq"] < header.seed_length <= descriptors[1]["seq"]
+    [row] = k.service.list_children(a.child_id)
+    assert (row["id"], row["label"]) == (forked.child_id, "inner")
+    gate.open()
+    k.runtime.tasks.wait(again.task_id or "")
+    wait_until(lambda: a.child_id not in k.runtime.ctx.agents)
+    # Its parent must be live to resume it: rebuild a, then address the forked child.
+    rebuilt_a = k.runtime.resume_agent(a.child_id)
+    result = k.service.send_message(rebuilt_a, forked.child_id, "more", coord(rebuilt_a))
+    assert result.kind == "started"
+    assert k.runtime.tasks.get(result.task_id or "").label == "inner"
+    k.runtime.tasks.wait(result.task_id or "")
+    k.flush_events()
+    forked_starts = [e for e in k.events_of("subagent/start") if e["id"] == forked.child_id]
+    assert [e["provider"] for e in forked_starts] == ["fork", "fork"]
+    rebuilt_a.close()
+
+
+def test_raw_resume_dispatches_a_resolved_request(k: Kit) -> None:
+    parent = k.parent()
+    first = start(k, parent, label="raw")
+    k.runtime.tasks.wait(first.task_id)
+    events = stored(k, first.child_id)
+    found = authoritative_descriptor(events, 0)
+    assert isinstance(found, SubagentDescriptor)
+    source = MessageSource("subagent-report")
+    request = SubagentResumeRequest(
+        session_id=first.child_id,
+        prompt=[text_block("raw turn")],
+        source=source,
+        parent=parent,
+        signal=AbortController().signal,
+        descriptor=found,
+    )
+    run = k.service.resume(found.provider, request)
+    assert run.id == first.child_id
+    result = run.result.get(timeout=5)
+    assert result.output == [text_block("done: raw turn")]
+    run.dispose()
+    events = assert_log_valid(k.store, first.child_id)
+    last = [e for e in events if e["type"] == "user/message"][-1]
+    assert last["data"]["message"]["source"] == source.to_json()
+    assert len(k.runtime.tasks.list(parent.id)) == 1  # the raw operation owns no task
 
 
 def test_depth_comes_from_the_stored_header(k: Kit) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from gevent.event import Event
+from seam_kit import assert_log_valid, last_user_text, wait_until
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
@@ -24,7 +25,6 @@ from subagent.tools import (
 )
 from subagent.types import SubagentCapabilities
 from supervision.signal import AbortSignal
-from seam_kit import assert_log_valid, last_user_text, wait_until
 
 ROOT = "root"
 
@@ -114,8 +114,13 @@ def test_parallel_foreground_delegations_run_side_by_side(env: Env) -> None:
     ("step", "code", "head", "diagnostic", "partial"),
     [
         (S.error("model exploded"), "SUBAGENT_ERROR", headline("error"), "model exploded", None),
-        (S.max_tokens("half an ans"), "SUBAGENT_MAX_TOKENS", headline("max-tokens"), None,
-         "half an ans"),
+        (
+            S.max_tokens("half an ans"),
+            "SUBAGENT_MAX_TOKENS",
+            headline("max-tokens"),
+            None,
+            "half an ans",
+        ),
         (S.refusal("no thanks"), "SUBAGENT_REFUSAL", headline("refusal"), None, "no thanks"),
     ],
 )
@@ -450,9 +455,7 @@ def test_continuable_needs_a_persistent_store(env: Env) -> None:
     install_subagent_tools(
         env.rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
     )
-    root = env.root(
-        S.tool_call("subagent", call("x", "y", run_in_background=True)), S.text("ok")
-    )
+    root = env.root(S.tool_call("subagent", call("x", "y", run_in_background=True)), S.text("ok"))
     env.turn(root)
     [result] = results(root)
     assert result["is_error"] and result["code"] == "PERSISTENCE_UNAVAILABLE"

@@ -49,7 +49,7 @@ def last_turn(log: SessionLog) -> int:
 
 def write_turn(log: SessionLog, rng: random.Random) -> None:
     turn = last_turn(log) + 1
-    size = rng.choice((16, 200, 3000, 70_000, 300_000))
+    size = rng.choice((16, 200, 3000, 70_000, 300_000, 4_000_000))
     text = "x" * size
     append(log, "turn/start", {"turn": turn})
     message = {"id": f"m{len(log.events)}", "role": "user", "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}  # noqa: E501

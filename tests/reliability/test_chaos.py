@@ -650,3 +650,83 @@ def test_chaos(seed: int, tmp_path: Path) -> None:
         f"violations={len(chaos.violations)}"
     )
     assert not chaos.violations, f"seed {seed}: " + "\n".join(chaos.violations[:40])
+
+
+WAITING_STARTS_HANG = pytest.mark.xfail(
+    strict=True,
+    reason="bug: actors/registry_actor.py never rejects the admission replies of starts still "
+    "waiting for a slot when the registry stops (Runtime.close), so those start() calls, "
+    "continuable ones included, block forever",
+)
+
+
+@pytest.mark.parametrize(
+    "max_children", [None, pytest.param(8, marks=WAITING_STARTS_HANG)], ids=["no-cap", "cap-8"]
+)
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_close_racing_starts_and_messages(
+    seed: int, max_children: int | None, tmp_path: Path
+) -> None:
+    """`Runtime.close()` while starts wait for a slot, run their provider, or just published,
+    and while messages are sent: every caller gets a handle or a `SubagentError`, never
+    anything else, and nothing is left behind."""
+    rng = random.Random(seed)
+    actors_before = gevent_actor.live_count()
+    baseline = live_greenlets()
+    events: list[Mapping[str, Any]] = []
+    model = S.ScriptedModel(
+        lambda r: rng.choice([S.text("ok"), S.hang(), S.text("ok", latency=0.001)]), record=False
+    )
+    runtime = Runtime(
+        store=SessionStore(tmp_path, durability="none"), scripted=model, max_children=max_children
+    )
+    service = runtime.subagents
+    service.register(SpawnProvider())
+    service.register(ForkProvider())
+    service.subscribe(events.append)
+    parent = runtime.agent()
+    outcomes: Counter[str] = Counter()
+    handles: list[Any] = []
+    children: list[str] = []
+
+    def one(i: int) -> None:
+        request = SubagentStartRequest(
+            prompt=[text_block(f"c{i}")], parent=parent, signal=AbortController().signal
+        )
+        try:
+            if i % 3 == 2:
+                started = service.start_continuable("spawn", request, label=f"c{i}")
+                children.append(started.child_id)
+                service.send_message(
+                    parent, started.child_id, [text_block("more")], MessageSource.user()
+                )
+            else:
+                handles.append(service.start("fork" if i % 3 else "spawn", request))
+            outcomes["ok"] += 1
+        except SubagentError as exc:
+            outcomes[exc.code] += 1
+        except Exception as exc:
+            outcomes[f"{type(exc).__name__}: {exc}"] += 1
+
+    greenlets = [gevent.spawn(one, i) for i in range(60)]
+    for _ in range(rng.randint(0, 40)):
+        gevent.sleep(0)
+    runtime.close()
+    try:
+        gevent.joinall(greenlets)
+    except gevent.exceptions.LoopExit:
+        stuck = [g for g in greenlets if not g.dead]
+        gevent.killall(stuck)
+        pytest.fail(f"{len(stuck)} of {len(greenlets)} callers never returned after close()")
+    unexpected = {k: v for k, v in outcomes.items() if k not in ("ok", *SUBAGENT_CODES)}
+    assert unexpected == {}, f"close racing starts raised {unexpected} (all: {dict(outcomes)})"
+    starts = [e["run_id"] for e in events if e["type"] == "subagent/start"]
+    ends = [e["run_id"] for e in events if e["type"] == "subagent/end"]
+    assert sorted(starts) == sorted(ends) and len(set(starts)) == len(starts)
+    assert all(h.settled for h in handles)
+    assert gevent_actor.live_count() == actors_before
+    assert live_greenlets() - baseline == set(), describe_greenlets(live_greenlets() - baseline)
+    print(f"\nclose racing starts, seed {seed}: {dict(outcomes)}")
+
+
+SUBAGENT_CODES = ("RUNTIME_CLOSED", "START_FAILED", "ABORTED", "RUN_DISPOSED", "RUN_TERMINAL")

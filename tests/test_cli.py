@@ -1,0 +1,268 @@
+"""The `subagent` command, always through a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gevent import subprocess as gsub
+from seam_kit import wait_until
+
+from agent.models import scripted as S
+from agent.store import SessionStore
+from providers.inprocess import ForkProvider, SpawnProvider
+from subagent.runtime import Runtime
+from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(
+    *args: str, home: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    argv = [sys.executable, "-m", "subagent.cli"]
+    if home is not None:
+        argv += ["--home", str(home)]
+    # gevent's subprocess: waiting for the child must not block the hub.
+    return gsub.run(
+        [*argv, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+# -- a store the test made ------------------------------------------------------------------
+
+
+class Made:
+    root: str
+    foreground: str
+    continuable: str
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Made]]:
+    home = tmp_path_factory.mktemp("home")
+    model = S.ScriptedModel(lambda request: S.text("child reporting"))
+    rt = Runtime(store=SessionStore(home / "sessions"), scripted=model)
+    rt.subagents.register(SpawnProvider())
+    rt.subagents.register(ForkProvider())
+    install_subagent_tools(
+        rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
+    )
+    model.script(
+        "root-1",
+        [
+            S.tool_calls(
+                [
+                    ("subagent", {"description": "fg", "prompt": "do it"}),
+                    (
+                        "subagent",
+                        {"description": "keeper", "prompt": "keep", "run_in_background": True},
+                    ),
+                ]
+            ),
+            S.text("all started"),
+            S.text("noted"),
+        ],
+    )
+    root = rt.agent(session_id="root-1")
+    root.send("go").get()
+    wait_until(lambda: bool(rt.tasks.list()) and all(t.settled for t in rt.tasks.list()))
+    wait_until(lambda: root.status == "idle" and len(root.log.events) > 0)
+    root.when_idle().get()
+    rows = rt.subagents.list_children("root-1")
+    out = Made()
+    out.root = "root-1"
+    out.foreground = next(r["id"] for r in rows if r["mode"] == "one-shot")
+    out.continuable = next(r["id"] for r in rows if r["mode"] == "continuable")
+    rt.close()
+    yield home, out
+
+
+def test_ls_lists_roots_and_children(made: tuple[Path, Made]) -> None:
+    home, m = made
+    roots = cli("ls", "--json", home=home)
+    assert roots.returncode == 0, roots.stderr
+    [row] = json.loads(roots.stdout)
+    assert row["id"] == m.root and row["children"] == 2
+    kids = cli("ls", m.root, "--json", home=home)
+    assert kids.returncode == 0, kids.stderr
+    rows = {r["id"]: r for r in json.loads(kids.stdout)}
+    assert set(rows) == {m.foreground, m.continuable}
+    assert rows[m.continuable]["label"] == "keeper"
+    assert {r["activity"] for r in rows.values()} == {"stored"}
+    text = cli("ls", m.root, home=home)
+    assert text.returncode == 0 and m.continuable in text.stdout and "keeper" in text.stdout
+
+
+def test_tree_shows_every_descendant(made: tuple[Path, Made]) -> None:
+    home, m = made
+    proc = cli("tree", m.root, "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert {r["id"] for r in json.loads(proc.stdout)} == {m.foreground, m.continuable}
+    text = cli("tree", m.root, home=home)
+    assert text.stdout.splitlines()[0] == m.root and m.foreground in text.stdout
+
+
+def test_log_shows_turns_steps_tools_and_the_descriptor(made: tuple[Path, Made]) -> None:
+    home, m = made
+    root_log = cli("log", m.root, home=home)
+    assert root_log.returncode == 0, root_log.stderr
+    assert "turn 1" in root_log.stdout and "step 1" in root_log.stdout
+    assert "tool call subagent" in root_log.stdout and "tool result subagent" in root_log.stdout
+    child_log = cli("log", m.continuable, home=home)
+    assert '"label": "keeper"' in child_log.stdout and '"provider": "spawn"' in child_log.stdout
+    as_json = json.loads(cli("log", m.root, "--json", home=home).stdout)
+    assert as_json["header"]["id"] == m.root and as_json["events"][0]["seq"] == 0
+
+
+def test_send_cold_resumes_a_stored_child(made: tuple[Path, Made]) -> None:
+    home, m = made
+    proc = cli("send", m.continuable, "hello again", "--json", home=home)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["delivery"] == "started" and result["status"] == "completed"
+    assert "received: hello again" in result["output"]
+    events = SessionStore(home / "sessions").load(m.continuable).events
+    ends = [e["data"]["reason"] for e in events if e["type"] == "turn/end"]
+    assert ends == ["completed", "completed"]
+
+
+def test_send_to_a_one_shot_child_is_one_error_line(made: tuple[Path, Made]) -> None:
+    home, m = made
+    line = one_error_line(cli("send", m.foreground, "hi", home=home))
+    assert "NOT_RESUMABLE" in line
+
+
+def test_gc_dry_run_then_delete_by_status(tmp_path: Path, made: tuple[Path, Made]) -> None:
+    home, _ = made
+    copy = tmp_path / "copy"
+    (copy / "sessions").mkdir(parents=True)
+    for f in (home / "sessions").iterdir():
+        (copy / "sessions" / f.name).write_bytes(f.read_bytes())
+    before = sorted(p.name for p in (copy / "sessions").iterdir())
+    dry = cli("gc", "--all", "--dry-run", "--json", home=copy)
+    assert dry.returncode == 0, dry.stderr
+    assert {r["action"] for r in json.loads(dry.stdout)} == {"would delete"}
+    assert sorted(p.name for p in (copy / "sessions").iterdir()) == before
+    gone = cli("gc", "--status", "completed", "--json", home=copy)
+    assert gone.returncode == 0, gone.stderr
+    assert len(json.loads(gone.stdout)) == len(before)
+    assert list((copy / "sessions").iterdir()) == []
+    assert "needs" in one_error_line(cli("gc", home=copy))
+
+
+# -- the demo and its interrupts ------------------------------------------------------------
+
+
+def test_demo_with_twenty_children_exits_zero_and_prints_the_summary(tmp_path: Path) -> None:
+    proc = cli("demo", "--children", "20", "--seed", "3", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Summary" in out and "worker-20" in out
+    assert "coordinator: 18 of 20 workers reported" in out
+    assert f"store: {tmp_path / 'sessions'}" in out and "(from --home)" in out
+    assert len(SessionStore(tmp_path / "sessions").list()) >= 21
+
+
+def test_demo_without_a_home_uses_and_names_a_temporary_store() -> None:
+    proc = cli("demo", "--children", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "temporary directory" in proc.stdout.splitlines()[1]
+
+
+def test_ctrl_c_cancels_the_tree_and_reports_what_stopped(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    argv = [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path)]
+    proc = gsub.Popen(
+        [*argv, "demo", "--children", "6", "--hold", "--no-live"],
+        cwd=REPO,
+        env=env,
+        stdout=gsub.PIPE,
+        stderr=gsub.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("demo: holding")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted; cancelling the tree" in err
+    stopped = [line for line in out.splitlines() if line.startswith("interrupted: stopped")]
+    assert stopped and "worker-" in stopped[0]
+    assert "Traceback" not in err
+
+
+# -- bad arguments and errors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("demo", "--children", "many"),
+        ("frobnicate",),
+        ("gc", "--older-than", "soon"),
+        ("tree",),
+    ],
+)
+def test_bad_arguments_exit_non_zero_with_one_line(args: tuple[str, ...]) -> None:
+    proc = cli(*args)
+    assert proc.returncode == 2
+    one_error_line(proc)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("ls",),
+        ("log", "../escape"),
+        ("demo", "--children", "0"),
+        ("run", "hello"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(tmp_path: Path, args: tuple[str, ...]) -> None:
+    line = one_error_line(cli(*args, home=tmp_path / "nowhere"))
+    assert line.startswith("subagent: error: ")
+
+
+def test_debug_adds_the_traceback(tmp_path: Path) -> None:
+    proc = cli("--debug", "demo", "--children", "0", home=tmp_path)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_log_of_an_unknown_session(made: tuple[Path, Made]) -> None:
+    home, _ = made
+    assert "no session" in one_error_line(cli("log", "nope", home=home))
+
+
+def test_run_delegates_to_an_acp_child_and_prints_its_answer(tmp_path: Path) -> None:
+    peer = REPO / "tests" / "acp_peers" / "minimal_agent.py"
+    proc = cli("run", "hello there", "--acp", f"{sys.executable} {peer}", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "echo: hello there"
+    assert any("acp task [acp] completed" in line for line in lines)
+
+
+def test_run_with_both_model_and_acp_is_one_error_line(tmp_path: Path) -> None:
+    line = one_error_line(cli("run", "x", "--acp", "true", "--model", "m", home=tmp_path))
+    assert "either --acp or --base-url/--model" in line
