@@ -300,7 +300,18 @@ class AgentActor(GeventActor):
             waiter.resolve(None)
         if self._on_closed is not None:
             self._on_closed()
+        self._release()
         self.stop()
+
+    def _release(self) -> None:
+        """Drop the back-references a closed agent no longer needs, so that it and its log are
+        freed by reference counting as soon as its handle goes, instead of waiting for a full
+        cyclic collection (which, with thousands of live children, is a long hub pause)."""
+        self._on_closed = None
+        self.turn_listeners.clear()
+        self.before_first_request = None
+        self.core.agent = None
+        self.core.on_progress = None
 
     def on_stop(self) -> None:
         # Stopped without Close (e.g. a mass stop): still end the turn and release the log.

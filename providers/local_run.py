@@ -73,7 +73,8 @@ class LocalRun:
         self._on_settled = on_settled
         self._cancel_requested = False
         self.message_id: str | None = None
-        self._remove_turn_listener = _add(agent.actor.turn_listeners, self._on_turn_end)
+        self._turn_listeners = agent.actor.turn_listeners
+        self._turn_listeners.append(self._on_turn_end)
         self._remove_signal_listener = signal.add_listener(self._on_abort)
 
     @property
@@ -127,7 +128,10 @@ class LocalRun:
         if not self._settled:
             # The agent closed without a turn end (it never started one): settle aborted.
             self._settle(SubagentResult(output=[], stop_reason=ABORTED, diagnostic="disposed"))
-        self._remove_turn_listener()
+        # Removed by equality, with no closure kept: a closure over our own bound method would
+        # be a reference cycle that only a full collection frees.
+        if self._on_turn_end in self._turn_listeners:
+            self._turn_listeners.remove(self._on_turn_end)
 
     # -- settlement ------------------------------------------------------------------------------
 
@@ -173,16 +177,6 @@ class LocalRun:
         if self._on_settled is not None:
             self._on_settled(result)
         self._result.set(result)
-
-
-def _add(listeners: list[Any], fn: Any) -> Callable[[], None]:
-    listeners.append(fn)
-
-    def remove() -> None:
-        if fn in listeners:
-            listeners.remove(fn)
-
-    return remove
 
 
 def _failed(exc: BaseException) -> Future[None]:

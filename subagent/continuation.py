@@ -7,7 +7,13 @@ waits for the settlement and then starts a fresh activation: an accepted message
 dropped silently (it is in the child's log, or the sender got an exception).
 
 When an activation settles, its parent gets one settlement notice (a user message with source
-`subagent-settled`) before the parent's ownership of the child run is released.
+`subagent-settled`: a one-line summary, then the child's closing message) before the parent's
+ownership of the child run is released. An activation that crashed (its result is an
+infrastructure fault, e.g. a failed durability checkpoint) is a `transient` child: it is
+restarted by cold resume from its log, at most `max_restarts` times within `within` seconds;
+past that, or when the restart itself fails, the child stays stored and the parent is told with a
+`subagent-report` message. A child-level failure (`stop_reason` error, refusal...) is reported,
+never restarted.
 """
 
 from __future__ import annotations
@@ -196,8 +202,10 @@ class ContinuationManager:
                 handle = child.handle
                 if handle is not None and not handle.settled and hasattr(handle, "steer"):
                     try:
-                        handle.steer(content, source).get()
-                        return SendResult("steered", "", child.task_id)
+                        admitted = handle.steer(content, source).get()
+                        # The admitted message's id, once the agent's steer reply carries it.
+                        message_id = admitted if isinstance(admitted, str) else ""
+                        return SendResult("steered", message_id, child.task_id)
                     except SubagentError as exc:
                         if exc.code not in ("RUN_TERMINAL", "RUN_DISPOSED"):
                             raise

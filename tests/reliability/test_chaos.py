@@ -658,18 +658,36 @@ WAITING_STARTS_HANG = pytest.mark.xfail(
     "waiting for a slot when the registry stops (Runtime.close), so those start() calls, "
     "continuable ones included, block forever",
 )
+CLOSE_VS_CONTINUABLE_HANG = pytest.mark.xfail(
+    strict=True,
+    reason="bug: subagent/continuation.py close() disposes only the handles it sees in its first "
+    "pass; a start_continuable/send_message still inside service.start/resume adopts its handle "
+    "later and the second pass waits forever for that activation (Runtime.close hangs; about "
+    "2 runs in 3 of one attempt, so the test tries up to 8 times)",
+)
 
 
 @pytest.mark.parametrize(
-    "max_children", [None, pytest.param(8, marks=WAITING_STARTS_HANG)], ids=["no-cap", "cap-8"]
+    ("mode", "max_children", "attempts"),
+    [
+        ("one-shot", None, 1),
+        pytest.param("continuable", None, 8, marks=CLOSE_VS_CONTINUABLE_HANG),
+        pytest.param("one-shot", 8, 1, marks=WAITING_STARTS_HANG),
+    ],
+    ids=["one-shot", "continuable", "cap-8"],
 )
 @pytest.mark.parametrize("seed", SEEDS[:2])
 def test_close_racing_starts_and_messages(
-    seed: int, max_children: int | None, tmp_path: Path
+    seed: int, mode: str, max_children: int | None, attempts: int, tmp_path: Path
 ) -> None:
     """`Runtime.close()` while starts wait for a slot, run their provider, or just published,
     and while messages are sent: every caller gets a handle or a `SubagentError`, never
-    anything else, and nothing is left behind."""
+    anything else, close() returns, and nothing is left behind."""
+    for attempt in range(attempts):
+        close_race(seed * 100 + attempt, mode, max_children, tmp_path / str(attempt))
+
+
+def close_race(seed: int, mode: str, max_children: int | None, root: Path) -> None:
     rng = random.Random(seed)
     actors_before = gevent_actor.live_count()
     baseline = live_greenlets()
@@ -678,7 +696,7 @@ def test_close_racing_starts_and_messages(
         lambda r: rng.choice([S.text("ok"), S.hang(), S.text("ok", latency=0.001)]), record=False
     )
     runtime = Runtime(
-        store=SessionStore(tmp_path, durability="none"), scripted=model, max_children=max_children
+        store=SessionStore(root, durability="none"), scripted=model, max_children=max_children
     )
     service = runtime.subagents
     service.register(SpawnProvider())
@@ -687,16 +705,14 @@ def test_close_racing_starts_and_messages(
     parent = runtime.agent()
     outcomes: Counter[str] = Counter()
     handles: list[Any] = []
-    children: list[str] = []
 
     def one(i: int) -> None:
         request = SubagentStartRequest(
             prompt=[text_block(f"c{i}")], parent=parent, signal=AbortController().signal
         )
         try:
-            if i % 3 == 2:
+            if mode == "continuable" and i % 3 == 2:
                 started = service.start_continuable("spawn", request, label=f"c{i}")
-                children.append(started.child_id)
                 service.send_message(
                     parent, started.child_id, [text_block("more")], MessageSource.user()
                 )
@@ -711,13 +727,19 @@ def test_close_racing_starts_and_messages(
     greenlets = [gevent.spawn(one, i) for i in range(60)]
     for _ in range(rng.randint(0, 40)):
         gevent.sleep(0)
-    runtime.close()
+    closer = gevent.spawn(runtime.close)
     try:
-        gevent.joinall(greenlets)
+        gevent.joinall([closer, *greenlets])
     except gevent.exceptions.LoopExit:
         stuck = [g for g in greenlets if not g.dead]
-        gevent.killall(stuck)
-        pytest.fail(f"{len(stuck)} of {len(greenlets)} callers never returned after close()")
+        for ref in gevent_actor.live_actors():
+            gevent_actor.kill(ref)
+        gevent.killall([closer, *stuck])
+        pytest.fail(
+            f"seed {seed}: close() {'returned' if closer.successful() else 'never returned'}, "
+            f"{len(stuck)} of {len(greenlets)} callers never returned"
+        )
+    closer.get()
     unexpected = {k: v for k, v in outcomes.items() if k not in ("ok", *SUBAGENT_CODES)}
     assert unexpected == {}, f"close racing starts raised {unexpected} (all: {dict(outcomes)})"
     starts = [e["run_id"] for e in events if e["type"] == "subagent/start"]
