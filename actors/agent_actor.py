@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import gevent
@@ -189,7 +190,10 @@ class AgentActor(GeventActor):
         reply = Deferred()
         self._steers.append(
             PendingSteer(
-                message_id=message_id, content=content, source=source, on_admitted=reply.resolve
+                message_id=message_id,
+                content=content,
+                source=source,
+                on_admitted=partial(reply.resolve, message_id),
             )
         )
         self._steer_replies[message_id] = reply

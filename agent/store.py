@@ -194,6 +194,11 @@ class _Store:
             needs_repair=torn or replay.turn_open,
         )
 
+    def header(self, session_id: str) -> SessionHeader:
+        """One stored session's header, read alone: it is readable even when the body is not."""
+        validate_session_id(session_id)
+        return decode_frames(self._read_header_bytes(session_id), self._name(session_id))[0]
+
     def list(self) -> list[SessionHeader]:
         """Every stored session's header, oldest first; unreadable files are logged, skipped."""
         headers: list[SessionHeader] = []

@@ -30,7 +30,7 @@ from gevent.lock import Semaphore
 
 from actors.agents import new_session_id
 from agent.events import SessionLogError, validate_session_id
-from agent.frames import CorruptSessionError, decode_frames
+from agent.frames import CorruptSessionError
 from agent.store import SessionExistsError, SessionNotFoundError
 from subagent.descriptor import (
     DescriptorError,
@@ -256,7 +256,7 @@ class ContinuationManager:
             provider, request = self.resume_request(
                 parent, child.child_id, content, source, activation.signal
             )
-            handle = self._service.resume(provider, request)
+            handle = self._service.resume(request, provider)
         finally:
             remove()
         child.label = request.descriptor.label
@@ -399,10 +399,7 @@ class ContinuationManager:
             return agent.header
         store = self._ctx.store
         try:
-            read = getattr(store, "_read_header_bytes", None)
-            if read is None:
-                return store.inspect(child_id).header
-            return decode_frames(read(child_id), child_id)[0]
+            return store.header(child_id)
         except (SessionNotFoundError, KeyError):
             raise SubagentError("UNKNOWN_CHILD", f"no live or stored child {child_id!r}") from None
         except (SessionLogError, OSError) as exc:

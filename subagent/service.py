@@ -261,10 +261,18 @@ class SubagentService:
         provider, run_id = admitted
         return self._launch(provider, run_id, ticket, parent_id, lambda: provider.start(request))
 
-    def resume(self, name: str, request: SubagentResumeRequest) -> RunHandle:
-        """The raw resume operation: dispatch a resolved request to the provider's `resume`."""
+    def resume(self, request: SubagentResumeRequest, name: str | None = None) -> RunHandle:
+        """The raw resume operation: dispatch a resolved request to the provider's `resume`.
+
+        The provider is the one named in the request's descriptor unless `name` says otherwise;
+        it need not be registered any more, only to have been (removal blocks new starts only).
+        """
         if not isinstance(request, SubagentResumeRequest):
             raise TypeError("request must be a SubagentResumeRequest")
+        if name is None:
+            name = getattr(request.descriptor, "provider", None)
+            if not isinstance(name, str):
+                raise TypeError("request.descriptor names no provider; pass name=")
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)

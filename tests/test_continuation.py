@@ -741,7 +741,7 @@ def test_raw_resume_dispatches_a_resolved_request(k: Kit) -> None:
         signal=AbortController().signal,
         descriptor=found,
     )
-    run = k.service.resume(found.provider, request)
+    run = k.service.resume(request)
     assert run.id == first.child_id
     result = run.result.get(timeout=5)
     assert result.output == [text_block("done: raw turn")]

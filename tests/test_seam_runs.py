@@ -83,7 +83,7 @@ def test_steer_is_admitted_at_the_next_step_boundary() -> None:
         admitted = run.steer([text_block("more")], MessageSource.user())
         wait_until(lambda: bool(run.local_agent.actor._steers))  # queued in the child
         gate.open()
-        assert admitted.get(timeout=5) is None
+        steer_id = admitted.get(timeout=5)  # resolves with the admitted message's id
         result = run.result.get(timeout=5)
         assert result.output == [text_block("final: more")]
         events = assert_log_valid(k.store, run.id)
@@ -93,6 +93,7 @@ def test_steer_is_admitted_at_the_next_step_boundary() -> None:
         )
         assert kinds[second_step + 1] == "user/message"
         assert events[second_step + 1]["data"]["message"]["content"] == [text_block("more")]
+        assert events[second_step + 1]["data"]["message"]["id"] == steer_id
         run.dispose()
 
 
@@ -106,7 +107,7 @@ def test_ref_ask_steer_behaves_like_run_steer_and_tell_is_fire_and_forget() -> N
         asked = run.ref.ask(Steer([text_block("asked")], MessageSource.user()), block=False)
         wait_until(lambda: bool(run.local_agent.actor._steers))
         gates[1].open()
-        assert asked.get(timeout=5) is None
+        assert isinstance(asked.get(timeout=5), str)
         gates[2].reached.wait()
         run.ref.tell(Steer([text_block("told")], MessageSource.user()))
         wait_until(lambda: bool(run.local_agent.actor._steers))

@@ -369,19 +369,29 @@ class OpenAIModel:
         self._headers.update(headers or {})
         self._needs_key = not self._api_key and base == DEFAULT_BASE_URL
         # One keep-alive pool per adapter (= per base URL), sized for many concurrent streams.
-        self._client = HTTPClient.from_url(
-            base,
-            concurrency=pool_size,
-            connection_timeout=connect_timeout,
-            network_timeout=read_timeout,
-        )
+        # Made on first use: building it creates an SSL context, tens of milliseconds of CPU that
+        # a runtime which never calls this model should not spend on the hub.
+        self._client_options = {
+            "concurrency": pool_size,
+            "connection_timeout": connect_timeout,
+            "network_timeout": read_timeout,
+        }
+        self._client_base = base
+        self._client_instance: HTTPClient | None = None
 
     def __repr__(self) -> str:
         return f"<OpenAIModel {self.base_url}>"
 
+    @property
+    def _client(self) -> HTTPClient:
+        if self._client_instance is None:
+            self._client_instance = HTTPClient.from_url(self._client_base, **self._client_options)
+        return self._client_instance
+
     def close(self) -> None:
         """Close the idle pooled connections; in-flight ones close as they finish."""
-        self._client.close()
+        if self._client_instance is not None:
+            self._client_instance.close()
 
     def __enter__(self) -> OpenAIModel:
         return self
