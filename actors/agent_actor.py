@@ -26,14 +26,14 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import gevent
 
 from actors import gevent_actor
-from actors.deferred import Deferred
+from actors.deferred import Deferred, rejected
 from actors.gevent_actor import GeventActor
 from actors.local import start_local
 from agent.context import AgentContext
@@ -73,10 +73,13 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Steer:
-    """Add to the running turn at its next step boundary. Replies once admitted."""
+    """Add to the running turn at its next step boundary. Replies once admitted (with the
+    admitted message's id). `reply`, when given, is settled instead of the ask's own reply, so
+    a forwarding actor can hand its caller's deferred along without a relay."""
 
     content: Sequence[Mapping[str, Any]]
     source: MessageSource
+    reply: Deferred | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,7 @@ class AgentActor(GeventActor):
             return self._when_idle()
         if isinstance(message, Close):
             return self._close(message)
-        raise TypeError(f"AgentActor does not understand {type(message).__name__}")
+        return rejected(TypeError(f"AgentActor does not understand {type(message).__name__}"))
 
     def _send(self, message: Send) -> str:
         if self._closing:
@@ -174,11 +177,15 @@ class AgentActor(GeventActor):
         return message_id
 
     def _steer(self, message: Steer) -> Deferred:
+        # A rejection is a rejected reply, never a raise: a told Steer must not crash the actor.
+        reply = message.reply if message.reply is not None else Deferred()
         if self._closing:
-            raise SubagentError("RUN_DISPOSED", "the agent is closed")
+            reply.reject(SubagentError("RUN_DISPOSED", "the agent is closed"))
+            return reply
         abort = self._turn_abort
         if not self.turn_running or abort is None or abort.signal.aborted:
-            raise SubagentError("RUN_TERMINAL", "no running turn to steer")
+            reply.reject(SubagentError("RUN_TERMINAL", "no running turn to steer"))
+            return reply
         log_ = self.core.log
         message_id = f"s{len(log_.events)}"
         source = message.source.to_json()
@@ -187,7 +194,6 @@ class AgentActor(GeventActor):
             "inbox/accepted",
             {"message_id": message_id, "kind": "steer", "content": content, "source": source},
         )
-        reply = Deferred()
         self._steers.append(
             PendingSteer(
                 message_id=message_id,

@@ -8,12 +8,15 @@ mailbox goes on serving other messages.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 from pykka import Future
 
-__all__ = ["Deferred"]
+__all__ = ["Deferred", "rejected"]
+
+log = logging.getLogger(__name__)
 
 
 class Deferred:
@@ -60,3 +63,15 @@ class Deferred:
         exc = sys.exc_info()[1]
         if exc is not None:
             self.reject(exc)
+
+
+def rejected(exc: BaseException) -> Deferred:
+    """A reply that fails the asker with `exc`, and that a teller never sees.
+
+    Handlers return this instead of raising for a message they refuse: in Pykka an exception
+    from a told message stops the actor, and one bad `tell` must not take a run down with it.
+    """
+    log.warning("refused a message: %s", exc)
+    deferred = Deferred()
+    deferred.reject(exc)
+    return deferred

@@ -17,7 +17,7 @@ from typing import Any
 import gevent
 
 from actors.agent_actor import Steer
-from actors.deferred import Deferred
+from actors.deferred import Deferred, rejected
 from actors.gevent_actor import GeventActor
 from subagent.errors import SubagentError
 from subagent.types import SubagentResult, SubagentRun
@@ -104,15 +104,22 @@ class RunActor(GeventActor):
             return None
         if isinstance(message, DisposeRun):
             return self._dispose()
-        raise TypeError(f"RunActor does not understand {type(message).__name__}")
+        return rejected(TypeError(f"RunActor does not understand {type(message).__name__}"))
 
     def _steer(self, message: Steer) -> Deferred:
+        # Rejections are rejected replies, never raises: a told Steer must not crash the actor.
+        reply = message.reply if message.reply is not None else Deferred()
         if self._dispose_reply is not None:
-            raise SubagentError("RUN_DISPOSED")
+            reply.reject(SubagentError("RUN_DISPOSED"))
+            return reply
+        steer_into = getattr(self.run, "steer_into", None)
+        if steer_into is not None:  # our local runs: hand the reply straight to the child
+            steer_into(message.content, message.source, reply)
+            return reply
         steer = getattr(self.run, "steer", None)
         if not callable(steer):
-            raise SubagentError("UNSUPPORTED_CAPABILITY", "this run cannot be steered")
-        reply = Deferred()
+            reply.reject(SubagentError("UNSUPPORTED_CAPABILITY", "this run cannot be steered"))
+            return reply
         future = steer(message.content, message.source)
 
         def relay() -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 from pykka import Future
 
-from actors.agent_actor import Agent
+from actors.agent_actor import Agent, Steer
+from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture
 from agent.loop import TurnOutcome
 from subagent.errors import SubagentError
@@ -108,6 +109,17 @@ class LocalRun:
             return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
         future: Future[None] = self._agent.steer(list(content), source)
         return future
+
+    def steer_into(
+        self, content: Sequence[Mapping[str, Any]], source: MessageSource, reply: Deferred
+    ) -> None:
+        """`steer` for the run actor: settle `reply` at admission, with no future in between."""
+        if self._disposed:
+            reply.reject(SubagentError("RUN_DISPOSED"))
+        elif self._settled:
+            reply.reject(SubagentError("RUN_TERMINAL", "the run has settled"))
+        else:
+            self._agent.ref.tell(Steer(list(content), source, reply))
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the running turn; the result settles `aborted` unless it already completed."""

@@ -159,6 +159,21 @@ def test_steer_racing_the_last_step_is_rejected_never_queued() -> None:
         assert any(e["type"] == "inbox/discarded" for e in events)
 
 
+def test_a_told_steer_that_is_rejected_never_crashes_the_run_actor() -> None:
+    with kit() as k:
+        run = k.start(k.parent())
+        run.result.get(timeout=5)
+        run.ref.tell(Steer([text_block("late and told")], MessageSource.user()))
+        run.ref.tell(object())  # not a message it knows: an ask would get the TypeError
+        with pytest.raises(SubagentError) as info:
+            run.ref.ask(Steer([text_block("late and asked")], MessageSource.user()))
+        assert info.value.code == "RUN_TERMINAL"
+        assert run.ref.is_alive()
+        run.dispose()
+        k.flush_events()
+        assert len(k.events_of("subagent/end")) == 1
+
+
 def test_dispose_is_idempotent_and_settles_aborted_with_partial_output() -> None:
     with kit() as k:
         k.respond = lambda r: S.hang()

@@ -20,9 +20,9 @@ from typing import Any
 # Run as a script: the repository root (two levels up) holds the packages.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from agent.events import SessionHeader  # noqa: E402
-from agent.log import SessionLog  # noqa: E402
-from agent.store import SessionStore  # noqa: E402
+from agent.events import SessionHeader
+from agent.log import SessionLog
+from agent.store import SessionStore
 
 
 def say(line: str) -> None:
@@ -52,7 +52,12 @@ def write_turn(log: SessionLog, rng: random.Random) -> None:
     size = rng.choice((16, 200, 3000, 70_000, 300_000, 4_000_000))
     text = "x" * size
     append(log, "turn/start", {"turn": turn})
-    message = {"id": f"m{len(log.events)}", "role": "user", "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}  # noqa: E501
+    message = {
+        "id": f"m{len(log.events)}",
+        "role": "user",
+        "content": [{"type": "text", "text": text}],
+        "source": {"kind": "user"},
+    }
     append(log, "user/message", {"message": message})
     steps = rng.randint(1, 3)
     for step in range(1, steps + 1):
@@ -62,14 +67,25 @@ def write_turn(log: SessionLog, rng: random.Random) -> None:
         last = step == steps
         call_id = f"c{turn}_{step}"
         calls = [] if last else [{"id": call_id, "name": "t", "arguments": {}}]
-        reply = {"id": f"a{len(log.events)}", "role": "assistant", "content": [{"type": "text", "text": text[: size // 2]}], "tool_calls": calls}  # noqa: E501
-        append(log, "assistant/message", {"message": reply, "finish": "stop" if last else "tool_calls"})  # noqa: E501
+        reply = {
+            "id": f"a{len(log.events)}",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text[: size // 2]}],
+            "tool_calls": calls,
+        }
+        append(
+            log, "assistant/message", {"message": reply, "finish": "stop" if last else "tool_calls"}
+        )
         if not last:
             append(log, "tool/call", {"call_id": call_id, "name": "t", "arguments": {}})
             log.checkpoint("step")
             say(f"D {log.id} {len(log.events)}")
             content = [{"type": "text", "text": text[: size // 3]}]
-            append(log, "tool/result", {"call_id": call_id, "name": "t", "content": content, "is_error": False})  # noqa: E501
+            append(
+                log,
+                "tool/result",
+                {"call_id": call_id, "name": "t", "content": content, "is_error": False},
+            )
         append(log, "step/end", {"turn": turn, "step": step})
     append(log, "turn/end", {"turn": turn, "reason": "completed"})
     log.checkpoint("turn")

@@ -53,11 +53,10 @@ def main() -> None:
                 "env": {name: os.environ.get(name) for name in CREDENTIALS},
                 "caps": caps,
                 "cwd": os.getcwd(),
-                "fs": ask_client(
-                    "fs/read_text_file", {"sessionId": "h1", "path": "/etc/hostname"}
-                ),
+                "fs": ask_client("fs/read_text_file", {"sessionId": "h1", "path": "/etc/hostname"}),
                 "terminal": ask_client(
-                    "terminal/create", {"sessionId": "h1", "command": "cat", "args": ["/etc/hostname"]}
+                    "terminal/create",
+                    {"sessionId": "h1", "command": "cat", "args": ["/etc/hostname"]},
                 ),
             }
             update = {

@@ -69,4 +69,3 @@ def child_processes() -> list[int]:
         if len(fields) > 1 and fields[1].decode() == me and fields[0] not in (b"Z", b"X"):
             found.append(int(entry))
     return found
-

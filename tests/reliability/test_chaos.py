@@ -22,7 +22,7 @@ import random
 import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -395,9 +395,7 @@ class Chaos:
         if fault == "abort_during_creation":
             self.creating[gevent.getcurrent()] = controller
             try:
-                self._expect_refused(
-                    plan, lambda: self.service.start(provider, request), "ABORTED"
-                )
+                self._expect_refused(plan, lambda: self.service.start(provider, request), "ABORTED")
             finally:
                 self.creating.pop(gevent.getcurrent(), None)
             return
@@ -524,7 +522,7 @@ class Chaos:
         self.runtime.close()
 
 
-# -- invariants ----------------------------------------------------------------------------------
+# -- invariants ------------------------------------------------------------------------------------
 
 
 def check_invariants(chaos: Chaos, baseline_greenlets: set[int], actors_before: int) -> None:
@@ -553,13 +551,16 @@ def check_invariants(chaos: Chaos, baseline_greenlets: set[int], actors_before: 
             v.append(f"run {run_id}: subagent/end without subagent/start")
     # one-shot: a start event for exactly the handles start() returned
     one_shot_ids = {e["run_id"] for e in chaos.events if e["type"] == "subagent/start"} - {
-        e["run_id"] for e in chaos.events if e["type"] == "subagent/start" and e["id"] in chaos.continuable
+        e["run_id"]
+        for e in chaos.events
+        if e["type"] == "subagent/start" and e["id"] in chaos.continuable
     }
     returned = {h.run_id for h in chaos.handles}
     if one_shot_ids != returned:
         v.append(
             f"one-shot starts: {len(one_shot_ids)} start events vs {len(returned)} handles "
-            f"(extra {sorted(one_shot_ids - returned)[:5]}, missing {sorted(returned - one_shot_ids)[:5]})"
+            f"(extra {sorted(one_shot_ids - returned)[:5]}, "
+            f"missing {sorted(returned - one_shot_ids)[:5]})"
         )
     # 2. every result resolved
     for handle in chaos.handles:
@@ -572,7 +573,9 @@ def check_invariants(chaos: Chaos, baseline_greenlets: set[int], actors_before: 
             v.append(f"run {handle.run_id}: one-shot result rejected: {exc!r}")
     # 3. restarts: a log-faulted continuable child got at least one more activation
     continuable_runs = Counter(
-        e["id"] for e in chaos.events if e["type"] == "subagent/start" and e["id"] in chaos.continuable
+        e["id"]
+        for e in chaos.events
+        if e["type"] == "subagent/start" and e["id"] in chaos.continuable
     )
     stats.restarts = sum(max(0, continuable_runs[c] - 1) for c in chaos.log_faulted)
     # 4. quiescence
@@ -613,9 +616,9 @@ def check_invariants(chaos: Chaos, baseline_greenlets: set[int], actors_before: 
             if e["type"] == "inbox/accepted"
             and any(b.get("text") == sent.token for b in e["data"]["content"])
         ]
-        claimed = {
-            e["data"]["message_id"] for e in events if e["type"] == "inbox/claimed"
-        } & set(accepted)
+        claimed = {e["data"]["message_id"] for e in events if e["type"] == "inbox/claimed"} & set(
+            accepted
+        )
         seen_by_model = any(
             e["type"] == "user/message"
             and any(b.get("text") == sent.token for b in e["data"]["message"]["content"])

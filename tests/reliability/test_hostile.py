@@ -85,7 +85,7 @@ def test_a_recursive_spawner_is_stopped_at_the_depth_cap(provider: str) -> None:
         assert k.service.runs() == []
 
 
-# -- admission ------------------------------------------------------------------------------------
+# -- admission -------------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(300)
@@ -132,7 +132,7 @@ def test_a_fan_out_of_10000_never_runs_more_than_16_at_once() -> None:
         print(f"\nfan-out: {starts} starts, peak {peak[0]} running (cap 16)")
 
 
-# -- tool filters -----------------------------------------------------------------------------------
+# -- tool filters ----------------------------------------------------------------------------------
 
 
 def _secret_tool(ran: list[str]) -> Tool:
@@ -184,7 +184,9 @@ def test_a_forged_call_to_a_filtered_tool_is_refused(provider: str, restriction:
         run.dispose()
         assert ran == []
         events = assert_log_valid(k.store, run.id)
-        refused = [e for e in events if e["type"] == "tool/result" and e["data"]["name"] != "public"]
+        refused = [
+            e for e in events if e["type"] == "tool/result" and e["data"]["name"] != "public"
+        ]
         assert len(refused) == 6
         assert all(e["data"]["is_error"] and e["data"]["code"] == "UNKNOWN_TOOL" for e in refused)
 
@@ -223,7 +225,7 @@ def test_a_tool_filter_still_applies_after_a_cold_resume(tmp_path: Path) -> None
         assert [(r["name"], r["code"]) for r in results] == [("secret", "UNKNOWN_TOOL")]
 
 
-# -- ACP: credentials, capabilities, escape -----------------------------------------------------
+# -- ACP: credentials, capabilities, escape --------------------------------------------------------
 
 
 def test_an_acp_child_cannot_read_credentials_nor_reach_the_client_fs_or_terminal(
@@ -256,7 +258,7 @@ def test_an_acp_child_cannot_read_credentials_nor_reach_the_client_fs_or_termina
     assert child_processes() == []
 
 
-# -- children that ignore cancellation ------------------------------------------------------------
+# -- children that ignore cancellation -------------------------------------------------------------
 
 
 def test_an_acp_child_that_ignores_cancel_term_and_eof_is_still_disposed(tmp_path: Path) -> None:

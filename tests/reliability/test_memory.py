@@ -129,7 +129,8 @@ def slope(points: list[tuple[int, int]]) -> float:
 def report(kind: str, total: int, points: list[tuple[int, int]], grown: dict[str, int]) -> float:
     b = slope(points)
     print(
-        f"\nmemory {kind}: {total} children, RSS {points[0][1] >> 20} -> {points[-1][1] >> 20} MiB, "
+        f"\nmemory {kind}: {total} children, "
+        f"RSS {points[0][1] >> 20} -> {points[-1][1] >> 20} MiB, "
         f"slope {b:.1f} B/child, object growth {grown or 'none'}"
     )
     return b
@@ -212,5 +213,3 @@ def test_continuable_children_in_sequence_leave_objects_flat(tmp_path: Path) -> 
         kept_tasks = grown.pop("_Record", 0)
         assert kept_tasks <= CONTINUABLE + CONTINUABLE // 2  # one per activation, by design
         assert grown == {}, f"objects left behind by {CONTINUABLE - warmup} children: {grown}"
-
-
