@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import Any, Final, cast
 
 import msgpack
@@ -32,6 +33,7 @@ __all__ = [
     "decode_frames",
     "encode_event",
     "encode_header",
+    "iter_events",
 ]
 
 MAGIC: Final = "subagent-session/1"
@@ -114,6 +116,48 @@ def decode_frames(
             return header, events, offset, True
         raise AssertionError("unreachable: slow path accepted a frame the fast path refused")
     return header, events, offset, False
+
+
+def decode_header(data: bytes | bytearray | memoryview, name: str) -> SessionHeader:
+    """The header frame alone: readable even when later frames are damaged."""
+    view = memoryview(data)
+    size = len(view)
+    if size == 0:
+        raise CorruptSessionError(name, 0, "empty file (no header frame)")
+    _end, payload, torn = _next_frame(view, 0, size, name)
+    if torn or payload is None:
+        raise CorruptSessionError(name, 0, "torn header frame")
+    return _decode_header(payload, name)
+
+
+def iter_events(data: bytes | bytearray | memoryview, name: str, start: int = 0) -> Iterator[Event]:
+    """The events of a session file, decoded one at a time as they are consumed.
+
+    For scans that stop early (the first descriptor after a fork seed): frames before index
+    `start` are CRC-checked but not unpacked, and nothing after the consumer stops is touched.
+    Corruption met on the way raises `CorruptSessionError`; a torn tail ends the iteration.
+    No invariant replay: a scan reads, it does not vouch for the log.
+    """
+    view = memoryview(data)
+    size = len(view)
+    offset, payload, torn = _next_frame(view, 0, size, name) if size else (0, None, True)
+    if torn or payload is None:
+        raise CorruptSessionError(name, 0, "torn or missing header frame")
+    index = 0
+    while offset < size:
+        end, payload, torn = _next_frame(view, offset, size, name)
+        if torn or payload is None:
+            return
+        if index >= start:
+            try:
+                event = msgpack.unpackb(payload)
+            except Exception as exc:
+                raise CorruptSessionError(name, offset, f"bad msgpack: {exc}") from None
+            if type(event) is not dict:
+                raise CorruptSessionError(name, offset, "frame is not an event")
+            yield cast(Event, event)
+        index += 1
+        offset = end
 
 
 def _next_frame(

@@ -9,13 +9,15 @@ corruption handling are one code path and the memory store is a faithful stand-i
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import fcntl
+import gc
 import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -25,7 +27,13 @@ import gevent.lock
 import platformdirs
 
 from agent.events import Event, SessionHeader, SessionLogError, validate_session_id
-from agent.frames import CorruptSessionError, decode_frames, encode_header
+from agent.frames import (
+    CorruptSessionError,
+    decode_frames,
+    decode_header,
+    encode_header,
+    iter_events,
+)
 from agent.jsoncheck import check_json
 from agent.log import (
     DURABILITY_SETTINGS,
@@ -55,6 +63,25 @@ _T = TypeVar("_T")
 SUFFIX: Final = ".session"
 # Files at least this big are read and decoded in the hub's thread pool, not on the hub.
 _THREADPOOL_READ: Final = 1 << 20
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold the cyclic collector off while a log is decoded.
+
+    Decoding allocates tens of thousands of containers at once; each burst would otherwise
+    trigger collections that rescan every live object (every live child's state), which costs
+    more than the decode. Nothing decoded is garbage yet, so postponing loses nothing. If
+    another pause overlaps, the collector is back on once the outermost pause that found it on
+    ends; it is never left off.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class SessionNotFoundError(KeyError):
@@ -194,10 +221,16 @@ class _Store:
             needs_repair=torn or replay.turn_open,
         )
 
+    def scan(self, session_id: str, start: int = 0) -> Iterator[Event]:
+        """Stored events from index `start`, decoded lazily as consumed (see
+        `frames.iter_events`): for lookups that stop early; never writes, never validates."""
+        validate_session_id(session_id)
+        return iter_events(self._read_unlocked(session_id), self._name(session_id), start)
+
     def header(self, session_id: str) -> SessionHeader:
         """One stored session's header, read alone: it is readable even when the body is not."""
         validate_session_id(session_id)
-        return decode_frames(self._read_header_bytes(session_id), self._name(session_id))[0]
+        return decode_header(self._read_header_bytes(session_id), self._name(session_id))
 
     def list(self) -> list[SessionHeader]:
         """Every stored session's header, oldest first; unreadable files are logged, skipped."""
@@ -205,7 +238,7 @@ class _Store:
         for session_id in self._ids():
             try:
                 data = self._read_header_bytes(session_id)
-                headers.append(decode_frames(data, self._name(session_id))[0])
+                headers.append(decode_header(data, self._name(session_id)))
             except (SessionLogError, OSError, SessionNotFoundError) as exc:
                 logger.warning("skipping unreadable session %s: %s", session_id, exc)
         headers.sort(key=lambda h: (h.created_at, h.id))
@@ -235,7 +268,8 @@ class _Store:
         self, session_id: str, data: bytes
     ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
         name = self._name(session_id)
-        header, events, good, torn = decode_frames(data, name)
+        with gc_paused():
+            header, events, good, torn = decode_frames(data, name)
         if header.id != session_id:
             raise CorruptSessionError(name, 0, f"header names session {header.id!r}")
         try:

@@ -256,7 +256,12 @@ class ContinuationManager:
             provider, request = self.resume_request(
                 parent, child.child_id, content, source, activation.signal
             )
-            handle = self._service.resume(request, provider)
+            try:
+                handle = self._service.resume(request, provider)
+            except SessionLogError as exc:  # the log is damaged past the descriptor
+                raise SubagentError(
+                    "NOT_RESUMABLE", f"the log of child {child.child_id!r} cannot be read: {exc}"
+                ) from exc
         finally:
             remove()
         child.label = request.descriptor.label
@@ -433,21 +438,24 @@ class ContinuationManager:
         raise SubagentError("UNAUTHORIZED", "only an ancestor may interrupt a child")
 
     def _stored_descriptor(self, child_id: str) -> tuple[Any, SubagentDescriptor]:
+        """The stored header and authoritative descriptor. The log is scanned lazily up to the
+        descriptor (the first turn), not decoded whole: resume opens and validates it anyway."""
+        store = self._ctx.store
         try:
-            loaded = self._ctx.store.inspect(child_id)
+            header = store.header(child_id)
+            events = store.scan(child_id, start=header.seed_length)
+            found = authoritative_descriptor(events, 0)
         except (SessionNotFoundError, KeyError):
             raise SubagentError("UNKNOWN_CHILD", f"no stored child {child_id!r}") from None
-        except (SessionLogError, OSError) as exc:  # corrupt mid-body, unreadable file
+        except (SessionLogError, OSError) as exc:  # corrupt, unreadable file
             raise SubagentError(
                 "NOT_RESUMABLE", f"the log of child {child_id!r} cannot be read: {exc}"
             ) from exc
-        try:
-            found = authoritative_descriptor(loaded.events, loaded.header.seed_length)
         except DescriptorError as exc:
             raise SubagentError("NOT_RESUMABLE", f"malformed descriptor: {exc}") from exc
         if found is None or isinstance(found, Unclassifiable):
             raise SubagentError("NOT_RESUMABLE", f"child {child_id!r} has no usable descriptor")
-        return loaded.header, found
+        return header, found
 
     def _adopt(self, child: _Child, handle: Any, label: str, owner: str) -> str:
         tasks = self._ctx.tasks

@@ -514,3 +514,31 @@ def test_a_big_log_loads_through_the_thread_pool(store: AnyStore) -> None:
     loaded = store.load("s1")
     assert loaded.repaired and loaded.events[10]["data"]["arguments"]["blob"] == big
     assert types(loaded.events[11:]) == ["tool/result", "step/end", "turn/end"]
+
+
+def test_scan_decodes_lazily_from_an_index_and_header_reads_alone(store: AnyStore) -> None:
+    with store.create(header()) as log:
+        full_turn(log, 1)
+        full_turn(log, 2)
+        everything = list(log.events)
+    assert store.header("s1").id == "s1"
+    assert list(store.scan("s1")) == everything
+    assert list(store.scan("s1", start=5)) == everything[5:]
+    first = next(store.scan("s1", start=3))
+    assert first == everything[3]
+
+
+def test_scan_stops_at_a_torn_tail_and_raises_on_mid_file_damage(store: AnyStore) -> None:
+    with store.create(header()) as log:
+        full_turn(log, 1)
+        count = len(log.events)
+    data = raw(store, "s1")
+    set_raw(store, "s1", data[:-3])  # torn last frame
+    assert len(list(store.scan("s1"))) == count - 1
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0xFF
+    set_raw(store, "s1", bytes(damaged))
+    with pytest.raises(CorruptSessionError):
+        list(store.scan("s1"))
+    # The header alone is still readable: listings and authorization can name the session.
+    assert store.header("s1").id == "s1"

@@ -12,24 +12,24 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 CREDENTIALS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN")
-pending: dict = {}
-state: dict = {"next": 1000}
+state: dict[str, int] = {"next": 1000}
 
 
-def send(message: dict) -> None:
+def send(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
 
-def ask_client(method: str, params: dict) -> dict:
+def ask_client(method: str, params: dict[str, Any]) -> dict[str, Any]:
     """Send a request to the client and read lines until its answer comes."""
     rid = state["next"]
     state["next"] += 1
     send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
     for line in sys.stdin:
-        msg = json.loads(line)
+        msg: dict[str, Any] = json.loads(line)
         if msg.get("id") == rid and "method" not in msg:
             return msg
     return {"error": "eof"}

@@ -111,7 +111,7 @@ VALUE_OF: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
-def annotations() -> st.SearchStrategy[dict[str, Any]]:
+def schema_annotations() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {},
         optional={
@@ -128,15 +128,17 @@ def valid_schema(draw: st.DrawFn, depth: int = 0, root: bool = False) -> dict[st
     """A schema inside the subset, by construction from the rules."""
     if not root and depth < 4 and draw(st.integers(0, 7)) == 0:
         options = draw(st.lists(valid_schema(depth + 1), min_size=2, max_size=3))
-        return {"oneOf": options, **draw(annotations())}
+        return {"oneOf": options, **draw(schema_annotations())}
     type_ = "object" if root else draw(st.sampled_from(TYPES if depth < 4 else TYPES[2:]))
-    node: dict[str, Any] = {"type": type_, **draw(annotations())}
+    node: dict[str, Any] = {"type": type_, **draw(schema_annotations())}
     if type_ == "object":
-        names = draw(st.lists(st.text(min_size=1, max_size=4), max_size=3, unique=True))
-        if names or draw(st.booleans()):
-            node["properties"] = {n: draw(valid_schema(depth + 1)) for n in names}
-        if names and draw(st.booleans()):
-            node["required"] = draw(st.lists(st.sampled_from(names), unique=True, max_size=3))
+        props: list[str] = draw(st.lists(st.text(min_size=1, max_size=4), max_size=3, unique=True))
+        with_properties: bool = draw(st.booleans())
+        if props or with_properties:
+            node["properties"] = {n: draw(valid_schema(depth + 1)) for n in props}
+        with_required: bool = draw(st.booleans())
+        if props and with_required:
+            node["required"] = draw(st.lists(st.sampled_from(props), unique=True, max_size=3))
         if draw(st.booleans()):
             node["additionalProperties"] = draw(st.booleans())
     elif type_ == "array" and draw(st.booleans()):

@@ -136,11 +136,15 @@ def test_a_fan_out_of_10000_never_runs_more_than_16_at_once() -> None:
 
 
 def _secret_tool(ran: list[str]) -> Tool:
+    def secret(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        ran.append(ctx.session_id)
+        return "LEAKED"
+
     return Tool(
         name="secret",
         description="must never run for a filtered child",
         parameters={"type": "object"},
-        fn=lambda a, c: ran.append(c.session_id) or "LEAKED",
+        fn=secret,
     )
 
 
@@ -299,7 +303,7 @@ def test_an_in_process_tool_that_ignores_cancel_is_abandoned(parallel: bool) -> 
                 concurrency_safe=parallel,
             )
         )
-        calls = [("stubborn", {}), ("stubborn", {})] if parallel else [("stubborn", {})]
+        calls: list[Any] = [("stubborn", {})] * (2 if parallel else 1)
         k.respond = lambda r: S.tool_calls(calls) if r.step == 1 else S.text("done")
         root = k.parent()
         run = k.start(root)

@@ -167,7 +167,7 @@ def test_short_children_in_sequence_leave_rss_and_objects_flat() -> None:
         assert live_greenlets() - greenlets_before == set()
         assert k.runtime.ctx.agents.keys() == {parent.id}
         assert k.service.runs() == []
-        assert list(k.store.files) == [parent.id]
+        assert [h.id for h in k.store.list()] == [parent.id]
         assert b < MAX_SLOPE, f"RSS grows {b:.0f} bytes per child"
 
 
