@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, Protocol, overload
+
+import msgpack
 
 from agent import events as ev
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import MAX_FRAME, _crc32, _frame, _pack_prefix, _packb
 from agent.jsoncheck import check_json
+
+_unpackb = msgpack.unpackb
 
 __all__ = [
     "Durability",
@@ -363,6 +367,63 @@ class LogSink(Protocol):
     def close(self) -> None: ...
 
 
+class EventView(Sequence[Event]):
+    """A live session's events, kept as their encoded frames and decoded on access.
+
+    A live child holds its whole log in memory. As dicts and lists that is a couple of hundred
+    objects per child for the cyclic collector to rescan on every full collection; as bytes it
+    is none, and it is smaller. Events given at creation (a loaded log, a fork seed) stay as
+    they are. Each access decodes a fresh copy: the log never hands out its own state.
+    """
+
+    __slots__ = ("_loaded", "_payloads")
+
+    def __init__(self, loaded: list[Event]) -> None:
+        self._loaded = loaded
+        self._payloads: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self._loaded) + len(self._payloads)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("event index out of range")
+        loaded = len(self._loaded)
+        if index < loaded:
+            return self._loaded[index]
+        event: Event = _unpackb(self._payloads[index - loaded])
+        return event
+
+    def __iter__(self) -> Iterator[Event]:
+        yield from self._loaded
+        for payload in self._payloads:
+            yield _unpackb(payload)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (EventView, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<EventView of {len(self)} events>"
+
+    def _append_payload(self, payload: bytes) -> None:
+        self._payloads.append(payload)
+
+
 class SessionLog:
     """The live, appendable log of one session.
 
@@ -382,7 +443,7 @@ class SessionLog:
         if durability not in DURABILITY_SETTINGS:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
         self.header = header
-        self.events = events
+        self.events = EventView(events)
         self.durability: Durability = durability
         self._sink = sink
         self._replay = replay if replay is not None else validate_log(events, header)
@@ -415,13 +476,13 @@ class SessionLog:
         payload = _packb(event)
         if len(payload) > MAX_FRAME:
             # The replay already advanced; roll it back by rebuilding (rare, loud path).
-            self._replay = validate_log(events, self.header)
+            self._replay = validate_log(list(events), self.header)
             self._feed = self._replay.feed
             raise ValueError(f"{type} event of {len(payload)} bytes exceeds {MAX_FRAME}")
         buffer = self._buffer
         buffer += _pack_prefix(len(payload), _crc32(payload))
         buffer += payload
-        events.append(event)
+        events._append_payload(payload)
         return event
 
     def checkpoint(self, point: Literal["step", "turn"]) -> None:
