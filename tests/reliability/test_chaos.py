@@ -595,6 +595,7 @@ def check_invariants(chaos: Chaos, baseline_greenlets: set[int], actors_before: 
     logs: dict[str, list[Mapping[str, Any]]] = {}
     for header in chaos.store.list():
         sid = header.id
+        gevent.sleep(0)  # a thousand loads in a row would block the hub
         try:
             seen = chaos.store.inspect(sid)
             if seen.needs_repair:
@@ -609,6 +610,7 @@ def check_invariants(chaos: Chaos, baseline_greenlets: set[int], actors_before: 
             v.append(f"session {sid}: log does not load/validate: {exc!r}")
     # 6. every accepted message is in a log, or was reported lost to its sender
     for sent in chaos.sent:
+        gevent.sleep(0)
         events = logs.get(sent.child, [])
         accepted = [
             e["data"]["message_id"]
@@ -647,7 +649,8 @@ def test_chaos(seed: int, tmp_path: Path) -> None:
     s = chaos.stats
     print(
         f"\nchaos seed={seed} children={CHILDREN} faults={dict(s.faults)} "
-        f"outcomes={dict(s.outcomes)} refused={s.starts_refused} restarts={s.restarts} "
+        f"actions={dict(s.actions)} outcomes={dict(s.outcomes)} "
+        f"refused={s.starts_refused} restarts={s.restarts} "
         f"repaired={s.repaired_logs} logs={s.logs_checked} messages_ok={s.messages_ok} "
         f"messages_lost_reported={s.messages_lost_reported} listener_raises={s.listener_raises} "
         f"violations={len(chaos.violations)}"

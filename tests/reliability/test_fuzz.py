@@ -629,7 +629,11 @@ def expected_outcome(lines: list[bytes], trailing_newline: bool) -> tuple[str, A
 
 
 def run_stream(
-    lines: list[bytes], trailing_newline: bool, chunk: int, max_line: int = MAX_LINE
+    lines: list[bytes],
+    trailing_newline: bool,
+    chunk: int,
+    max_line: int = MAX_LINE,
+    guard: float = 10.0,
 ) -> tuple[str, Any, list[bytes]]:
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
@@ -672,7 +676,7 @@ def run_stream(
         gevent.sleep(0)
     writer.close()  # EOF
     # A hang here is the finding: the guard turns it into a failure instead of a stuck run.
-    with gevent.Timeout(10, AssertionError("the request never completed after EOF")):
+    with gevent.Timeout(guard, AssertionError("the request never completed after EOF")):
         asking.join()
     try:
         outcome: tuple[str, Any] = ("result", asking.get())
@@ -709,7 +713,9 @@ def test_acp_deeply_nested_json_fails_the_request_instead_of_killing_the_reader(
     """A hostile agent's line of 100,000 '[' makes json.loads raise RecursionError, which is
     neither OSError nor ValueError: the reader must still fail the pending request."""
     tried("acp")
-    kind, _value, _answers = run_stream([b"[" * 100_000], True, 1 << 16, max_line=1 << 20)
+    kind, _value, _answers = run_stream(
+        [b"[" * 100_000], True, 1 << 16, max_line=1 << 20, guard=2.0
+    )
     assert kind == "closed"
 
 
