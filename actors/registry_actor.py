@@ -163,6 +163,13 @@ class RegistryActor(GeventActor):
         self._run_ids = itertools.count(1)
         self.running_peak = 0
 
+    def on_stop(self) -> None:
+        """Starts still waiting for a slot will never get one: tell them, never leave them
+        hanging."""
+        waiting, self._waiting = self._waiting, collections.deque()
+        for entry in waiting:
+            entry.reply.reject(SubagentError("RUNTIME_CLOSED", "the runtime closed first"))
+
     def on_receive(self, message: Any) -> Any:
         kind = type(message)
         if kind is Admit:

@@ -130,6 +130,12 @@ def decode_header(data: bytes | bytearray | memoryview, name: str) -> SessionHea
     return _decode_header(payload, name)
 
 
+# msgpack's marker for a 4-entry map: how every event envelope (type, seq, time, data) begins.
+_ENVELOPE_MAP = 0x84
+# CRC bytes the torn-tail search may spend before it gives up (see `_valid_frame_within`).
+_SEARCH_BUDGET_MIN = 1 << 20
+
+
 def iter_events(data: bytes | bytearray | memoryview, name: str, start: int = 0) -> Iterator[Event]:
     """The events of a session file, decoded one at a time as they are consumed.
 
@@ -176,7 +182,7 @@ def _next_frame(
         raise CorruptSessionError(name, offset, f"frame length {length} exceeds {MAX_FRAME}")
     stop = offset + 8 + length
     if stop > size:
-        found = _valid_frame_within(view, offset + 1, size)
+        found = _valid_frame_within(view, offset + 1, size, name)
         if found is not None:
             raise CorruptSessionError(
                 name,
@@ -193,16 +199,30 @@ def _next_frame(
     return stop, payload, False
 
 
-def _valid_frame_within(view: memoryview, start: int, size: int) -> int | None:
-    """First offset in [start, size) where a complete, CRC-valid frame begins, if any."""
+def _valid_frame_within(view: memoryview, start: int, size: int, name: str) -> int | None:
+    """First offset in [start, size) where a complete, CRC-valid frame begins, if any.
+
+    A real torn tail is one partial frame whose bytes rarely even look like a fitting length,
+    so the search is cheap. Crafted bytes could make it check a long candidate at every offset
+    (quadratic work on the hub), so CRC work is capped; past the cap the tail cannot be told
+    from a damaged length field, and that is reported as corruption rather than guessed.
+    """
+    budget = max(_SEARCH_BUDGET_MIN, 4 * (size - start))
     for pos in range(start, size - 8):
         length, crc = _unpack_prefix(view, pos)
-        if (
-            length > 0
-            and pos + 8 + length <= size
-            and _crc32(view[pos + 8 : pos + 8 + length]) == crc
-        ):
-            return pos
+        # Every event frame's payload is the 4-key envelope map: a one-byte test skips almost
+        # every offset before any CRC work.
+        if length > 0 and pos + 8 + length <= size and view[pos + 8] == _ENVELOPE_MAP:
+            budget -= length
+            if budget < 0:
+                raise CorruptSessionError(
+                    name,
+                    start - 1,
+                    "a frame length runs past end of file over bytes that "
+                    "cannot be classified cheaply",
+                )
+            if _crc32(view[pos + 8 : pos + 8 + length]) == crc:
+                return pos
     return None
 
 

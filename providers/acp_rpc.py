@@ -232,7 +232,7 @@ class JsonRpcConnection:
     def _dispatch(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             self._fail(
                 ConnectionClosed(
                     f"protocol error: malformed JSON on stdout: {line[:200]!r}",

@@ -458,6 +458,10 @@ class ContinuationManager:
         return header, found
 
     def _adopt(self, child: _Child, handle: Any, label: str, owner: str) -> str:
+        if self._closed:
+            # close() already took its census: an activation it cannot see must not live on.
+            handle.dispose()
+            raise SubagentError("RUNTIME_CLOSED", "the runtime closed while the child started")
         tasks = self._ctx.tasks
         try:
             task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))

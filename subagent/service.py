@@ -286,17 +286,24 @@ class SubagentService:
 
     def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
         future = self._ref.ask(message, block=False)
-        remove = signal.add_listener(
-            lambda reason: self._ref.tell(reg.Withdraw(message.ticket, reason))
-        )
+        remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
         try:
             admitted: tuple[Any, str] = future.get()
         finally:
             remove()
         if signal.aborted:
-            self._ref.tell(reg.Released(message.ticket))
+            self._release(message.ticket)
             raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")
         return admitted
+
+    def _withdraw(self, ticket: int, reason: Any) -> None:
+        with contextlib.suppress(ActorDeadError):
+            self._ref.tell(reg.Withdraw(ticket, reason))
+
+    def _release(self, ticket: int) -> None:
+        """Give an admission slot back; a registry already stopped needs nothing back."""
+        with contextlib.suppress(ActorDeadError):
+            self._ref.tell(reg.Released(ticket))
 
     def _launch(
         self,
@@ -309,7 +316,7 @@ class SubagentService:
         try:
             run = start()
         except BaseException:
-            self._ref.tell(reg.Released(ticket))
+            self._release(ticket)
             raise
         # Method presence is the capability (the seed's narrowing); a direct attribute check is
         # exact and far cheaper than a runtime-checkable Protocol `isinstance` on every start.
@@ -333,7 +340,7 @@ class SubagentService:
                 handle.ref.ask(DisposeRun())
             else:
                 run.dispose()
-            self._ref.tell(reg.Released(ticket))
+            self._release(ticket)
             raise SubagentError("START_FAILED", "the parent is shutting down") from None
         self._live[run_id] = handle
         self._by_parent.setdefault(parent_id, {})[run_id] = handle
@@ -376,7 +383,7 @@ class SubagentService:
             siblings.pop(handle.run_id, None)
             if not siblings:
                 del self._by_parent[handle.parent_id]
-        if self._ref.is_alive():
+        with contextlib.suppress(ActorDeadError):
             self._ref.tell(reg.Ended(handle._ticket, event))
 
     # -- continuable children (see subagent.continuation) -----------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -104,6 +105,11 @@ class Task:
         }
 
 
+# How many settled tasks stay readable (`get`, `list`, `wait`) before the oldest are forgotten:
+# one record per activation would otherwise grow without bound in a long-lived process.
+DEFAULT_KEEP_SETTLED = 10_000
+
+
 class _Record:
     """The service's mutable state of one task."""
 
@@ -161,6 +167,7 @@ class TaskService:
         *,
         kill_grace: float = DEFAULT_KILL_GRACE,
         clock: Callable[[], float] = time.time,
+        keep_settled: int = DEFAULT_KEEP_SETTLED,
     ) -> None:
         if isinstance(kill_grace, bool) or not isinstance(kill_grace, (int, float)):
             raise TypeError(f"kill_grace must be a number, got {type(kill_grace).__name__}")
@@ -168,6 +175,12 @@ class TaskService:
             raise ValueError(f"kill_grace must be finite and >= 0, got {kill_grace}")
         if not callable(clock):
             raise TypeError("clock must be callable")
+        if isinstance(keep_settled, bool) or not isinstance(keep_settled, int):
+            raise TypeError("keep_settled must be an int")
+        if keep_settled < 0:
+            raise ValueError(f"keep_settled must be >= 0, got {keep_settled}")
+        self._keep_settled = keep_settled
+        self._settled_order: deque[str] = deque()
         self._grace = float(kill_grace)
         self._clock = clock
         self._ids = itertools.count(1)
@@ -340,7 +353,13 @@ class TaskService:
             greenlet.kill(block=True)
 
     def _notify(self, rec: _Record) -> None:
+        # A settled task needs no way to stop what backs it: dropping the kill callable frees
+        # that (a whole child run, for a continuable activation) for the collector.
+        rec.kill_fn = None
         rec.done.set()
+        self._settled_order.append(rec.id)
+        while len(self._settled_order) > self._keep_settled:
+            self._tasks.pop(self._settled_order.popleft(), None)
         task = rec.snapshot()
         for fn in list(self._listeners.values()):
             try:

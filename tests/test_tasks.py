@@ -504,3 +504,32 @@ def test_bad_arguments(tasks: TaskService) -> None:
             op()
     assert tasks.get(t.id).status == RUNNING  # rejected calls changed nothing
     assert len(tasks.list()) == 1  # and created nothing
+
+
+def test_only_the_newest_settled_tasks_are_kept_and_their_kill_callables_dropped() -> None:
+    service = TaskService(keep_settled=2)
+    try:
+        kills: list[str] = []
+        ids = []
+        for i in range(4):
+            task = service.adopt(f"t{i}", "owner", kill=kills.append)
+            ids.append(task.id)
+            assert service.settle(task.id, "completed", output=i)
+        assert [t.id for t in service.list()] == ids[2:]
+        with pytest.raises(UnknownTaskError):
+            service.get(ids[0])
+        assert service.get(ids[3]).output == 3
+        running = service.adopt("live", "owner", kill=kills.append)
+        assert service.kill(running.id, "stop")
+        assert kills == ["stop"]
+        assert not service.kill(running.id, "again")  # settled: nothing to call any more
+        assert kills == ["stop"]
+    finally:
+        service.close()
+
+
+def test_keep_settled_must_be_a_non_negative_int() -> None:
+    with pytest.raises(TypeError):
+        TaskService(keep_settled=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        TaskService(keep_settled=-1)

@@ -658,27 +658,12 @@ def test_chaos(seed: int, tmp_path: Path) -> None:
     assert not chaos.violations, f"seed {seed}: " + "\n".join(chaos.violations[:40])
 
 
-WAITING_STARTS_HANG = pytest.mark.xfail(
-    strict=True,
-    reason="bug: actors/registry_actor.py never rejects the admission replies of starts still "
-    "waiting for a slot when the registry stops (Runtime.close), so those start() calls, "
-    "continuable ones included, block forever",
-)
-CLOSE_VS_CONTINUABLE_HANG = pytest.mark.xfail(
-    strict=True,
-    reason="bug: subagent/continuation.py close() disposes only the handles it sees in its first "
-    "pass; a start_continuable/send_message still inside service.start/resume adopts its handle "
-    "later and the second pass waits forever for that activation (Runtime.close hangs; about "
-    "2 runs in 3 of one attempt, so the test tries up to 8 times)",
-)
-
-
 @pytest.mark.parametrize(
     ("mode", "max_children", "attempts"),
     [
         ("one-shot", None, 1),
-        pytest.param("continuable", None, 8, marks=CLOSE_VS_CONTINUABLE_HANG),
-        pytest.param("one-shot", 8, 1, marks=WAITING_STARTS_HANG),
+        ("continuable", None, 8),
+        ("one-shot", 8, 1),
     ],
     ids=["one-shot", "continuable", "cap-8"],
 )

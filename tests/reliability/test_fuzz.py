@@ -531,11 +531,6 @@ class _TooMuchWork(BaseException):
     pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: agent/frames.py _valid_frame_within CRCs a whole candidate frame at every offset "
-    "of a torn tail: O(n^2) work, a hang (on the hub for files < 1 MiB) for a crafted tail",
-)
 def test_a_crafted_torn_tail_is_classified_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """A torn last frame makes the decoder look for a valid frame inside the torn region. Here the
     region's bytes are shaped so that one 4-byte window in four reads as a length that fits in
@@ -703,12 +698,6 @@ def test_acp_streams_resolve_the_request_exactly_as_json_rpc_says(
     assert (kind, value) == expected_outcome(lines, trailing_newline)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: providers/acp_rpc.py _read_loop catches only OSError/ValueError; json.loads "
-    "raises RecursionError on deep nesting, the reader greenlet dies and the pending request "
-    "(session/prompt has no signal) never completes",
-)
 def test_acp_deeply_nested_json_fails_the_request_instead_of_killing_the_reader() -> None:
     """A hostile agent's line of 100,000 '[' makes json.loads raise RecursionError, which is
     neither OSError nor ValueError: the reader must still fail the pending request."""

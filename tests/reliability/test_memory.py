@@ -171,12 +171,6 @@ def test_short_children_in_sequence_leave_rss_and_objects_flat() -> None:
         assert b < MAX_SLOPE, f"RSS grows {b:.0f} bytes per child"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: subagent/tasks.py keeps a settled task's kill callable (rec.kill_fn), whose "
-    "closure holds the RunHandle, so every continuable activation's agent, actor, log and "
-    "futures stay reachable (~40 KB each); clearing kill_fn when the task settles fixes it",
-)
 @pytest.mark.timeout(3600)
 def test_continuable_children_in_sequence_leave_objects_flat(tmp_path: Path) -> None:
     with bare(SessionStore(tmp_path, durability="none")) as k:
