@@ -202,27 +202,31 @@ def _next_frame(
 def _valid_frame_within(view: memoryview, start: int, size: int, name: str) -> int | None:
     """First offset in [start, size) where a complete, CRC-valid frame begins, if any.
 
-    A real torn tail is one partial frame whose bytes rarely even look like a fitting length,
-    so the search is cheap. Crafted bytes could make it check a long candidate at every offset
-    (quadratic work on the hub), so CRC work is capped; past the cap the tail cannot be told
-    from a damaged length field, and that is reported as corruption rather than guessed.
+    A real torn tail is one partial frame whose bytes rarely even look like a frame, so the
+    search is cheap: only offsets followed, 8 bytes on, by the event envelope's msgpack marker
+    are candidates (found by a C-speed `find`). Crafted bytes could still offer a long candidate
+    at every few offsets, so CRC work is capped; past the cap the tail cannot be told from a
+    damaged length field, and that is reported as corruption rather than guessed.
     """
+    raw = view.obj if isinstance(view.obj, bytes) and len(view.obj) == size else view.tobytes()
     budget = max(_SEARCH_BUDGET_MIN, 4 * (size - start))
-    for pos in range(start, size - 8):
+    marker = bytes([_ENVELOPE_MAP])
+    at = raw.find(marker, start + 8, size)
+    while at >= 0:
+        pos = at - 8
         length, crc = _unpack_prefix(view, pos)
-        # Every event frame's payload is the 4-key envelope map: a one-byte test skips almost
-        # every offset before any CRC work.
-        if length > 0 and pos + 8 + length <= size and view[pos + 8] == _ENVELOPE_MAP:
+        if length > 0 and pos + 8 + length <= size:
             budget -= length
             if budget < 0:
                 raise CorruptSessionError(
                     name,
                     start - 1,
-                    "a frame length runs past end of file over bytes that "
-                    "cannot be classified cheaply",
+                    "a frame length runs past end of file over bytes that cannot be "
+                    "classified cheaply",
                 )
             if _crc32(view[pos + 8 : pos + 8 + length]) == crc:
                 return pos
+        at = raw.find(marker, at + 1, size)
     return None
 
 

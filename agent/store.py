@@ -61,8 +61,9 @@ logger = logging.getLogger("agent")
 _T = TypeVar("_T")
 
 SUFFIX: Final = ".session"
-# Files at least this big are read and decoded in the hub's thread pool, not on the hub.
-_THREADPOOL_READ: Final = 1 << 20
+# Files at least this big are read and decoded in the hub's thread pool, not on the hub: a
+# 256 KiB log decodes in a few milliseconds, and a torn tail's search stays off the hub too.
+_THREADPOOL_READ: Final = 1 << 18
 
 
 @contextlib.contextmanager

@@ -95,6 +95,7 @@ class ContinuationManager:
         self.max_restarts = max_restarts
         self.within = within
         self._closed = False
+        self._settlers: set[gevent.Greenlet] = set()
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -472,7 +473,9 @@ class ContinuationManager:
         child.task_id = task.id
         child.settled.clear()
         child.users += 1  # released by `_settle`
-        gevent.spawn(self._settle, child, handle, task.id)
+        settler = gevent.spawn(self._settle, child, handle, task.id)
+        self._settlers.add(settler)
+        settler.link(self._settlers.discard)
         return str(task.id)
 
     def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
@@ -583,6 +586,9 @@ class ContinuationManager:
                 handle.dispose()
         for child in list(self._children.values()):
             child.settled.wait()
+        # A settlement may still be telling the parent or restarting after `settled` is set;
+        # quiescence means those greenlets have ended too.
+        gevent.joinall(list(self._settlers))
 
 
 def _message_id(handle: Any) -> str:
