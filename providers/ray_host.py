@@ -23,13 +23,14 @@ addressed to an old incarnation are dropped.
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import gevent
 from gevent.event import Event as GEvent
@@ -41,7 +42,6 @@ from providers.inprocess import SpawnProvider
 from providers.local_run import LocalRun, clip_diagnostic, stop_reason_of
 from subagent.descriptor import SubagentDescriptor, authoritative_descriptor
 from subagent.errors import SubagentError
-from subagent.runtime import Runtime
 from subagent.types import (
     ERROR,
     MessageSource,
@@ -69,7 +69,37 @@ RECOVERY_PROMPT = (
     "the conversation stands."
 )
 
-HostSetup = Callable[[Runtime], None]
+
+class HostRuntime(Protocol):
+    """What a host needs of the runtime it composes (`subagent.runtime.Runtime` by default)."""
+
+    @property
+    def ctx(self) -> Any: ...
+
+    @property
+    def store(self) -> Any: ...
+
+    @property
+    def scripted(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+HostSetup = Callable[[HostRuntime], None]
+
+# The runtime a host composes, named rather than imported: a provider sits below the runtime
+# wiring in the layers, and a host is the one place that builds a whole runtime (in its own
+# process). A deployment may name its own factory, called with the host's session store.
+DEFAULT_RUNTIME_FACTORY = "subagent.runtime:Runtime"
+
+
+def resolve_factory(path: str) -> Callable[..., HostRuntime]:
+    """`module:attribute` to the object it names."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"runtime_factory must be 'module:attribute', got {path!r}")
+    factory: Callable[..., HostRuntime] = getattr(importlib.import_module(module_name), attribute)
+    return factory
 
 
 @dataclass(frozen=True)
@@ -82,6 +112,8 @@ class HostConfig:
     # sections, script the scripted model. Must be picklable (cloudpickle: closures are fine).
     setup: HostSetup | None = None
     relay_progress: bool = True
+    # `module:attribute` of the runtime to compose, called as `factory(store=SessionStore)`.
+    runtime_factory: str = DEFAULT_RUNTIME_FACTORY
     # Kept events the provider has not acknowledged yet are bounded only by the provider's
     # polling; this caps one poll's answer.
     max_batch: int = 10_000
@@ -95,7 +127,7 @@ class ScriptedSetup:
     steps: tuple[Step, ...]
     repeat: bool = True
 
-    def __call__(self, runtime: Runtime) -> None:
+    def __call__(self, runtime: HostRuntime) -> None:
         runtime.scripted.script(DEFAULT, list(self.steps), repeat=self.repeat)
 
 
@@ -222,14 +254,14 @@ class ChildHost:
         self._entries: dict[str, _Entry] = {}
         self._starting: dict[Any, str] = {}
         self._provider = SpawnProvider("ray-child")
-        self._runtime: Runtime = self._hub.call(self._make_runtime)
+        self._runtime: HostRuntime = self._hub.call(self._make_runtime)
 
     # -- hub-side construction ----------------------------------------------------------------
 
-    def _make_runtime(self) -> Runtime:
+    def _make_runtime(self) -> HostRuntime:
         os.makedirs(self.config.store_dir, exist_ok=True)
         store = SessionStore(self.config.store_dir, durability=self.config.durability)  # type: ignore[arg-type]
-        runtime = Runtime(store=store)
+        runtime = resolve_factory(self.config.runtime_factory)(store=store)
         if self.config.setup is not None:
             self.config.setup(runtime)
         if self.config.relay_progress:
