@@ -56,28 +56,11 @@ def create_agent(
     try:
         if seed:
             session_log.append("session/end-seed", {"length": len(seed)})
-        tools = tools if tools is not None else ToolScope(ctx.tools)
-        prompt = prompt if prompt is not None else SystemPrompt(parent=ctx.prompt)
-        core = AgentCore(
-            session_id=header.id,
-            log=session_log,
-            options=options,
-            model=adapter,
-            model_name=model_name,
-            tools=tools,
-            prompt=prompt,
-            variables=ctx.variables,
-        )
-        agent = Agent(
-            ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options
-        )
+        agent = _build(ctx, session_log, options, adapter, model_name, tools, prompt)
     except BaseException:
         _discard_session(ctx, header.id, session_log)
         raise
-    ctx.agents[agent.id] = agent
-    for hook in ctx.on_agent_published:
-        hook(agent)
-    return agent
+    return _publish(ctx, agent)
 
 
 def resume_agent(
@@ -94,28 +77,44 @@ def resume_agent(
         raise ValueError(f"agent {session_id} is already live")
     session_log = ctx.store.open(session_id)
     try:
-        header = session_log.header
         options = options or AgentOptions()
         adapter, model_name = ctx.models.resolve(options.model)
-        tools = tools if tools is not None else ToolScope(ctx.tools)
-        prompt = prompt if prompt is not None else SystemPrompt(parent=ctx.prompt)
-        core = AgentCore(
-            session_id=header.id,
-            log=session_log,
-            options=options,
-            model=adapter,
-            model_name=model_name,
-            tools=tools,
-            prompt=prompt,
-            variables=ctx.variables,
-        )
-        agent = Agent(
-            ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options
-        )
+        agent = _build(ctx, session_log, options, adapter, model_name, tools, prompt)
         agent.actor.restore_queue(pending_inbox(session_log.events))
     except BaseException:
         session_log.close()
         raise
+    return _publish(ctx, agent)
+
+
+def _build(
+    ctx: AgentContext,
+    session_log: Any,
+    options: AgentOptions,
+    adapter: Any,
+    model_name: str,
+    tools: ToolScope | None,
+    prompt: SystemPrompt | None,
+) -> Agent:
+    """The agent over an open log: a new flat tool scope and prompt scope unless given."""
+    tools = tools if tools is not None else ToolScope(ctx.tools)
+    prompt = prompt if prompt is not None else SystemPrompt(parent=ctx.prompt)
+    header = session_log.header
+    core = AgentCore(
+        session_id=header.id,
+        log=session_log,
+        options=options,
+        model=adapter,
+        model_name=model_name,
+        tools=tools,
+        prompt=prompt,
+        variables=ctx.variables,
+    )
+    return Agent(ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options)
+
+
+def _publish(ctx: AgentContext, agent: Agent) -> Agent:
+    """Make the agent visible (`ctx.agents`) and tell the hooks, before its first turn runs."""
     ctx.agents[agent.id] = agent
     for hook in ctx.on_agent_published:
         hook(agent)

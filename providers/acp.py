@@ -21,10 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gevent
-import pykka
 from gevent.event import Event
 
-from actors.gevent_actor import GeventFuture
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
 from providers.acp_process import ProcessGroup
 from providers.acp_rpc import (
@@ -35,6 +33,7 @@ from providers.acp_rpc import (
     RpcError,
     StderrTail,
 )
+from providers.remote_run import RemoteRun
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
@@ -185,7 +184,7 @@ class _StartFailure(Exception):
     pass
 
 
-class AcpRun:
+class AcpRun(RemoteRun):
     """One prompt turn of an external ACP agent. `result` never fails; always `dispose()`."""
 
     def __init__(
@@ -196,12 +195,10 @@ class AcpRun:
         signal: AbortSignal,
         on_progress: ProgressCallback | None,
     ) -> None:
-        self._id = run_id
+        super().__init__(run_id)
         self._child = child
         self.acp_session_id = session_id
         self._on_progress = on_progress
-        self._result: GeventFuture[SubagentResult] = GeventFuture()
-        self._settled = False
         self._output: list[str] = []
         self._prompting = False
         self._disposed = Event()
@@ -210,18 +207,6 @@ class AcpRun:
         child.notification_handler = self._on_notification
         self._turn: gevent.Greenlet | None = None
         self._remove_listener = signal.add_listener(self._on_abort)
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def local_agent(self) -> None:
-        return None
-
-    @property
-    def result(self) -> pykka.Future[SubagentResult]:
-        return self._result
 
     @property
     def pid(self) -> int:
@@ -257,12 +242,9 @@ class AcpRun:
     def _settle(self, stop_reason: str, diagnostic: str | None = None) -> None:
         if self._settled:
             return
-        self._settled = True
         text = "".join(self._output)
         output = [{"type": "text", "text": text}] if text else []
-        self._result.set(
-            SubagentResult(output=output, stop_reason=stop_reason, diagnostic=diagnostic)
-        )
+        self._resolve(SubagentResult(output=output, stop_reason=stop_reason, diagnostic=diagnostic))
 
     def _cancel(self, why: str) -> None:
         was_prompting = self._prompting and not self._settled

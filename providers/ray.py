@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
-import pykka
 from gevent.event import AsyncResult
 from gevent.event import Event as GEvent
 from gevent.lock import Semaphore
@@ -44,6 +43,7 @@ from gevent.lock import Semaphore
 from actors.gevent_actor import GeventFuture
 from providers.local_run import clip_diagnostic
 from providers.ray_host import ChildHost, HostConfig, HostSetup, result_from_json
+from providers.remote_run import RemoteRun
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
@@ -223,7 +223,7 @@ class _Host:
         self.restarts = 0
 
 
-class RayRun:
+class RayRun(RemoteRun):
     """One activation of a child on a Ray host. `result` never fails for child-level failures."""
 
     def __init__(
@@ -237,14 +237,12 @@ class RayRun:
         recovery: dict[str, Any] | None,
         on_progress: ProgressCallback | None,
     ) -> None:
+        super().__init__(key)
         self._provider = provider
-        self._id = key
         self._spec = spec
         self._recovery = recovery
         self.continuable = continuable
         self._on_progress = on_progress
-        self._result: GeventFuture[SubagentResult] = GeventFuture()
-        self._settled = False
         self._published = GEvent()
         self._failure: SubagentError | None = None
         self._disposing = False
@@ -260,22 +258,6 @@ class RayRun:
     def __repr__(self) -> str:
         where = None if self.host is None else self.host.index
         return f"<RayRun {self._id} host={where} settled={self._settled}>"
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def local_agent(self) -> None:
-        return None
-
-    @property
-    def result(self) -> pykka.Future[SubagentResult]:
-        return self._result
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
 
     # -- caller operations ---------------------------------------------------------------------
 
@@ -404,16 +386,7 @@ class RayRun:
         self.cancel(reason)
 
     def _settle(self, result: SubagentResult) -> None:
-        if self._settled:
-            return
-        self._settled = True
-        self._result.set(result)
-
-    def _fault(self, exc: BaseException) -> None:
-        if self._settled:
-            return
-        self._settled = True
-        self._result.set_exception((type(exc), exc, None))
+        self._resolve(result)
 
     def _detach(self) -> None:
         host = self.host
