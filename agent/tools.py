@@ -36,6 +36,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from agent.fastcheck import compile_fast_check
 from agent.model import ToolCall, ToolSpec
 from subagent.errors import SubagentError
 from subagent.types import ToolRestriction, text_block
@@ -112,6 +113,7 @@ class Tool:
     concurrency_safe: bool = False
     # Compiled once: argument validation runs on every call.
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    _fast_check: Callable[[Any], bool] | None = field(init=False, repr=False, compare=False)
     _spec: ToolSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +134,7 @@ class Tool:
                 f"tool {self.name!r}: invalid parameters schema: {exc.message}"
             ) from exc
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "_fast_check", compile_fast_check(self.parameters))
         object.__setattr__(self, "_spec", ToolSpec(self.name, self.description, self.parameters))
 
     def spec(self) -> ToolSpec:
@@ -142,6 +145,9 @@ class Tool:
         if not isinstance(arguments, Mapping):
             return [f"arguments must be an object, got {type(arguments).__name__}"]
         instance = arguments if isinstance(arguments, dict) else dict(arguments)
+        fast = self._fast_check
+        if fast is not None and fast(instance):
+            return []  # certainly valid; jsonschema is asked only when in doubt
         errors = sorted(self._validator.iter_errors(instance), key=lambda e: list(e.path))
         out = []
         for err in errors[:_MAX_ARG_ERRORS]:
