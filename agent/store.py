@@ -169,7 +169,8 @@ class _Store:
             raise ValueError(
                 f"header.seed_length is {header.seed_length} but {len(seed)} seed events given"
             )
-        header = replace(header, seed_length=len(seed))
+        if header.seed_length != len(seed):
+            header = replace(header, seed_length=len(seed))
         for index, event in enumerate(seed):
             check_json(event.get("data"), where=f"seed[{index}].data")
         try:

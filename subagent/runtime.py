@@ -6,7 +6,9 @@ agent, and stops every actor it started, returning only at quiescence.
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,12 @@ class Runtime:
         scripted: ScriptedModel | None = None,
         max_children: int | None = None,
         max_children_per_parent: int | None = None,
+        gc_freeze_every: int | None = None,
     ) -> None:
+        """`gc_freeze_every=N` (opt-in, process-wide): after every N child starts, move what is
+        alive into the collector's permanent generation (`gc.freeze()`), so full collections
+        stop rescanning thousands of live children; `close()` unfreezes. See
+        docs/performance.md for what it buys and what it costs."""
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -55,9 +62,19 @@ class Runtime:
         self.ctx = AgentContext(store=store, models=models)
         self.tasks = TaskService()
         self.ctx.tasks = self.tasks
+        if gc_freeze_every is not None and (
+            not isinstance(gc_freeze_every, int)
+            or isinstance(gc_freeze_every, bool)
+            or gc_freeze_every < 1
+        ):
+            raise ValueError("gc_freeze_every must be a positive int or None")
+        self._gc_freeze_every = gc_freeze_every
         self.subagents = SubagentService(
             self.ctx, max_children=max_children, max_children_per_parent=max_children_per_parent
         )
+        if gc_freeze_every is not None:
+            self.subagents.subscribe(self._count_start)
+        self._starts = 0
         self.ctx.subagents = self.subagents
         self._closed = False
 
@@ -80,11 +97,20 @@ class Runtime:
         """Rebuild a stored agent in this runtime; it waits for its next message."""
         return resume_agent(self.ctx, session_id, options=options)
 
+    def _count_start(self, event: Mapping[str, Any]) -> None:
+        if event["type"] != "subagent/start":
+            return
+        self._starts += 1
+        if self._gc_freeze_every is not None and self._starts % self._gc_freeze_every == 0:
+            gc.freeze()
+
     def close(self) -> None:
         """Dispose every run, close every agent (children first), stop the registry."""
         if self._closed:
             return
         self._closed = True
+        if self._gc_freeze_every is not None:
+            gc.unfreeze()  # what was frozen is collectable again once released
         self.subagents.close()
         self.tasks.close()
         # Deepest first, so a parent never outlives a child it owns.
