@@ -5,9 +5,9 @@ from __future__ import annotations
 import gc
 
 import pytest
+from seam_kit import kit
 
 from agent.store import MemoryStore
-from seam_kit import kit
 from subagent.errors import SubagentError
 from subagent.runtime import Runtime
 
