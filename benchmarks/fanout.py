@@ -123,9 +123,15 @@ def _noop_tool() -> Tool:
     return Tool(name="noop", description="does nothing", parameters={"type": "object"}, fn=fn)
 
 
-def _runtime(responder: Callable[[ModelRequest], S.Step | str]) -> Runtime:
+def _runtime(
+    responder: Callable[[ModelRequest], S.Step | str], gc_freeze_every: int | None = None
+) -> Runtime:
     # record=False: the scripted model keeps no request history (it would hold every message).
-    rt = Runtime(store=MemoryStore(), scripted=S.ScriptedModel(responder, record=False))
+    rt = Runtime(
+        store=MemoryStore(),
+        scripted=S.ScriptedModel(responder, record=False),
+        gc_freeze_every=gc_freeze_every,
+    )
     rt.subagents.register(SpawnProvider())
     rt.ctx.tools.register(_noop_tool())
     return rt
@@ -192,8 +198,9 @@ def _fanout_responder(request: ModelRequest) -> S.Step:
 
 def _fanout(n: int, gc_mode: str = "default") -> dict[str, Any]:
     """`gc_mode`: "default" (CPython's thresholds), "off" (gc.disable() for the run, one full
-    collection after it, counted), or "frozen" (freeze_gc() right after the start burst)."""
-    rt = _runtime(_fanout_responder)
+    collection after it, counted), "frozen" (freeze_gc() right after the start burst), or
+    "freeze-every" (the runtime's opt-in `gc_freeze_every=500`)."""
+    rt = _runtime(_fanout_responder, 500 if gc_mode == "freeze-every" else None)
     parent = rt.agent()
     ends = [0]
     rt.subagents.subscribe(lambda e: _count_end(e, ends))
@@ -484,6 +491,7 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
     ours: dict[str, Any] = {"rss": _rss(n)}  # first: its RSS delta must not reuse freed memory
     ours["fanout"] = _fanout(n)
     ours["fanout_gc_off"] = _fanout(n, "off")
+    ours["fanout_gc_freeze_every"] = _fanout(n, "freeze-every")
     ours["starts"] = _starts(n)
     ours["tree"] = _tree(tree_n)
     ours["steer_quiet"] = _steer(steer_n, busy=False)
@@ -504,6 +512,9 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         "wall_ours_over_agents_sdk": _ratio(wall, sdk_wall),
         "cpu_per_child_step_us": ours["fanout"]["cpu_per_child_step_us"],
         "cpu_per_child_step_us_gc_off": ours["fanout_gc_off"]["cpu_per_child_step_us"],
+        "cpu_per_child_step_us_gc_freeze_every": ours["fanout_gc_freeze_every"][
+            "cpu_per_child_step_us"
+        ],
         "wall_ours_gc_off_over_autogen": _ratio(
             ours["fanout_gc_off"]["wall_s"], autogen.get("wall_s")
         ),
