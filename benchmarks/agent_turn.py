@@ -44,8 +44,10 @@ DEFAULT_N = 2_000
 QUICK_N = 100
 STEPS_PER_TURN = 10
 
+# Issue [2 of 8]: <= 100 us median per step with the durable log on. (The fan-out budget of
+# issue [3 of 8], ~35 us per child step, is measured by `benchmarks/fanout.py`.)
 TARGETS = {
-    "step_cpu_us_median": ("<=", 35.0),
+    "step_cpu_us_median": ("<=", 100.0),
     "peer_over_ours": (">=", 10.0),
 }
 
