@@ -331,6 +331,20 @@ class AgentActor(GeventActor):
         if worker is not None and worker is not gevent.getcurrent():
             worker.kill(block=False)
 
+    def on_failure(self, *exc_info: Any) -> None:
+        """The actor crashed or was killed: end the turn as a stop would, and settle every reply
+        it still owes, so no asker waits for ever on a dead actor."""
+        self.on_stop()
+        dead = SubagentError("RUN_DISPOSED", "the agent's actor died")
+        replies, self._steer_replies = self._steer_replies, {}
+        self._steers = []
+        for reply in replies.values():
+            reply.reject(dead)
+        waiters = self._idle_waiters + self._close_waiters
+        self._idle_waiters, self._close_waiters = [], []
+        for waiter in waiters:
+            waiter.resolve(self._last_outcome)
+
 
 class Agent:
     """The handle users hold for one live agent. Methods return Pykka futures."""

@@ -139,3 +139,32 @@ def test_close_while_idle_is_quick_and_complete() -> None:
         a: Agent = k.agent()
         a.close()
         assert not a.ref.is_alive() and a.log.closed and a.status == "closed"
+
+
+def test_a_killed_agent_actor_settles_every_reply_it_owed() -> None:
+    from actors import gevent_actor
+
+    with kit() as k:
+        a = k.agent()
+        entered, never = Event(), Event()
+
+        def stuck(args: Any, ctx: Any) -> str:
+            entered.set()
+            never.wait()
+            return "x"
+
+        k.tool("stuck", stuck)
+        k.model.script(a.id, [S.tool_call("stuck")])
+        a.send("go").get()
+        entered.wait()
+        steer = a.steer("pending")
+        idle = a.when_idle()
+        wait_for(lambda: bool(a.actor._steers), "the steer reached the actor")
+        gevent_actor.kill(a.ref)
+        with pytest.raises(SubagentError) as info:
+            steer.get(timeout=5)
+        assert info.value.code == "RUN_DISPOSED"
+        idle.get(timeout=5)  # resolved, not left hanging
+        assert gevent_actor.join(a.ref, 5)
+        a.log.close()
+        a._forget()
