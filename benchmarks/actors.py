@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,6 +21,9 @@ import pykka
 
 from actors import gevent_actor
 from actors.gevent_actor import GeventActor
+from benchmarks._measure import pct as _pct
+from benchmarks._measure import rss_bytes as _rss_bytes
+from benchmarks._measure import us as _us
 
 DEFAULT_N = 10_000
 QUICK_N = 1_000
@@ -39,20 +41,6 @@ TARGETS = {
     "rss_per_idle_gevent_actor_kib": ("<=", 16.0),
     "tree_cancel_s": ("<=", 0.3),
 }
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 2)
 
 
 class _Echo(GeventActor):

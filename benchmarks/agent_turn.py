@@ -39,6 +39,7 @@ from agent.models import scripted as sc
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool, ToolContext
+from benchmarks._measure import us as _us
 
 DEFAULT_N = 2_000
 QUICK_N = 100
@@ -71,10 +72,6 @@ def _context(root: str) -> tuple[AgentContext, sc.ScriptedModel]:
     ctx = AgentContext(store=SessionStore(root, durability="turn"), models=models)
     ctx.tools.register(_LOOKUP)
     return ctx, model
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 2)
 
 
 def bench_steps(turns: int, durable: bool = True) -> dict[str, Any]:

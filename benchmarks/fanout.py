@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +41,9 @@ from agent.options import AgentOptions
 from agent.store import MemoryStore
 from agent.tools import Tool, ToolContext
 from benchmarks import _peers
+from benchmarks._measure import pct as _pct
+from benchmarks._measure import ratio as _ratio
+from benchmarks._measure import rss_bytes as _rss_bytes
 from providers.inprocess import SpawnProvider
 from subagent.runtime import Runtime
 from subagent.service import SteerableRunHandle
@@ -78,16 +80,6 @@ TARGETS = {
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class _GcClock:
@@ -474,12 +466,6 @@ def _check(value: float | None, rule: tuple[str, float]) -> bool | None:
     if op == ">":
         return value > bound
     return value >= bound
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return round(a / b, 4)
 
 
 def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:

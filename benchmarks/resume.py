@@ -34,6 +34,7 @@ from agent.options import AgentOptions
 from agent.store import SessionStore
 from agent.tools import Tool, ToolContext
 from benchmarks import _peers
+from benchmarks._measure import ratio as _ratio
 from providers.inprocess import SpawnProvider
 from subagent.runtime import Runtime
 from subagent.types import MessageSource, SubagentStartRequest, text_block
@@ -288,9 +289,3 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
             "repeat, timed from invoke() to the first node call",
         ],
     }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return round(a / b, 4)
