@@ -21,7 +21,7 @@ from pykka import ActorRef
 
 from actors import gevent_actor
 from actors.gevent_actor import ActorKilled, GeventActor
-from supervision.child import Exit
+from supervision.child import Exit, ExitNotices
 
 __all__ = ["ActorChild", "spawn_actor_child"]
 
@@ -33,7 +33,7 @@ _names = itertools.count(1)
 class ActorChild:
     """Wraps a started GeventActor's ref; satisfies `supervision.child.Child`."""
 
-    __slots__ = ("_actor", "_exit", "_listeners", "_stop_requested", "name", "ref")
+    __slots__ = ("_actor", "_notices", "_stop_requested", "name", "ref")
 
     def __init__(self, ref: ActorRef[Any], name: str | None = None) -> None:
         actor = ref._actor_weakref()
@@ -45,22 +45,22 @@ class ActorChild:
         # A strong reference: the exit must be readable after the actor object would be freed.
         self._actor = actor
         self._stop_requested = False
-        self._exit: Exit | None = None
-        self._listeners: list[Callable[[Exit], None]] = []
+        self._notices = ExitNotices()
         actor._add_exit_callback(self._on_actor_exit)
 
     def __repr__(self) -> str:
-        state = self._exit.kind if self._exit else "running"
+        exit = self._notices.exit
+        state = exit.kind if exit else "running"
         return f"<ActorChild {self.name!r} {state}>"
 
     @property
     def exit(self) -> Exit | None:
         """Why the actor ended, or None while it runs."""
-        return self._exit
+        return self._notices.exit
 
     def request_stop(self, reason: object = None) -> None:
         """Send Pykka's stop message: queued messages are handled first, then on_stop runs."""
-        if self._exit is not None or self._stop_requested:
+        if self._notices.exit is not None or self._stop_requested:
             return
         self._stop_requested = True
         log.debug("stop requested for %s: %s", self.name, reason)
@@ -74,10 +74,7 @@ class ActorChild:
         return gevent_actor.join(self._actor, timeout)
 
     def add_exit_listener(self, fn: Callable[[Exit], None]) -> None:
-        if self._exit is not None:
-            _call(fn, self._exit)
-        else:
-            self._listeners.append(fn)
+        self._notices.add(fn)
 
     def _on_actor_exit(self, actor: GeventActor) -> None:
         crash = actor._crash
@@ -91,11 +88,8 @@ class ActorChild:
             exit = Exit("cancelled")
         else:
             exit = Exit("normal")
-        self._exit = exit
         self._actor = actor
-        listeners, self._listeners = self._listeners, []
-        for fn in listeners:
-            _call(fn, exit)
+        self._notices.deliver(exit)
 
 
 def spawn_actor_child(
@@ -103,10 +97,3 @@ def spawn_actor_child(
 ) -> ActorChild:
     """Start `actor_class(*args, **kwargs)` and wrap it; usable as a ChildSpec start function."""
     return ActorChild(actor_class.start(*args, **kwargs), name=name)
-
-
-def _call(fn: Callable[[Exit], None], exit: Exit) -> None:
-    try:
-        fn(exit)
-    except Exception:
-        log.exception("exit listener %r failed", fn)

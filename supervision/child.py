@@ -5,14 +5,17 @@ An actor adapter (in `actors/`) and a greenlet adapter (here) both satisfy it.
 
 from __future__ import annotations
 
+import logging
 import traceback as tb
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-__all__ = ["Child", "Exit", "ExitKind"]
+__all__ = ["Child", "Exit", "ExitKind", "ExitNotices", "notify"]
 
 ExitKind = Literal["normal", "cancelled", "crashed"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +61,43 @@ class Child(Protocol):
 
     def add_exit_listener(self, fn: Callable[[Exit], None]) -> None:
         """Call `fn(exit)` exactly once when the child ends (at once if it already has)."""
+
+
+class ExitNotices:
+    """Exactly-once death notices for one child.
+
+    A listener added before the exit is called when it comes; one added after is called at
+    once. Each runs in order; one that raises is logged and the others still run.
+    """
+
+    __slots__ = ("_listeners", "exit")
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[Exit], None]] = []
+        self.exit: Exit | None = None
+
+    def add(self, fn: Callable[[Exit], None]) -> None:
+        if not callable(fn):
+            raise TypeError(f"listener must be callable, got {type(fn).__name__}")
+        if self.exit is not None:
+            notify(fn, self.exit)
+        else:
+            self._listeners.append(fn)
+
+    def deliver(self, exit: Exit) -> bool:
+        """Record the exit and tell every listener; False (and nothing done) the second time."""
+        if self.exit is not None:
+            return False
+        self.exit = exit
+        listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            notify(fn, exit)
+        return True
+
+
+def notify(fn: Callable[[Exit], None], exit: Exit) -> None:
+    """Call one exit listener; one that raises is logged, never propagated."""
+    try:
+        fn(exit)
+    except Exception:
+        log.exception("exit listener %r raised; the other listeners still run", fn)

@@ -20,7 +20,7 @@ from typing import Any
 from gevent import Greenlet, GreenletExit
 from gevent.event import Event
 
-from supervision.child import Exit
+from supervision.child import Exit, ExitNotices
 from supervision.signal import AbortController, AbortError, AbortSignal
 
 __all__ = ["ChildKilled", "GreenletChild", "spawn_child"]
@@ -51,7 +51,7 @@ class GreenletChild:
         "_fn",
         "_greenlet",
         "_kwargs",
-        "_listeners",
+        "_notices",
         "_stop_requested",
         "name",
         "value",
@@ -77,7 +77,7 @@ class GreenletChild:
         self._controller = AbortController()
         self._stop_requested = False
         self._exit: Exit | None = None
-        self._listeners: list[ExitListener] | None = []
+        self._notices = ExitNotices()
         self._greenlet: Greenlet | None = None
         self._ended: Event | None = None
 
@@ -140,13 +140,7 @@ class GreenletChild:
         return bool(self._ended.wait(timeout))
 
     def add_exit_listener(self, fn: ExitListener) -> None:
-        if not callable(fn):
-            raise TypeError(f"listener must be callable, got {type(fn).__name__}")
-        if self._listeners is None:
-            assert self._exit is not None
-            _call(fn, self._exit)
-        else:
-            self._listeners.append(fn)
+        self._notices.add(fn)
 
     # -- inside the greenlet ------------------------------------------------------------------
 
@@ -182,9 +176,7 @@ class GreenletChild:
         if self._exit is not None:
             return
         self._exit = exit
-        listeners, self._listeners = self._listeners, None
-        for fn in listeners or ():
-            _call(fn, exit)
+        self._notices.deliver(exit)
         if self._ended is not None:
             self._ended.set()
 
@@ -198,10 +190,3 @@ def spawn_child(
 
 def _describe(reason: object) -> str:
     return str(reason) if isinstance(reason, BaseException) else repr(reason)
-
-
-def _call(fn: ExitListener, exit: Exit) -> None:
-    try:
-        fn(exit)
-    except Exception:
-        log.exception("exit listener %r raised; the other listeners still run", fn)

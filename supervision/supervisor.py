@@ -25,7 +25,7 @@ import gevent
 from gevent import Greenlet
 from gevent.event import Event
 
-from supervision.child import Child, Exit
+from supervision.child import Child, Exit, ExitNotices, notify
 from supervision.signal import AbortError
 
 __all__ = [
@@ -182,7 +182,7 @@ class Supervisor:
         self._brutal = False
         self._shutdown_greenlet: Greenlet | None = None
         self._exit: Exit | None = None
-        self._listeners: list[ExitListener] | None = []
+        self._notices = ExitNotices()
         self._done = Event()
         if on_exit is not None:
             self.add_exit_listener(on_exit)
@@ -222,13 +222,7 @@ class Supervisor:
         return True
 
     def add_exit_listener(self, fn: ExitListener) -> None:
-        if not callable(fn):
-            raise TypeError(f"listener must be callable, got {type(fn).__name__}")
-        if self._listeners is None:
-            assert self._exit is not None
-            _call(fn, self._exit)
-        else:
-            self._listeners.append(fn)
+        self._notices.add(fn)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -313,7 +307,7 @@ class Supervisor:
             nonlocal done
             if not done:
                 done = True
-                _call(fn, exit)
+                notify(fn, exit)
 
         def cancel() -> None:
             nonlocal done
@@ -526,9 +520,7 @@ class Supervisor:
         finally:
             self._state = _STOPPED
             self._exit = exit
-            listeners, self._listeners = self._listeners, None
-            for fn in listeners or ():
-                _call(fn, exit)
+            self._notices.deliver(exit)
             self._done.set()
 
     def _stop_wave(self, entries: Iterable[_Entry], reason: object) -> None:
@@ -615,10 +607,3 @@ def _describe(reason: object) -> str:
     if reason is None:
         return "stop requested"
     return str(reason) if isinstance(reason, BaseException) else repr(reason)
-
-
-def _call(fn: ExitListener, exit: Exit) -> None:
-    try:
-        fn(exit)
-    except Exception:
-        log.exception("exit listener %r raised; the other listeners still run", fn)
