@@ -118,9 +118,32 @@ def default_root() -> Path:
 
 
 def _blocking(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run a blocking file call in the hub's thread pool so other greenlets keep running."""
-    result: _T = gevent.get_hub().threadpool.apply(fn, args)
-    return result
+    """Run a blocking file call in the hub's thread pool so other greenlets keep running.
+
+    The thread's exception comes back as a value (gevent would print it as an unhandled error
+    before re-raising it here), and a caller killed while the thread works still waits for the
+    thread before unwinding: otherwise a lock it holds is released, and a close could pull the
+    file descriptor from under an fsync still running.
+    """
+
+    def call() -> tuple[bool, Any]:
+        try:
+            return True, fn(*args)
+        except BaseException as exc:
+            return False, exc
+
+    pending = gevent.get_hub().threadpool.spawn(call)
+    try:
+        ok, value = pending.get()
+    except BaseException:
+        while not pending.ready():
+            with contextlib.suppress(BaseException):
+                pending.wait()
+        raise
+    if ok:
+        result: _T = value
+        return result
+    raise value
 
 
 class _Store:

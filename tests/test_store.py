@@ -542,3 +542,47 @@ def test_scan_stops_at_a_torn_tail_and_raises_on_mid_file_damage(store: AnyStore
         list(store.scan("s1"))
     # The header alone is still readable: listings and authorization can name the session.
     assert store.header("s1").id == "s1"
+
+
+def test_a_caller_killed_during_fsync_waits_for_it_before_a_close_can_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import gevent
+
+    import agent.store as store_module
+
+    store = SessionStore(tmp_path / "sessions", durability="step")
+    log = store.create(header())
+    full_turn(log, 1)
+    log.append("turn/start", {"turn": 2})  # something new for the next checkpoint to sync
+    entered, release = threading.Event(), threading.Event()
+    real_fsync = store_module.os.fsync
+    calls: list[int] = []
+
+    def slow_fsync(fd: int) -> None:
+        calls.append(fd)
+        entered.set()
+        release.wait(10)
+        real_fsync(fd)  # EBADF here if the descriptor had been closed under us
+
+    monkeypatch.setattr(store_module.os, "fsync", slow_fsync)
+    syncing = gevent.spawn(log.checkpoint, "step")
+    for _ in range(
+        10_000
+    ):  # the pool thread is inside fsync (bounded yield loop, no sleep-and-hope)
+        if entered.is_set():
+            break
+        gevent.sleep(0.001)
+    assert entered.is_set()
+    syncing.kill(block=False)
+    closing = gevent.spawn(log.close)
+    closing.join(0.05)
+    assert not closing.dead  # the close waits for the fsync still in flight
+    release.set()
+    closing.join(10)
+    syncing.join(10)
+    assert closing.successful(), closing.exception
+    monkeypatch.setattr(store_module.os, "fsync", real_fsync)
+    assert store.load("s1").header.id == "s1"
