@@ -17,10 +17,10 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import gevent
 import gevent.lock
@@ -45,6 +45,7 @@ from agent.log import (
     encode_events,
     validate_log,
 )
+from supervision.offload import offload
 
 __all__ = [
     "LoadedSession",
@@ -115,35 +116,6 @@ def default_root() -> Path:
     """`$SUBAGENT_HOME/sessions`, else the platform user data dir's `sessions`."""
     home = os.environ.get("SUBAGENT_HOME") or platformdirs.user_data_dir("subagent")
     return Path(home) / "sessions"
-
-
-def _blocking(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run a blocking file call in the hub's thread pool so other greenlets keep running.
-
-    The thread's exception comes back as a value (gevent would print it as an unhandled error
-    before re-raising it here), and a caller killed while the thread works still waits for the
-    thread before unwinding: otherwise a lock it holds is released, and a close could pull the
-    file descriptor from under an fsync still running.
-    """
-
-    def call() -> tuple[bool, Any]:
-        try:
-            return True, fn(*args)
-        except BaseException as exc:
-            return False, exc
-
-    pending = gevent.get_hub().threadpool.spawn(call)
-    try:
-        ok, value = pending.get()
-    except BaseException:
-        while not pending.ready():
-            with contextlib.suppress(BaseException):
-                pending.wait()
-        raise
-    if ok:
-        result: _T = value
-        return result
-    raise value
 
 
 class _Store:
@@ -286,7 +258,7 @@ class _Store:
     ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
         if len(data) >= _THREADPOOL_READ:
             # Decoding a big log is tens of ms of CPU: do it off the hub so greenlets keep running.
-            return _blocking(self._decode_now, session_id, data)
+            return offload(self._decode_now, session_id, data)
         return self._decode_now(session_id, data)
 
     def _decode_now(
@@ -358,12 +330,12 @@ class _FileHandle(_Handle):
     def read(self) -> bytes:
         size = os.fstat(self.fd).st_size
         if size >= _THREADPOOL_READ:
-            return _blocking(_pread_all, self.fd, size)
+            return offload(_pread_all, self.fd, size)
         return _pread_all(self.fd, size)
 
     def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
         with self._lock:
-            _blocking(_truncate_append, self.fd, good_length, tail, sync)
+            offload(_truncate_append, self.fd, good_length, tail, sync)
 
     def write(self, data: bytes | bytearray) -> None:
         view = memoryview(data)
@@ -373,7 +345,7 @@ class _FileHandle(_Handle):
 
     def sync(self) -> None:
         with self._lock:
-            _blocking(os.fsync, self.fd)
+            offload(os.fsync, self.fd)
 
     def close(self) -> None:
         with self._lock:
@@ -457,13 +429,13 @@ class SessionStore(_Store):
             _try_lock(fd)
             handle.write(data)
             if self.durability != "none":
-                _blocking(os.fsync, fd)
+                offload(os.fsync, fd)
             try:
                 os.link(tmp, final)  # atomic and never clobbers: a reader sees all or nothing
             except FileExistsError:
                 raise SessionExistsError(f"session {session_id} already exists") from None
             if self.durability != "none":
-                _blocking(_fsync_dir, self.root)
+                offload(_fsync_dir, self.root)
         except BaseException:
             handle.close()
             raise
@@ -520,7 +492,7 @@ class SessionStore(_Store):
     def _remove(self, session_id: str) -> None:
         self._path(session_id).unlink()
         if self.durability != "none":
-            _blocking(_fsync_dir, self.root)
+            offload(_fsync_dir, self.root)
 
 
 # -- memory store --------------------------------------------------------------------------

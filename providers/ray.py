@@ -54,6 +54,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
 )
+from supervision.offload import offload
 from supervision.signal import AbortSignal
 
 __all__ = ["LocalRay", "RayConfig", "RayProvider", "RayRun"]
@@ -78,11 +79,6 @@ def _ray() -> Any:
     return ray
 
 
-def _threadpool_apply(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking call in the hub's thread pool; the calling greenlet waits cooperatively."""
-    return gevent.get_hub().threadpool.apply(fn, args)
-
-
 class LocalRay:
     """`ray.init` / `ray.shutdown` on a dedicated, long-lived driver thread.
 
@@ -103,7 +99,7 @@ class LocalRay:
         if self._thread is None:
             self._thread = threading.Thread(target=self._main, name="ray-driver", daemon=True)
             self._thread.start()
-        _threadpool_apply(self._started.wait)
+        offload(self._started.wait)
         if self._error is not None:
             raise self._error
 
@@ -127,7 +123,7 @@ class LocalRay:
         if self._thread is None:
             return
         self._stop.set()
-        _threadpool_apply(self._stopped.wait)
+        offload(self._stopped.wait)
 
 
 @dataclass(frozen=True)
@@ -438,7 +434,7 @@ class RayProvider:
             if self._connected:
                 return
             # Importing Ray takes a good fraction of a second: not on the hub.
-            ray = _threadpool_apply(_ray)
+            ray = offload(_ray)
             if not ray.is_initialized():
                 options = dict(self.config.init_options)
                 if self.config.address is not None:
@@ -452,7 +448,7 @@ class RayProvider:
                 setup=self.config.host_setup,
                 relay_progress=self.config.relay_progress,
             )
-            handles = _threadpool_apply(self._create_hosts, host_config)
+            handles = offload(self._create_hosts, host_config)
             self._hosts = [_Host(i, h) for i, h in enumerate(handles)]
             for host in self._hosts:
                 reply = self._waiter.wait(host.handle.ready.remote())
@@ -507,7 +503,7 @@ class RayProvider:
         """Kill one host process as a crash would (Ray restarts it): for tests and drills."""
         ray = _ray()
         handle = self._hosts[index].handle
-        _threadpool_apply(lambda: ray.kill(handle, no_restart=False))
+        offload(lambda: ray.kill(handle, no_restart=False))
 
     def _place(self) -> _Host:
         """The least-loaded healthy host; waits while every host is restarting."""
@@ -740,7 +736,7 @@ class RayProvider:
                 run._host_lost("the provider was closed")
         if ray is not None:
             handles = [h.handle for h in self._hosts]
-            _threadpool_apply(lambda: [ray.kill(h, no_restart=True) for h in handles])
+            offload(lambda: [ray.kill(h, no_restart=True) for h in handles])
         gevent.killall(self._greenlets)
         self._greenlets.clear()
         if self._local_ray is not None:
