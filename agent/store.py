@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final
 
 import gevent
 import gevent.lock
@@ -59,7 +59,6 @@ __all__ = [
 
 logger = logging.getLogger("agent")
 
-_T = TypeVar("_T")
 
 SUFFIX: Final = ".session"
 # Files at least this big are read and decoded in the hub's thread pool, not on the hub: a
