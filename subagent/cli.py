@@ -57,6 +57,10 @@ def _home(args: argparse.Namespace) -> str | None:
     return args.home or os.environ.get("SUBAGENT_HOME") or None
 
 
+# See docs/performance.md (fanout): freezing the live heap every N starts.
+CLI_GC_FREEZE_EVERY = 1_000
+
+
 def _store_root(args: argparse.Namespace) -> Path:
     from agent.store import default_root
 
@@ -254,7 +258,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return S.tool_call("subagent", {"description": "acp task", "prompt": relay["prompt"]})
 
     rt = Runtime(
-        store=SessionStore(root_dir), models=_models(args), scripted=S.ScriptedModel(relay_model)
+        store=SessionStore(root_dir),
+        models=_models(args),
+        scripted=S.ScriptedModel(relay_model),
+        # The CLI owns its process, so it may take the process-wide collector knob the library
+        # leaves opt-in: a wide fan-out then does not stall the hub in full collections.
+        gc_freeze_every=CLI_GC_FREEZE_EVERY,
     )
     try:
         if args.acp:
