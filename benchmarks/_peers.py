@@ -23,6 +23,7 @@ import sqlite3
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,15 +106,28 @@ def autogen_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, 
             raise AssertionError("autogen: a conversation did not finish all its rounds")
         return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
 
+    return _run_fanout_peer(
+        "autogen-core",
+        main,
+        n,
+        steps,
+        "no log, no lifecycle events; agents created lazily by the first message",
+    )
+
+
+def _run_fanout_peer(
+    name: str, main: Callable[[], Any], n: int, steps: int, note: str
+) -> dict[str, Any]:
+    """Run a peer's asyncio fan-out to completion and add the per-step figures (or its failure)."""
     try:
-        figures = asyncio.run(main())
+        figures: dict[str, Any] = asyncio.run(main())
     except Exception as exc:
-        return peer_failure("autogen-core", exc)
+        return peer_failure(name, exc)
     figures.update(
         available=True,
         n=n,
         cpu_per_step_us=round(figures["cpu_s"] / (n * steps) * 1e6, 2),
-        note="no log, no lifecycle events; agents created lazily by the first message",
+        note=note,
     )
     return figures
 
@@ -250,17 +264,13 @@ def openai_agents_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict
             raise AssertionError("agents-sdk: a conversation did not finish")
         return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
 
-    try:
-        figures = asyncio.run(main())
-    except Exception as exc:
-        return peer_failure("openai-agents", exc)
-    figures.update(
-        available=True,
-        n=n,
-        cpu_per_step_us=round(figures["cpu_s"] / (n * steps) * 1e6, 2),
-        note="fake Model (asyncio.sleep per call), function tool 'noop', tracing disabled",
+    return _run_fanout_peer(
+        "openai-agents",
+        main,
+        n,
+        steps,
+        "fake Model (asyncio.sleep per call), function tool 'noop', tracing disabled",
     )
-    return figures
 
 
 def _item_type(item: Any) -> Any:

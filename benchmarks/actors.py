@@ -55,6 +55,21 @@ class _ThreadEcho(pykka.ThreadingActor):
         return message
 
 
+def _figures(
+    n: int, spawn_s: float, samples: list[float], tells_per_s: float, rss_per: float, stop_s: float
+) -> dict[str, Any]:
+    """The figures every runtime of this benchmark reports, in one shape."""
+    return {
+        "n": n,
+        "spawn_per_s": round(n / spawn_s),
+        "ask_p50_us": _us(statistics.median(samples)),
+        "ask_p99_us": _us(_pct(samples, 0.99)),
+        "tell_per_s": round(tells_per_s),
+        "rss_per_idle_actor_kib": round(rss_per / 1024, 2),
+        "stop_all_s": round(stop_s, 4),
+    }
+
+
 def _pykka_figures(
     start: Callable[[], pykka.ActorRef[Any]],
     n: int,
@@ -88,15 +103,7 @@ def _pykka_figures(
     stop_all(refs)
     stop_s = time.perf_counter() - t0
     gc.unfreeze()
-    return {
-        "n": n,
-        "spawn_per_s": round(n / spawn_s),
-        "ask_p50_us": _us(statistics.median(samples)),
-        "ask_p99_us": _us(_pct(samples, 0.99)),
-        "tell_per_s": round(tells / tell_s),
-        "rss_per_idle_actor_kib": round(rss_per / 1024, 2),
-        "stop_all_s": round(stop_s, 4),
-    }
+    return _figures(n, spawn_s, samples, tells / tell_s, rss_per, stop_s)
 
 
 def _gevent(n: int) -> dict[str, Any]:
@@ -169,15 +176,7 @@ async def _asyncio_figures(n: int) -> dict[str, Any]:
     await asyncio.gather(*tasks)
     stop_s = time.perf_counter() - t0
     gc.unfreeze()
-    return {
-        "n": n,
-        "spawn_per_s": round(n / spawn_s),
-        "ask_p50_us": _us(statistics.median(samples)),
-        "ask_p99_us": _us(_pct(samples, 0.99)),
-        "tell_per_s": round(tells / tell_s),
-        "rss_per_idle_actor_kib": round(rss_per / 1024, 2),
-        "stop_all_s": round(stop_s, 4),
-    }
+    return _figures(n, spawn_s, samples, tells / tell_s, rss_per, stop_s)
 
 
 def _tree(n: int) -> dict[str, Any]:
