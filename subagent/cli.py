@@ -335,6 +335,16 @@ def _runtime_over(store: Any) -> Any:
     return rt
 
 
+def _rows(store: Any, listing: Any) -> list[dict[str, Any]]:
+    """One listing of the service over `store`, in a runtime opened and closed for it."""
+    rt = _runtime_over(store)
+    try:
+        rows: list[dict[str, Any]] = listing(rt.subagents)
+        return rows
+    finally:
+        rt.close()
+
+
 def _require(store: Any, session_id: str) -> None:
     from agent.events import validate_session_id
 
@@ -352,11 +362,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.parent:
         _require(store, args.parent)
-        rt = _runtime_over(store)
-        try:
-            rows = rt.subagents.list_children(args.parent)
-        finally:
-            rt.close()
+        rows = _rows(store, lambda service: service.list_children(args.parent))
         if args.json:
             _print_json(rows)
             return 0
@@ -401,11 +407,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
     store = _store(args)
     _require(store, args.root)
-    rt = _runtime_over(store)
-    try:
-        rows = rt.subagents.list_descendants(args.root)
-    finally:
-        rt.close()
+    rows = _rows(store, lambda service: service.list_descendants(args.root))
     if args.json:
         _print_json(rows)
         return 0
