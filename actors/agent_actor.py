@@ -269,11 +269,7 @@ class AgentActor(GeventActor):
                     self._reject_steers("the turn ended before a step boundary admitted it")
                 outcome.message_id = message["id"]
                 self._last_outcome = outcome
-                for listener in list(self.turn_listeners):
-                    try:
-                        listener(outcome)
-                    except Exception:
-                        log.exception("turn listener raised")
+                self._tell_turn_listeners(outcome)
         finally:
             self._worker = None
             waiters, self._idle_waiters = self._idle_waiters, []
@@ -281,6 +277,13 @@ class AgentActor(GeventActor):
                 waiter.resolve(self._last_outcome)
             if self._closing:
                 self._finish_close()
+
+    def _tell_turn_listeners(self, outcome: TurnOutcome) -> None:
+        for listener in list(self.turn_listeners):
+            try:
+                listener(outcome)
+            except Exception:
+                log.exception("turn listener raised")
 
     def _reject_steers(self, why: str) -> None:
         steers, self._steers = self._steers, []
@@ -296,9 +299,14 @@ class AgentActor(GeventActor):
                 reply.reject(SubagentError("RUN_TERMINAL", why))
 
     def _discard_queue(self, reason: str) -> None:
+        """Drop queued sends. Each one's outcome is told to the turn listeners as an `aborted`
+        turn that never ran, so whoever waits for that message's answer (a run) settles."""
         while self._queue:
             message = self._queue.popleft()
             self.core.log.append("inbox/discarded", {"message_id": message["id"], "reason": reason})
+            outcome = TurnOutcome(self.core.turn, "aborted", cause=reason)
+            outcome.message_id = message["id"]
+            self._tell_turn_listeners(outcome)
 
     def _finish_close(self) -> None:
         try:
