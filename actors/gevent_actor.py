@@ -31,8 +31,6 @@ import gevent.queue
 from pykka import Actor, ActorDeadError, ActorRef, ActorRegistry, Future, Timeout, messages
 from pykka._envelope import Envelope
 
-from actors.deferred import Deferred
-
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -42,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActorKilled",
+    "Deferred",
     "GeventActor",
     "GeventFuture",
     "freeze_gc",
@@ -49,6 +48,7 @@ __all__ = [
     "kill",
     "live_actors",
     "live_count",
+    "outcome_of",
     "stop_all",
 ]
 
@@ -75,12 +75,18 @@ class _FutureResult:
 
 
 class GeventFuture(Future[T]):
-    """A Pykka future that waits cooperatively; its event is made only if someone waits."""
+    """A Pykka future that waits cooperatively; its event is made only if someone waits.
+
+    `add_done_callback` lets an owner react to the outcome in the settling greenlet (no
+    watcher greenlet parked on `get()`)."""
+
+    __slots__ = ("_callbacks", "_event", "_get_hook", "_get_hook_result", "_result")
 
     def __init__(self) -> None:
         super().__init__()
         self._result: _FutureResult | None = None
         self._event: gevent.event.Event | None = None
+        self._callbacks: list[Callable[[GeventFuture[T]], None]] | None = None
 
     def get(self, *, timeout: float | None = None) -> Any:
         try:
@@ -106,6 +112,21 @@ class GeventFuture(Future[T]):
             raise exc_value
         return result.value
 
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def add_done_callback(self, fn: Callable[[GeventFuture[T]], None]) -> None:
+        """Call `fn(self)` once the future is settled (at once if it is), in the greenlet that
+        settles it. `fn` must not block; one that raises is logged."""
+        if self._result is not None:
+            _call_done(fn, self)
+            return
+        if self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
     def set(self, value: Any | None = None) -> None:
         if isinstance(value, Deferred):
             # A handler answered "later": this future settles when the deferred does.
@@ -129,8 +150,92 @@ class GeventFuture(Future[T]):
         if self._result is not None or self._get_hook is not None:
             raise gevent.queue.Full
         self._result = result
+        callbacks, self._callbacks = self._callbacks, None
+        if callbacks is not None:
+            for fn in callbacks:
+                _call_done(fn, self)
         if self._event is not None:
             self._event.set()
+
+
+def _call_done(fn: Callable[[Any], None], future: GeventFuture[Any]) -> None:
+    try:
+        fn(future)
+    except Exception:
+        logger.exception("done callback %r raised", fn)
+
+
+class Deferred(GeventFuture[T]):
+    """The one settle-once primitive: every run's result, task outcome and late actor reply.
+
+    The producer calls `resolve(value)` or `reject(exc)`; only the first call counts (it returns
+    True), later ones are ignored. Consumers hold it as a Pykka future (`get(timeout=...)`). A
+    handler that returns one binds the asker's future to it (see `GeventFuture.set`)."""
+
+    __slots__ = ()
+
+    @property
+    def settled(self) -> bool:
+        return self._result is not None
+
+    def resolve(self, value: Any = None) -> bool:
+        if self._result is not None:
+            return False
+        self._resolve(_FutureResult(value=value))
+        return True
+
+    def reject(self, exc: BaseException) -> bool:
+        if self._result is not None:
+            return False
+        self._resolve(_FutureResult(exc_info=(type(exc), exc, exc.__traceback__)))
+        return True
+
+    def reject_current(self) -> None:
+        """Reject with the exception being handled."""
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            self.reject(exc)
+
+    def bind(self, future: Future[Any]) -> None:
+        """Settle `future` with this deferred's outcome, now or when it arrives."""
+        self.add_done_callback(lambda me: _copy_outcome(me, future))
+
+    def copy_from(self, source: GeventFuture[Any]) -> None:
+        """Settle with `source`'s outcome (a settled future); a done callback."""
+        result = source._result
+        assert result is not None
+        if result.exc_info is None:
+            self.resolve(result.value)
+        else:
+            exc = result.exc_info[1]
+            self.reject(exc if exc is not None else RuntimeError("failed"))
+
+    def outcome(self) -> Any:
+        """The settled value, or the exception it failed with (call only once settled)."""
+        return outcome_of(self)
+
+
+def outcome_of(future: GeventFuture[Any]) -> Any:
+    """A settled future's value, or the exception it failed with."""
+    result = future._result
+    assert result is not None
+    if result.exc_info is None:
+        return result.value
+    exc = result.exc_info[1]
+    if exc is None:
+        exc_type = result.exc_info[0]
+        assert exc_type is not None
+        exc = exc_type()
+    return exc
+
+
+def _copy_outcome(source: GeventFuture[Any], target: Future[Any]) -> None:
+    result = source._result
+    assert result is not None
+    if result.exc_info is None:
+        target.set(result.value)
+    else:
+        target.set_exception(result.exc_info)
 
 
 # uuid4() reads os.urandom per call (a syscall, ~4 us); a seeded generator makes the same

@@ -14,11 +14,11 @@ from typing import Any
 
 from actors.agent_actor import Agent
 from actors.agents import create_agent, resume_agent
+from actors.local_run import LocalRun
 from agent.log import completed_turn_prefix
 from agent.options import AgentOptions
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
 from agent.tools import Tool, ToolContext, ToolScope
-from providers.local_run import LocalRun
 from subagent.errors import SubagentError
 from subagent.types import (
     MessageSource,

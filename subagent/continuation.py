@@ -592,8 +592,7 @@ class ContinuationManager:
 
 
 def _message_id(handle: Any) -> str:
-    run = handle._run
-    return str(getattr(run, "message_id", "") or "")
+    return str(getattr(handle, "message_id", "") or "")
 
 
 MAX_SUMMARY_CHARS = 300
