@@ -149,7 +149,8 @@ class AgentActor(GeventActor):
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._steers: list[PendingSteer] = []
         self._steer_replies: dict[str, Deferred[Any]] = {}
-        self._worker: gevent.Greenlet | None = None
+        # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
+        self._worker: object | None = None
         self._turn_abort: AbortController | None = None
         self._idle_waiters: list[Deferred[Any]] = []
         self._last_outcome: TurnOutcome | None = None
@@ -221,7 +222,7 @@ class AgentActor(GeventActor):
             self.run = message.run
         self._held = False
         if self._worker is None:
-            self._worker = gevent.spawn(self._work)
+            self._worker = gevent.spawn_raw(self._work_guarded)
         return message_id
 
     def _steer(self, message: Steer) -> Deferred[Any]:
@@ -256,11 +257,17 @@ class AgentActor(GeventActor):
     def _cancel(self, message: Cancel) -> Deferred[Any]:
         if message.keep_inbox:
             self._held = bool(self._queue)
+            if self._turn_abort is not None:
+                self._turn_abort.abort(message.cause if message.cause is not None else "cancelled")
         else:
-            self._discard_queue("cancelled", message.cause)
-        if self._turn_abort is not None:
-            self._turn_abort.abort(message.cause if message.cause is not None else "cancelled")
+            self._abort_turn(message.cause)
         return self._when_idle()
+
+    def _abort_turn(self, cause: Any) -> None:
+        """Drop the queued sends and abort the running turn (a cancel without keep_inbox)."""
+        self._discard_queue("cancelled", cause)
+        if self._turn_abort is not None:
+            self._turn_abort.abort(cause if cause is not None else "cancelled")
 
     def _cancel_run(self, message: CancelRun) -> None:
         run = self.run
@@ -270,7 +277,7 @@ class AgentActor(GeventActor):
         if agent is not None:  # the runs this agent started go too
             for hook in list(agent.ctx.on_agent_cancelled):
                 hook(agent, message.cause)
-        self._cancel(Cancel(message.cause))
+        self._abort_turn(message.cause)
 
     def _dispose_run(self) -> Deferred[None]:
         """Close through the run (or the agent) off the mailbox: closing waits for this actor."""
@@ -327,6 +334,13 @@ class AgentActor(GeventActor):
         for steer in steers:
             self._steer_replies.pop(steer.message_id, None)
         return steers
+
+    def _work_guarded(self) -> None:
+        """The worker's body: a raw greenlet must let nothing but its exit escape."""
+        try:
+            self._work()
+        except Exception:
+            log.exception("agent %s: the turn worker failed", self.core.session_id)
 
     def _work(self) -> None:
         core = self.core
@@ -427,7 +441,7 @@ class AgentActor(GeventActor):
             self._turn_abort.abort("stopped")
         worker = self._worker
         if worker is not None and worker is not gevent.getcurrent():
-            worker.kill(block=False)
+            gevent.kill(worker)
 
     def on_failure(self, *exc_info: Any) -> None:
         """The actor crashed or was killed: end the turn as a stop would, and settle every reply

@@ -271,6 +271,7 @@ class GeventActor(Actor):
     _exit_callbacks: list[Callable[[GeventActor], None]] | None
     _unregistered: bool
     _in_teardown: bool
+    _in_handler: bool
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
@@ -287,6 +288,7 @@ class GeventActor(Actor):
         self._exit_callbacks = None
         self._unregistered = False
         self._in_teardown = False
+        self._in_handler = False
 
     @classmethod
     def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
@@ -361,8 +363,14 @@ class GeventActor(Actor):
             if self._killed is not None:
                 raise self._killed
             envelope = self.actor_inbox.get()
+            while self._in_handler:  # a direct `ask_now` handler switched out: let it finish
+                gevent.sleep(0)
             try:
-                response = self._handle_receive(envelope.message)
+                self._in_handler = True
+                try:
+                    response = self._handle_receive(envelope.message)
+                finally:
+                    self._in_handler = False
                 if envelope.reply_to is not None:
                     envelope.reply_to.set(response)
             except (ActorKilled, gevent.GreenletExit):
@@ -394,6 +402,10 @@ class GeventActor(Actor):
         while not self.actor_inbox.empty():
             envelope = self.actor_inbox.get()
             if envelope.reply_to is None:
+                # A told message may carry its own reply (e.g. `Steer(..., reply)`): fail it too.
+                carried = getattr(envelope.message, "reply", None)
+                if isinstance(carried, Deferred):
+                    carried.reject(ActorDeadError(f"{self.actor_ref} stopped before handling it"))
                 continue
             if isinstance(envelope.message, messages._ActorStop):
                 envelope.reply_to.set(None)
@@ -468,6 +480,44 @@ class GeventActor(Actor):
     def _record_crash(self, exc: BaseException | None) -> None:
         if self._crash is None and exc is not None:
             self._crash = exc
+
+    # -- the run-to-completion shortcut -------------------------------------------------------
+
+    def ask_now(self, message: Any, *, block: bool = True) -> Any:
+        """`ref.ask(message, block=...)`, minus the mailbox when that changes nothing: if this
+        actor is idle (its loop is parked on an empty inbox, no handler is running), the handler
+        runs right here, in the caller's greenlet, exactly as the loop would run it next.
+        Otherwise the message is queued behind the others, as any ask. With `block=False` the
+        answer comes as a future (a handler's `Deferred` itself). Same thread only; handlers
+        reached this way must not depend on the current greenlet. Should one switch out, the
+        loop holds its next message until it is done, so the order stays the mailbox's."""
+        glet = self._greenlet
+        if (
+            self._in_handler
+            or glet is None
+            or not glet  # not started yet (or dead)
+            or self.actor_stopped.is_set()
+            or not self.actor_inbox.empty()
+        ):
+            return self._actor_ref.ask(message, block=block)
+        self._in_handler = True
+        try:
+            response = self._handle_receive(message)
+        except Exception as exc:
+            if block:
+                raise
+            failed: Deferred[Any] = Deferred()
+            failed.reject(exc)
+            return failed
+        finally:
+            self._in_handler = False
+        if block:
+            return response.get() if isinstance(response, Deferred) else response
+        if isinstance(response, Deferred):
+            return response
+        done: Deferred[Any] = Deferred()
+        done.resolve(response)
+        return done
 
     # -- used by kill(), join(), the supervision adapter -------------------------------------
 

@@ -189,6 +189,7 @@ class _Waiting:
     provider: SubagentProvider
     reply: Deferred[Any]
     run_id: str = ""
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -217,7 +218,10 @@ class RegistryActor(GeventActor):
         self._max_per_parent = max_children_per_parent
         self._slots = _Slots()
         self._holders: dict[int, str | None] = {}
-        self._waiting: collections.deque[_Waiting] = collections.deque()
+        # Starts waiting for a slot, per parent, each in FIFO order; `seq` orders them globally.
+        self._waiting: dict[str | None, collections.deque[_Waiting]] = {}
+        self._waiting_count = 0
+        self._seqs = itertools.count()
         self._listeners: list[Listener] = []
         self._parent_listeners: dict[str, list[Listener]] = {}
         self._run_ids = itertools.count(1)
@@ -226,8 +230,9 @@ class RegistryActor(GeventActor):
     def on_stop(self) -> None:
         """Starts still waiting for a slot will never get one: tell them, never leave them
         hanging."""
-        waiting, self._waiting = self._waiting, collections.deque()
-        for entry in waiting:
+        waiting, self._waiting = self._waiting, {}
+        self._waiting_count = 0
+        for entry in (e for queue in waiting.values() for e in queue):
             entry.reply.reject(SubagentError("RUNTIME_CLOSED", "the runtime closed first"))
 
     def on_receive(self, message: Any) -> Any:
@@ -351,10 +356,12 @@ class RegistryActor(GeventActor):
     ) -> Deferred[Any]:
         reply: Deferred[Any] = Deferred()
         waiting = _Waiting(ticket, parent_id, provider, reply)
-        if not self._waiting and self._has_slot(parent_id):
+        if not self._waiting_count and self._has_slot(parent_id):
             self._grant(waiting)
         else:
-            self._waiting.append(waiting)
+            waiting.seq = next(self._seqs)
+            self._waiting.setdefault(parent_id, collections.deque()).append(waiting)
+            self._waiting_count += 1
         return reply
 
     def _has_slot(self, parent_id: str | None) -> bool:
@@ -388,34 +395,43 @@ class RegistryActor(GeventActor):
 
     def _drain(self) -> None:
         """Grant waiting starts in FIFO order; a start blocked only by its own parent's cap does
-        not hold back other parents' starts."""
-        if not self._waiting:
-            return
-        kept: collections.deque[_Waiting] = collections.deque()
-        while self._waiting:
-            waiting = self._waiting.popleft()
+        not hold back other parents' starts. O(parents with waiters) per grant."""
+        while self._waiting_count:
             if self._max_total is not None and self._slots.total >= self._max_total:
-                kept.append(waiting)
-                kept.extend(self._waiting)
-                self._waiting.clear()
-                break
-            if self._has_slot(waiting.parent_id):
-                self._grant(waiting)
-            else:
-                kept.append(waiting)
-        self._waiting = kept
+                return
+            best: collections.deque[_Waiting] | None = None
+            for parent_id, queue in self._waiting.items():
+                if (best is None or queue[0].seq < best[0].seq) and self._has_slot(parent_id):
+                    best = queue
+            if best is None:
+                return
+            waiting = best.popleft()
+            self._waiting_count -= 1
+            if not best:
+                del self._waiting[waiting.parent_id]
+            self._grant(waiting)
 
     def _withdraw(self, message: Withdraw) -> None:
-        for waiting in self._waiting:
-            if waiting.ticket == message.ticket:
-                self._waiting.remove(waiting)
-                waiting.reply.reject(
-                    SubagentError("ABORTED", f"the start was aborted: {message.reason}")
-                )
-                return
+        for parent_id, queue in self._waiting.items():
+            for waiting in queue:
+                if waiting.ticket == message.ticket:
+                    queue.remove(waiting)
+                    self._waiting_count -= 1
+                    if not queue:
+                        del self._waiting[parent_id]
+                    waiting.reply.reject(
+                        SubagentError("ABORTED", f"the start was aborted: {message.reason}")
+                    )
+                    return
         # Already granted: the caller releases the slot itself.
 
     # -- the run table ---------------------------------------------------------------------------
+
+    def has_children(self, parent_id: str) -> bool:
+        """Whether `parent_id` has live runs. A same-thread read of the table (no message), for
+        a caller that only needs to know whether asking is worth it. Conservative: while
+        messages are queued (a `Published` among them, perhaps), the answer is yes."""
+        return parent_id in self._by_parent or not self.actor_inbox.empty()
 
     def _run_published(self, run: PublishedRun) -> None:
         run_id = run.run_id

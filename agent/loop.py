@@ -28,7 +28,7 @@ from typing import Any
 import gevent
 from gevent.event import Event as GEvent
 
-from agent.history import history_from_events, last_turn_number
+from agent.history import HistoryView, history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
 from agent.options import AgentOptions
@@ -278,7 +278,7 @@ class AgentCore:
             session_id=self.session_id,
             model=self.model_name,
             system=system,
-            messages=tuple(self.history),
+            messages=HistoryView(self.history),
             tools=tuple(specs),
             signal=signal,
             max_tokens=self.options.max_tokens,
