@@ -129,12 +129,17 @@ class Tool:
             raise TypeError("tool fn must be callable")
         try:
             Draft202012Validator.check_schema(self.parameters)
+            fast_check = compile_fast_check(self.parameters)
         except SchemaError as exc:
             raise ValueError(
                 f"tool {self.name!r}: invalid parameters schema: {exc.message}"
             ) from exc
+        except RecursionError:
+            raise ValueError(
+                f"tool {self.name!r}: parameters schema nested too deeply to check"
+            ) from None
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
-        object.__setattr__(self, "_fast_check", compile_fast_check(self.parameters))
+        object.__setattr__(self, "_fast_check", fast_check)
         object.__setattr__(self, "_spec", ToolSpec(self.name, self.description, self.parameters))
 
     def spec(self) -> ToolSpec:
@@ -145,10 +150,15 @@ class Tool:
         if not isinstance(arguments, Mapping):
             return [f"arguments must be an object, got {type(arguments).__name__}"]
         instance = arguments if isinstance(arguments, dict) else dict(arguments)
-        fast = self._fast_check
-        if fast is not None and fast(instance):
-            return []  # certainly valid; jsonschema is asked only when in doubt
-        errors = sorted(self._validator.iter_errors(instance), key=lambda e: list(e.path))
+        try:
+            fast = self._fast_check
+            if fast is not None and fast(instance):
+                return []  # certainly valid; jsonschema is asked only when in doubt
+            errors = sorted(self._validator.iter_errors(instance), key=lambda e: list(e.path))
+        except RecursionError:
+            # Model-made arguments checked against a deeply recursive schema: still the
+            # model's problem to fix, never a crash of the turn.
+            return ["arguments are nested too deeply to validate"]
         out = []
         for err in errors[:_MAX_ARG_ERRORS]:
             where = "/".join(str(p) for p in err.path)
@@ -393,6 +403,10 @@ class ToolScope:
         tool = self.resolve(call.name)
         if tool is None:
             return ToolResult.error(UNKNOWN_TOOL, f"unknown tool {call.name!r}")
+        if call.invalid is not None:  # refused when the model made the call (ToolCall)
+            return ToolResult.error(
+                INVALID_ARGS, f"invalid arguments for {tool.name}: {call.invalid}"
+            )
         problems = tool.argument_errors(call.arguments)
         if problems:
             return ToolResult.error(
