@@ -512,7 +512,7 @@ def test_a_call_refused_at_construction_is_invalid_args_and_never_runs() -> None
     ran: list[Any] = []
     scope = ToolScope(ToolRegistry())
     scope.add(Tool("t", "", {"type": "object"}, lambda args, c: (ran.append(args), "ok")[1]))
-    call = ToolCall("c", "t", _deep(100_000))
+    call = ToolCall("c", "t", _deep(20_000))
     assert call.arguments == {} and call.invalid is not None
     result = scope.execute(call, ctx())
     assert result.is_error and result.code == INVALID_ARGS and ran == []
@@ -541,7 +541,7 @@ def test_argument_validation_never_raises_recursion_error() -> None:
     """Arguments that reach validation unscreened (a direct call) against a recursive schema
     are reported as invalid, never a RecursionError out of the tool layer."""
     tool = Tool("t", "", RECURSIVE_REF, lambda args, c: "ok")
-    assert tool.argument_errors(_deep(5_000)) == ["arguments are nested too deeply to validate"]
+    assert tool.argument_errors(_deep(1_000)) == ["arguments are nested too deeply to validate"]
     assert tool.argument_errors(_deep(10)) == []
 
 
