@@ -91,7 +91,7 @@ def arguments_problem(arguments: Any) -> str | None:
     `RecursionError`: the depth is measured level by level, and the lossless-JSON check runs
     only on what is known to be shallow."""
     if not isinstance(arguments, Mapping):
-        return None  # not an object at all: the tool layer's own check says so
+        return f"arguments must be an object, got {type(arguments).__name__}"
     level: list[Any] = [arguments]
     for _ in range(MAX_ARGUMENT_DEPTH):
         level = [

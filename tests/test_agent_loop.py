@@ -836,18 +836,25 @@ def test_deeply_nested_tool_arguments_are_an_error_result_the_model_can_retry(
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"x": float("nan")}, {"x": float("inf")}, {"x": 2**70}, {"x": ("a", "tuple")}, {1: "key"}],
-    ids=["nan", "inf", "big-int", "tuple", "int-key"],
+    [
+        {"x": float("nan")},
+        {"x": float("inf")},
+        {"x": 2**70},
+        {"x": ("a", "tuple")},
+        {1: "key"},
+        ["not", "an", "object"],
+    ],
+    ids=["nan", "inf", "big-int", "tuple", "int-key", "list"],
 )
-def test_tool_arguments_that_are_not_json_are_an_error_result_too(
-    arguments: Mapping[Any, Any],
-) -> None:
+def test_tool_arguments_that_are_not_json_are_an_error_result_too(arguments: Any) -> None:
     """`json.loads` accepts NaN and huge ints; an adapter may hand over anything. None of it
     may end the turn: the log could not hold it, so the model is told and retries."""
     with kit() as k:
         k.tool("t", lambda args, ctx: "ok")
         a = k.agent()
-        k.model.script(a.id, [S.tool_call("t", arguments), S.text("done")])
+        # Built by hand: the scripted constructors refuse a non-mapping up front.
+        call = S.Step("tool_calls", calls=(("t", arguments, None),))  # type: ignore[arg-type]
+        k.model.script(a.id, [call, S.text("done")])
         a.send("go").get()
         assert a.when_idle().get().reason == "completed"
         (result,) = [e["data"] for e in of_type(k.events(a), "tool/result")]
