@@ -36,9 +36,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
 
     if args.acp is not None and (args.base_url or args.model):
-        raise CliError("use either --acp or --base-url/--model, not both")
+        raise UsageError("use either --acp or --base-url/--model, not both")
     if args.acp is None and not args.model:
-        raise CliError("run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp")
+        raise UsageError(
+            "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp"
+        )
     words = shlex.split(args.acp) if args.acp is not None else []
     if args.acp is not None and not words:
         raise UsageError("--acp needs a command")
