@@ -27,6 +27,7 @@ MARKUP = "list[int] or dict[str, Any]; see [link] and matrix[i][j] arr[/i] :smil
 ESCAPES = "title\x1b]0;owned\x07 csi\x1b[2J c1\x9b31m bidi\u202eevil del\x7f bell\x07"
 LABEL = "[b]x[/i]\x1b[31m"
 ANSWER = f"{MARKUP} {ESCAPES}"
+CWD_NAME = "dir[/i]\x1b]0;cwd\x07"
 RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\x7f")
 
 
@@ -103,7 +104,8 @@ def tricky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
             S.text("noted"),
         ],
     )
-    root = rt.agent(session_id="root-t")
+    # The header's cwd is text from a file too (a directory may be named anything).
+    root = rt.agent(session_id="root-t", cwd=str(home / CWD_NAME))
     root.send("go").get()
     wait_until(lambda: bool(rt.tasks.list()) and all(t.settled for t in rt.tasks.list()))
     wait_until(lambda: root.status == "idle")
@@ -111,6 +113,15 @@ def tricky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
     [row] = rt.subagents.list_children("root-t")
     rt.close()
     yield home, "root-t", row["id"]
+
+
+def test_ls_prints_the_cwd_as_text(tricky: tuple[Path, str, str]) -> None:
+    home, _, _ = tricky
+    proc = cli("ls", home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert_clean(proc.stdout)
+    squashed = proc.stdout.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "dir[/i]\\x1b]0;cwd" in squashed  # the table may cut the long path short
 
 
 def test_ls_parent_prints_the_label_as_text(tricky: tuple[Path, str, str]) -> None:
@@ -135,6 +146,10 @@ def test_log_child_prints_the_answer_and_descriptor_as_text(tricky: tuple[Path, 
     assert proc.returncode == 0, proc.stderr
     assert_clean(proc.stdout)
     assert f"assistant (stop): {shown(ANSWER)}" in proc.stdout
+    root_log = cli("log", "root-t", home=home)
+    assert root_log.returncode == 0, root_log.stderr
+    assert_clean(root_log.stdout)
+    assert shown(CWD_NAME) in root_log.stdout
 
 
 def test_send_prints_the_reply_as_text(tricky: tuple[Path, str, str]) -> None:
