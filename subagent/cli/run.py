@@ -141,6 +141,12 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
     )
-    run.add_argument("--max-depth", type=non_negative_int, default=3, metavar="D")
-    run.add_argument("--no-live", action="store_true")
+    run.add_argument(
+        "--max-depth",
+        type=non_negative_int,
+        default=3,
+        metavar="D",
+        help="how deep delegation may go (default 3)",
+    )
+    run.add_argument("--no-live", action="store_true", help="print only the final tree")
     run.set_defaults(fn=cmd_run)
