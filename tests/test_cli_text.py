@@ -27,7 +27,7 @@ MARKUP = "list[int] or dict[str, Any]; see [link] and matrix[i][j] arr[/i] :smil
 ESCAPES = "title\x1b]0;owned\x07 csi\x1b[2J c1\x9b31m bidi\u202eevil del\x7f bell\x07"
 LABEL = "[b]x[/i]\x1b[31m"
 ANSWER = f"{MARKUP} {ESCAPES}"
-CWD_NAME = "dir[/i]\x1b]0;cwd\x07"
+CWD_NAME = "/d[/i]\x1b]0;c\x07"  # recorded as given: short, so no table cuts it
 RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\x7f")
 
 
@@ -105,7 +105,7 @@ def tricky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
         ],
     )
     # The header's cwd is text from a file too (a directory may be named anything).
-    root = rt.agent(session_id="root-t", cwd=str(home / CWD_NAME))
+    root = rt.agent(session_id="root-t", cwd=CWD_NAME)
     root.send("go").get()
     wait_until(lambda: bool(rt.tasks.list()) and all(t.settled for t in rt.tasks.list()))
     wait_until(lambda: root.status == "idle")
@@ -120,8 +120,7 @@ def test_ls_prints_the_cwd_as_text(tricky: tuple[Path, str, str]) -> None:
     proc = cli("ls", home=home)
     assert proc.returncode == 0, proc.stderr
     assert_clean(proc.stdout)
-    squashed = proc.stdout.replace("\n", "").replace("│", "").replace(" ", "")
-    assert "dir[/i]\\x1b]0;cwd" in squashed  # the table may cut the long path short
+    assert shown(CWD_NAME) in proc.stdout
 
 
 def test_ls_parent_prints_the_label_as_text(tricky: tuple[Path, str, str]) -> None:
