@@ -129,7 +129,7 @@ def test_configured_cwd_overrides_the_parent_cwd(parent: Parent, tmp_path: Path)
     [
         ("max_tokens", "max-tokens"),
         ("refusal", "refusal"),
-        ("cancelled", "aborted"),
+        ("cancelled", "error"),  # nobody cancelled it: not an abort
         ("max_turn_requests", "error"),
         ("something_new", "error"),
     ],
@@ -138,16 +138,20 @@ def test_stop_reason_mapping(parent: Parent, acp_reason: str, stop_reason: str) 
     result = finish(start(AcpProvider(peer_config("normal")), parent, f"stop:{acp_reason}"))
     assert result.stop_reason == stop_reason
     assert result.output == [{"type": "text", "text": "partial"}]
-    if stop_reason == "error":
+    if acp_reason == "cancelled":
+        assert "nobody cancelled it" in (result.diagnostic or "")
+    elif stop_reason == "error":
         assert acp_reason in (result.diagnostic or "")
 
 
-def test_environment_is_scrubbed_of_credentials(
+def test_environment_is_an_allowlist_plus_what_the_config_names(
     parent: Parent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACP_TEST_API_KEY", "sk-secret")
+    monkeypatch.setenv("SENTRY_DSN", "https://key@sentry.example/1")
     monkeypatch.setenv("ACP_TEST_KEPT_TOKEN", "kept")
     monkeypatch.setenv("ACP_TEST_PLAIN", "plain")
+    monkeypatch.setenv("LC_ACP_TEST", "locale")
     provider = AcpProvider(
         peer_config("normal", pass_env=["ACP_TEST_KEPT_TOKEN"], env={"ACP_TEST_SET": "set"})
     )
@@ -157,16 +161,19 @@ def test_environment_is_scrubbed_of_credentials(
         return text
 
     assert ask("ACP_TEST_API_KEY") == "<unset>"
+    assert ask("SENTRY_DSN") == "<unset>"
+    assert ask("ACP_TEST_PLAIN") == "<unset>"  # not a secret by its name, but not allowlisted
     assert ask("ACP_TEST_KEPT_TOKEN") == "kept"
-    assert ask("ACP_TEST_PLAIN") == "plain"
     assert ask("ACP_TEST_SET") == "set"
+    assert ask("LC_ACP_TEST") == "locale"
+    assert ask("PATH") == os.environ["PATH"]
 
 
 # -- agent-to-client requests -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("policy", "answer"), [("allow", "selected:yes"), ("reject", "cancelled:")]
+    ("policy", "answer"), [("allow", "selected:yes"), ("reject", "selected:no")]
 )
 def test_permission_requests_follow_the_policy(parent: Parent, policy: str, answer: str) -> None:
     events: list[dict[str, Any]] = []
