@@ -66,14 +66,25 @@ def clean_text(text: str) -> str:
 def describe_data(data: Any, limit: int = MAX_DATA_CHARS) -> str:
     """A JSON-RPC error's `data` as one clean, bounded string."""
     if isinstance(data, str):
-        text = data
+        text = clean_text(data)
     else:
         try:
-            text = json.dumps(data, ensure_ascii=False, sort_keys=True)
-        except (TypeError, ValueError):
-            text = repr(data)
-    text = clean_text(text).strip()
+            text = json.dumps(_clean_strings(data), ensure_ascii=False, sort_keys=True)
+        except (TypeError, ValueError, RecursionError):
+            text = clean_text(repr(data))
+    text = text.strip()
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clean_strings(value: Any) -> Any:
+    """`value` with every string in it cleaned (before JSON would escape the escapes)."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): _clean_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_strings(v) for v in value]
+    return value
 
 
 class RpcError(Exception):

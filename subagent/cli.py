@@ -28,6 +28,7 @@ __all__ = ["CliError", "main"]
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class CliError(Exception):
@@ -134,6 +135,7 @@ class _Interrupts:
 
         def handler(*_args: Any) -> None:
             if self.stopped is not None:
+                _reap_external_children()
                 sys.stderr.write("subagent: interrupted again; exiting now\n")
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)
@@ -151,6 +153,21 @@ class _Interrupts:
 
     def __exit__(self, *exc: object) -> None:
         self._watcher.cancel()
+
+
+def _reap_external_children() -> None:
+    """SIGKILL every external agent's process group (ACP children) before the CLI exits at once:
+    they run in sessions of their own, so nothing else would stop them."""
+    from providers.acp_process import kill_all_groups
+
+    kill_all_groups()
+
+
+def _on_sigterm() -> None:
+    _reap_external_children()
+    sys.stderr.write("subagent: terminated\n")
+    sys.stderr.flush()
+    os._exit(EXIT_TERMINATED)
 
 
 def _drive(
@@ -244,6 +261,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.acp and (args.base_url or args.model):
         raise CliError("use either --acp or --base-url/--model, not both")
+    if args.acp_env and not args.acp:
+        raise CliError("--acp-env needs --acp")
     if not args.acp and not args.model:
         raise CliError("run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp")
     console = _console()
@@ -272,7 +291,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             words = shlex.split(args.acp)
             if not words:
                 raise CliError("--acp needs a command")
-            rt.subagents.register(AcpProvider(AcpConfig(command=words[0], args=words[1:])))
+            config = AcpConfig(command=words[0], args=words[1:], pass_env=args.acp_env or ())
+            rt.subagents.register(AcpProvider(config))
             tools = [SubagentToolConfig("acp", name="subagent", max_depth=PROVIDER_MANAGED)]
             options = AgentOptions(model="scripted:relay")
         else:
@@ -495,6 +515,7 @@ def _log_line(kind: str, data: Mapping[str, Any]) -> str | None:
 def cmd_send(args: argparse.Namespace) -> int:
     from agent.models import scripted as S
     from agent.options import AgentOptions
+    from providers.acp import provider_for_stored_child
     from providers.inprocess import ForkProvider, SpawnProvider
     from subagent.runtime import Runtime
     from subagent.tools import install_subagent_tools
@@ -510,6 +531,14 @@ def cmd_send(args: argparse.Namespace) -> int:
         rt.subagents.register(SpawnProvider())
         rt.subagents.register(ForkProvider())
         install_subagent_tools(rt)
+        # An ACP child is reached again through the agent its log records (command, arguments,
+        # names of passed variables), plus the variables named here. Registered after the tools:
+        # it serves this resume, not new delegations.
+        acp = provider_for_stored_child(store, args.child, pass_env=args.acp_env or ())
+        if acp is not None:
+            rt.subagents.register(acp)
+        elif args.acp_env:
+            raise CliError(f"{args.child} is not an ACP child (--acp-env is for ACP children)")
         options = AgentOptions(model=f"openai:{args.model}") if args.model else None
         parent = rt.resume_agent(header.parent_session, options=options)
         sent = rt.subagents.send_message(parent, args.child, args.message, MessageSource.user())
@@ -654,6 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
     )
+    run.add_argument(
+        "--acp-env",
+        action="append",
+        metavar="NAME",
+        help="pass this environment variable to the ACP agent (repeatable; e.g. its API key)",
+    )
     run.add_argument("--max-depth", type=int, default=3, metavar="D")
     run.add_argument("--no-live", action="store_true")
     run.set_defaults(fn=cmd_run)
@@ -678,6 +713,12 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("message")
     send.add_argument("--base-url")
     send.add_argument("--model", help="the parent's model at --base-url (default: offline)")
+    send.add_argument(
+        "--acp-env",
+        action="append",
+        metavar="NAME",
+        help="also pass this variable to an ACP child's agent (repeatable)",
+    )
     send.add_argument("--json", action="store_true")
     send.set_defaults(fn=cmd_send)
 
@@ -699,9 +740,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Library logging would tear the live view; a NullHandler also silences lastResort.
         logging.getLogger().addHandler(logging.NullHandler())
     fn: Callable[[argparse.Namespace], int] = args.fn
+    import gevent
+
+    # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
+    terminate = gevent.signal_handler(signal.SIGTERM, _on_sigterm)
     try:
         return fn(args)
     except KeyboardInterrupt:
+        _reap_external_children()
         sys.stderr.write("subagent: interrupted\n")
         return EXIT_INTERRUPTED
     except Exception as exc:
@@ -713,6 +759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
         sys.stderr.write(f"subagent: error: {first}\n")
         return EXIT_ERROR
+    finally:
+        terminate.cancel()
 
 
 if __name__ == "__main__":

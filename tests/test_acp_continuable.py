@@ -1,0 +1,199 @@
+"""Continuable ACP children are first-class children (issue 15): recorded in the parent's store
+(header, descriptor, ACP record), listed, continued by `send_message` (`started`: steering an ACP
+agent is impossible), restarted after a crash by the same policy as local children, and
+cold-resumed by `subagent send` in a new process after the one that started them died."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from acp_peers.support import peer_config
+from gevent import subprocess
+from seam_kit import assert_log_valid, wait_until
+
+from agent.store import SessionStore
+from providers.acp import ResumableAcpProvider
+from providers.acp_log import ACP_RECORD_EVENT
+from subagent.errors import SubagentError
+from subagent.runtime import Runtime
+from subagent.types import MessageSource, SubagentStartRequest, text_block
+from supervision.signal import AbortSignal
+
+HERE = Path(__file__).parent
+CHILD_PROCESS = HERE / "acp_child_process.py"
+TIMEOUT = 60.0
+
+Events = list[Mapping[str, Any]]
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the SDK peer persists its sessions (as a real agent does), passed by name."""
+    where = tmp_path / "agent-state"
+    where.mkdir()
+    monkeypatch.setenv("ACP_PEER_STATE", str(where))
+    return where
+
+
+@pytest.fixture
+def rt(tmp_path: Path, state: Path) -> Iterator[Runtime]:
+    with Runtime(store=SessionStore(tmp_path / "sessions")) as runtime:
+        runtime.subagents.register(
+            ResumableAcpProvider(peer_config("normal", pass_env=["ACP_PEER_STATE"]))
+        )
+        yield runtime
+
+
+def start(rt: Runtime, parent: Any, text: str, label: str = "remote helper") -> Any:
+    request = SubagentStartRequest(
+        prompt=[text_block(text)], parent=parent, signal=AbortSignal.never()
+    )
+    return rt.subagents.start_continuable("acp", request, label=label)
+
+
+def output_text(task: Any) -> str:
+    return "".join(block.get("text", "") for block in task.output)
+
+
+def user_texts(events: Events) -> list[str]:
+    return [
+        "".join(b.get("text", "") for b in e["data"]["message"]["content"])
+        for e in events
+        if e["type"] == "user/message"
+    ]
+
+
+def turn_ends(events: Events) -> list[str]:
+    return [e["data"]["reason"] for e in events if e["type"] == "turn/end"]
+
+
+def test_a_continuable_acp_child_is_recorded_listed_and_continued(rt: Runtime) -> None:
+    parent = rt.agent()
+    started = start(rt, parent, "first")
+    header = rt.store.header(started.child_id)
+    assert header.parent_session == parent.id
+    assert header.origin == "subagent"
+    assert header.delegation_depth == parent.depth + 1
+
+    [row] = rt.subagents.list_children(parent.id)
+    assert (row["id"], row["mode"], row["label"]) == (
+        started.child_id,
+        "continuable",
+        "remote helper",
+    )
+    first = rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+    assert first.status == "completed"
+    assert output_text(first).startswith("echo: first [session sess-")
+
+    # Sent right after the first turn settled, or while it still ran: either way a new activation
+    # (an ACP agent cannot be steered), which loads the agent's session and sees the first turn.
+    sent = rt.subagents.send_message(
+        parent, started.child_id, "recall", MessageSource.coordinator(parent.id)
+    )
+    assert sent.kind == "started"
+    second = rt.tasks.wait(sent.task_id or "", timeout=TIMEOUT)
+    assert second.status == "completed"
+    assert output_text(second) == "recalled: first"
+
+    wait_until(lambda: rt.subagents.list_children(parent.id)[0]["activity"] == "stored")
+    events = assert_log_valid(rt.store, started.child_id)
+    assert user_texts(events) == ["first", "recall"]
+    assert turn_ends(events) == ["completed", "completed"]
+    assert [e["type"] for e in events].count("subagent/descriptor") == 1
+    [record] = [e["data"] for e in events if e["type"] == ACP_RECORD_EVENT]
+    assert record["command"] == sys.executable
+    assert record["pass_env"] == ["ACP_PEER_STATE"]
+    assert record["acp_session_id"].startswith("sess-")
+    assert "ACP_PEER_STATE" not in json.dumps(record["args"])  # names only, never values
+
+
+def test_a_second_start_under_the_same_id_is_a_duplicate(rt: Runtime) -> None:
+    parent = rt.agent()
+    started = start(rt, parent, "first")
+    rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+    request = SubagentStartRequest(
+        prompt=[text_block("again")], parent=parent, signal=AbortSignal.never()
+    )
+    with pytest.raises(SubagentError) as info:
+        rt.subagents.start_continuable("acp", request, label="x", child_id=started.child_id)
+    assert info.value.code == "DUPLICATE_CHILD"
+
+
+def test_a_crashed_acp_activation_is_restarted_by_cold_resume(rt: Runtime) -> None:
+    parent = rt.agent()
+    started = start(rt, parent, "crash")
+    crashed = rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+    assert crashed.status == "failed"
+    assert "exit code 3" in (crashed.detail or "")
+
+    def restarted() -> bool:
+        tasks = [t for t in rt.tasks.list() if t.id != started.task_id]
+        return bool(tasks) and all(t.settled for t in tasks)
+
+    wait_until(restarted, limit=60_000)
+    [again] = [t for t in rt.tasks.list() if t.id != started.task_id]
+    assert again.status == "completed"
+    assert "Your last activation crashed" in output_text(again)
+    events = assert_log_valid(rt.store, started.child_id)
+    assert turn_ends(events) == ["error", "completed"]
+    assert user_texts(events)[0] == "crash"
+
+
+def test_cold_resume_by_subagent_send_in_a_new_process(tmp_path: Path, state: Path) -> None:
+    home = tmp_path / "home"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD_PROCESS), str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"acp_child_process.py died early: {proc.stderr.read().decode()}")
+        ids = json.loads(line)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert "".join(b["text"] for b in ids["task_output"]).startswith("echo: first")
+
+    def cli(*argv: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-m", "subagent.cli", "--home", str(home), *argv],
+            capture_output=True,
+            env=env,
+            timeout=TIMEOUT,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        return json.loads(done.stdout)
+
+    [row] = cli("ls", ids["parent"], "--json")
+    assert (row["id"], row["mode"], row["label"]) == (ids["child"], "continuable", "remote helper")
+
+    sent = cli("send", ids["child"], "recall", "--json")
+    assert sent["delivery"] == "started"
+    assert sent["status"] == "completed", sent["detail"]
+    assert sent["output"] == "recalled: first"  # the agent saw the first turn (session/load)
+
+    events = assert_log_valid(SessionStore(home / "sessions"), ids["child"])
+    assert user_texts(events) == ["first", "recall"]
+    assert turn_ends(events) == ["completed", "completed"]
+
+
+def test_a_child_of_another_agent_is_refused(rt: Runtime, state: Path) -> None:
+    parent, stranger = rt.agent(), rt.agent()
+    started = start(rt, parent, "first")
+    rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+    with pytest.raises(SubagentError) as info:
+        rt.subagents.send_message(stranger, started.child_id, "hi", MessageSource.user())
+    assert info.value.code == "UNAUTHORIZED"
