@@ -524,9 +524,8 @@ def test_a_killed_launcher_ends_the_run_error_and_its_group_is_reaped(
 ) -> None:
     run = start(AcpProvider(fake_config("launcher", env=notifier.env)), parent)
     launcher = int(notifier.expect("pid"))
-    agent = int(notifier.expect("agent"))
+    agent = int(notifier.expect_all("agent", "prompt")["agent"])  # the turn is in flight
     assert launcher == run.pid
-    notifier.expect("pid")  # the agent is up
     os.kill(launcher, 9)  # the real agent still holds stdout open
     result = run.result.get(timeout=RESULT_TIMEOUT)
     assert result.stop_reason == "error"

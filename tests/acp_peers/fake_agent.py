@@ -4,9 +4,11 @@
 
 - silent: reads stdin, never answers anything (not even `initialize`).
 - silent_new: answers `initialize` (with loadSession), never `session/new` or `session/load`.
-- hang: answers the handshake, never ends a prompt turn.
-- launcher: a relaunching wrapper: spawns `fake_agent.py hang` as its child on the same stdio,
-  reports `agent <pid>`, and waits for it (killing the launcher leaves the agent holding stdout).
+- hang: answers the handshake, never ends a prompt turn (reports `prompt` when one arrives).
+- deaf: like hang, but ignores SIGTERM and outlives stdin EOF: only SIGKILL ends it.
+- launcher [MODE]: a relaunching wrapper: spawns `fake_agent.py MODE` (default hang) as its child
+  on the same stdio, reports `agent <pid>`, and waits for it (killing the launcher leaves the
+  agent holding stdout).
 - refusing: asks permission (options of all four kinds); if the answer is not an allow option
   it ends its turn `cancelled`, else `end_turn`. The chunk it says names the outcome.
 - rpc_error: answers `session/prompt` with JSON-RPC error -32603 whose `data` carries the
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "hang"
@@ -53,9 +57,12 @@ def say(sid: str, text: str) -> None:
 def main() -> None:
     report(f"pid {os.getpid()}")
     if MODE == "launcher":
-        agent = subprocess.Popen([sys.executable, __file__, "hang"])
+        inner = sys.argv[2] if len(sys.argv) > 2 else "hang"
+        agent = subprocess.Popen([sys.executable, __file__, inner])
         report(f"agent {agent.pid}")
         sys.exit(agent.wait())
+    if MODE == "deaf":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     asked: dict[Any, Any] = {}  # our request id -> the prompt request id it belongs to
     for line in sys.stdin:
         msg = json.loads(line)
@@ -77,7 +84,8 @@ def main() -> None:
                 continue
             result(rid, {"sessionId": "s1"} if method == "session/new" else {})
         elif method == "session/prompt":
-            if MODE == "hang":
+            report("prompt")
+            if MODE in ("hang", "deaf"):
                 say("s1", "working")
                 continue
             if MODE == "refusing":
@@ -108,6 +116,9 @@ def main() -> None:
                 send({"jsonrpc": "2.0", "id": rid, "error": error})
         elif rid is not None and method is not None:
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": method}})
+    if MODE == "deaf":  # stdin closed: keep running anyway
+        while True:
+            time.sleep(3600)
 
 
 if __name__ == "__main__":

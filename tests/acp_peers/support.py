@@ -106,6 +106,18 @@ class Notifier:
             if line.startswith(prefix):
                 return line[len(prefix) :].strip()
 
+    def expect_all(self, *prefixes: str, timeout: float = 30.0) -> dict[str, str]:
+        """The rest of the first line for each prefix, whatever order they arrive in (lines from
+        different processes are not ordered)."""
+        found: dict[str, str] = {}
+        while len(found) < len(prefixes):
+            line: str = self.lines.get(timeout=timeout)
+            for prefix in prefixes:
+                if prefix not in found and line.startswith(prefix):
+                    found[prefix] = line[len(prefix) :].strip()
+                    break
+        return found
+
     def close(self) -> None:
         gevent.killall(self._greenlets, block=True)
         self.sock.close()
