@@ -13,8 +13,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
-from acp_peers.support import peer_config
+from acp_peers.support import fake_config, peer_config
 from gevent import subprocess
 from seam_kit import assert_log_valid, wait_until
 
@@ -114,6 +115,39 @@ def test_a_continuable_acp_child_is_recorded_listed_and_continued(rt: Runtime) -
     assert "ACP_PEER_STATE" not in json.dumps(record["args"])  # names only, never values
 
 
+def test_a_message_mid_turn_starts_the_next_activation_once_the_turn_ends(
+    tmp_path: Path,
+) -> None:
+    """The fake agent never ends a turn by itself: the child is `running` until its task is
+    killed, and a message sent meanwhile waits, then starts a new activation (`started`)."""
+    with Runtime(store=SessionStore(tmp_path / "sessions")) as rt:
+        rt.subagents.register(ResumableAcpProvider(fake_config("hang")))
+        parent = rt.agent()
+        started = start(rt, parent, "first")
+        [row] = rt.subagents.list_children(parent.id)
+        assert row["activity"] == "running"
+        sending = gevent.spawn(
+            rt.subagents.send_message,
+            parent,
+            started.child_id,
+            "second",
+            MessageSource.coordinator(parent.id),
+        )
+        gevent.sleep(0)  # let it reach the child's lock and wait for the settlement
+        assert not sending.ready()
+        rt.tasks.kill(started.task_id, "enough")
+        sent = sending.get(timeout=TIMEOUT)
+        assert sent.kind == "started"
+        assert rt.tasks.wait(started.task_id, timeout=TIMEOUT).status == "killed"
+        assert rt.subagents.list_children(parent.id)[0]["activity"] == "running"
+        rt.tasks.kill(sent.task_id or "", "enough")
+        rt.tasks.wait(sent.task_id or "", timeout=TIMEOUT)
+        wait_until(lambda: rt.subagents.list_children(parent.id)[0]["activity"] == "stored")
+        events = assert_log_valid(rt.store, started.child_id)
+        assert user_texts(events) == ["first", "second"]
+        assert turn_ends(events) == ["aborted", "aborted"]
+
+
 def test_a_second_start_under_the_same_id_is_a_duplicate(rt: Runtime) -> None:
     parent = rt.agent()
     started = start(rt, parent, "first")
@@ -188,6 +222,16 @@ def test_cold_resume_by_subagent_send_in_a_new_process(tmp_path: Path, state: Pa
     events = assert_log_valid(SessionStore(home / "sessions"), ids["child"])
     assert user_texts(events) == ["first", "recall"]
     assert turn_ends(events) == ["completed", "completed"]
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "subagent.cli", "--home", str(home), "log", ids["child"]],
+        capture_output=True,
+        env=env,
+        timeout=TIMEOUT,
+    )
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert b"(ACP agent: " in shown.stdout
+    assert b"recalled: first" in shown.stdout
 
 
 def test_a_child_of_another_agent_is_refused(rt: Runtime, state: Path) -> None:
