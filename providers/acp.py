@@ -25,7 +25,7 @@ import gevent
 from gevent.event import Event
 
 from agent.events import SessionHeader
-from agent.store import SessionNotFoundError
+from agent.store import SessionBusyError, SessionNotFoundError
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
 from providers.acp_log import AcpRecord, ChildLog, SessionStoreLike, read_record
 from providers.acp_process import ProcessGroup
@@ -584,23 +584,41 @@ class ResumableAcpProvider(AcpProvider):
             cwd = None
         if not isinstance(acp_session_id, str):
             raise SubagentError("UNKNOWN_CHILD", f"no ACP session is recorded for {child_id!r}")
-        record_log = None
-        if record is not None and store is not None:
-            source = request.source.to_json()
-            reopen_store = store
+        if record is None or store is None:  # a raw resume without a store: nothing to record
+            return self._establish(
+                request.prompt,
+                request.parent,
+                request.signal,
+                child_id,
+                load_session_id=acp_session_id,
+            )
+        # Held before the agent starts: a second activation (here or in another process) is
+        # refused before it could load the same ACP session twice.
+        try:
+            held = ChildLog.acquire(store, child_id)
+        except SessionBusyError:
+            raise SubagentError(
+                "START_FAILED", f"child {child_id!r} is already active (its log is open)"
+            ) from None
+        source = request.source.to_json()
 
-            def record_log(_cwd: str, _sid: str, blocks: list[dict[str, Any]]) -> ChildLog:
-                return ChildLog.reopen(reopen_store, child_id, blocks, source)
+        def record_log(_cwd: str, _sid: str, blocks: list[dict[str, Any]]) -> ChildLog:
+            held.begin(blocks, source)
+            return held
 
-        return self._establish(
-            request.prompt,
-            request.parent,
-            request.signal,
-            child_id,
-            cwd=cwd,
-            load_session_id=acp_session_id,
-            record_log=record_log,
-        )
+        try:
+            return self._establish(
+                request.prompt,
+                request.parent,
+                request.signal,
+                child_id,
+                cwd=cwd,
+                load_session_id=acp_session_id,
+                record_log=record_log,
+            )
+        except BaseException:
+            held.release()
+            raise
 
 
 def _store_of(parent: Any) -> SessionStoreLike | None:

@@ -106,6 +106,7 @@ class ChildLog:
     def __init__(self, log: SessionLog, turn: int) -> None:
         self._log = log
         self._turn = turn
+        self._begun = False
 
     @classmethod
     def create(
@@ -135,29 +136,31 @@ class ChildLog:
         return child
 
     @classmethod
-    def reopen(
-        cls,
-        store: SessionStoreLike,
-        child_id: str,
-        prompt: Sequence[Mapping[str, Any]],
-        source: Mapping[str, Any],
-    ) -> ChildLog:
-        """Take the stored child's log (its open tail closed by `open`) and open the next turn.
+    def acquire(cls, store: SessionStoreLike, child_id: str) -> ChildLog:
+        """Take the stored child's log (an open tail left by a dead process is closed by `open`)
+        before the agent is even started: one activation at a time, across processes.
 
-        Raises the store's `SessionBusyError` when another activation holds it.
+        Raises the store's `SessionBusyError` when another activation holds it. Then `begin` the
+        turn, or `release` the log.
         """
         log = store.open(child_id)
-        try:
-            turns = sum(1 for e in log.events if e["type"] == "turn/start")
-            child = cls(log, turns + 1)
-            child._open_turn(prompt, source)
-            log.checkpoint("turn")
-        except BaseException:
-            log.close()
-            raise
-        return child
+        turns = sum(1 for e in log.events if e["type"] == "turn/start")
+        return cls(log, turns + 1)
+
+    def begin(self, prompt: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> None:
+        """Open the activation's turn with its prompt, durably."""
+        self._open_turn(prompt, source)
+        self._log.checkpoint("turn")
+
+    def release(self) -> None:
+        """Give the log back when the activation did not start (a begun turn ends `error`)."""
+        if self._begun:
+            self.finish([], "error", "the activation failed to start")
+        else:
+            self._log.close()
 
     def _open_turn(self, prompt: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> None:
+        self._begun = True
         log = self._log
         log.append("turn/start", {"turn": self._turn})
         message = {

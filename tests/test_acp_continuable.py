@@ -19,6 +19,7 @@ from acp_peers.support import fake_config, peer_config
 from gevent import subprocess
 from seam_kit import assert_log_valid, wait_until
 
+import providers.acp as acp_module
 from agent.store import SessionStore
 from providers.acp import ResumableAcpProvider
 from providers.acp_log import ACP_RECORD_EVENT
@@ -241,3 +242,31 @@ def test_a_child_of_another_agent_is_refused(rt: Runtime, state: Path) -> None:
     with pytest.raises(SubagentError) as info:
         rt.subagents.send_message(stranger, started.child_id, "hi", MessageSource.user())
     assert info.value.code == "UNAUTHORIZED"
+
+
+def test_a_child_whose_log_is_held_elsewhere_is_not_started_twice(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process driving the child holds its log: the resume is refused before any agent
+    is started (it would load the same ACP session twice)."""
+    parent = rt.agent()
+    started = start(rt, parent, "first")
+    rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+    wait_until(lambda: rt.subagents.list_children(parent.id)[0]["activity"] == "stored")
+    before = len(rt.store.inspect(started.child_id).events)
+
+    def no_spawn(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("an agent was started for a busy child")
+
+    monkeypatch.setattr(acp_module, "ProcessGroup", no_spawn)
+    held = rt.store.open(started.child_id)  # as another process's activation would
+    try:
+        with pytest.raises(SubagentError) as info:
+            rt.subagents.send_message(
+                parent, started.child_id, "again", MessageSource.coordinator(parent.id)
+            )
+    finally:
+        held.close()
+    assert info.value.code == "START_FAILED"
+    assert "already active" in info.value.detail
+    assert len(rt.store.inspect(started.child_id).events) == before
