@@ -1,11 +1,13 @@
 """A process that starts a continuable ACP child and is then killed, for
 tests/test_acp_continuable.py.
 
-Usage: `python acp_child_process.py HOME`. Starts a runtime over `HOME/sessions`, a root parent,
-and one continuable child on the SDK peer (`normal` mode, `ACP_PEER_STATE` passed through by
-name, as a deployment passes an API key). Once the child's first turn completed and the parent
-handled its settlement notice, it prints `{"parent", "child", "task_output"}` as one JSON line
-and waits to be killed (`kill -9`). Run with `tests/` on PYTHONPATH (for `acp_peers`).
+Usage: `python acp_child_process.py HOME PROMPT`. Starts a runtime over `HOME/sessions`, a root
+parent, and one continuable child on the SDK peer (`normal` mode; `ACP_PEER_STATE` and
+`ACP_PEER_NOTIFY` passed through by name, as a deployment passes an API key) with PROMPT. With
+PROMPT `hang` it prints `{"parent", "child"}` as one JSON line at once (the peer reports when it
+hangs); otherwise it waits for the first turn and the parent's handling of its settlement notice,
+and adds `task_output`. Then it waits to be killed (`kill -9`). Run with `tests/` on PYTHONPATH
+(for `acp_peers`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import gevent
 from acp_peers.support import peer_config
@@ -24,18 +27,21 @@ from subagent.types import SubagentStartRequest, text_block
 from supervision.signal import AbortSignal
 
 
-def main(home: str) -> None:
+def main(home: str, prompt: str) -> None:
     runtime = Runtime(store=SessionStore(Path(home) / "sessions"))
-    provider = ResumableAcpProvider(peer_config("normal", pass_env=["ACP_PEER_STATE"]))
+    provider = ResumableAcpProvider(
+        peer_config("normal", pass_env=["ACP_PEER_STATE", "ACP_PEER_NOTIFY"])
+    )
     runtime.subagents.register(provider)
     parent = runtime.agent()
     request = SubagentStartRequest(
-        prompt=[text_block("first")], parent=parent, signal=AbortSignal.never()
+        prompt=[text_block(prompt)], parent=parent, signal=AbortSignal.never()
     )
     started = runtime.subagents.start_continuable("acp", request, label="remote helper")
-    task = runtime.tasks.wait(started.task_id)
-    parent.when_idle().get()  # the turn the settlement notice woke
-    line = {"parent": parent.id, "child": started.child_id, "task_output": task.output}
+    line: dict[str, Any] = {"parent": parent.id, "child": started.child_id}
+    if prompt != "hang":
+        line["task_output"] = runtime.tasks.wait(started.task_id).output
+        parent.when_idle().get()  # the turn the settlement notice woke
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
     while True:
@@ -43,4 +49,4 @@ def main(home: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

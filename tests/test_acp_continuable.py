@@ -15,7 +15,7 @@ from typing import Any
 
 import gevent
 import pytest
-from acp_peers.support import fake_config, peer_config
+from acp_peers.support import Notifier, fake_config, peer_config, pid_alive
 from gevent import subprocess
 from seam_kit import assert_log_valid, wait_until
 
@@ -181,11 +181,19 @@ def test_a_crashed_acp_activation_is_restarted_by_cold_resume(rt: Runtime) -> No
     assert user_texts(events)[0] == "crash"
 
 
-def test_cold_resume_by_subagent_send_in_a_new_process(tmp_path: Path, state: Path) -> None:
+@pytest.mark.parametrize("when", ["after its turn", "mid-turn"])
+def test_cold_resume_by_subagent_send_in_a_new_process(
+    tmp_path: Path, state: Path, when: str
+) -> None:
+    """The process that started the child is killed (-9) after the child's first turn, or during
+    it (the agent then dies with it: PR_SET_PDEATHSIG); a new process continues the child with
+    `subagent send`, and the agent sees the first turn."""
     home = tmp_path / "home"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    notifier = Notifier()
+    env = {**os.environ, **notifier.env, "PYTHONPATH": os.pathsep.join(sys.path)}
+    first = "first" if when == "after its turn" else "hang"
     proc = subprocess.Popen(
-        [sys.executable, str(CHILD_PROCESS), str(home)],
+        [sys.executable, str(CHILD_PROCESS), str(home), first],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -196,11 +204,19 @@ def test_cold_resume_by_subagent_send_in_a_new_process(tmp_path: Path, state: Pa
         if not line:
             raise AssertionError(f"acp_child_process.py died early: {proc.stderr.read().decode()}")
         ids = json.loads(line)
+        if when == "mid-turn":
+            agent = int(notifier.expect_all("pid", "hanging")["pid"])
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        notifier.close()
     assert proc.returncode == -signal.SIGKILL
-    assert "".join(b["text"] for b in ids["task_output"]).startswith("echo: first")
+    if when == "mid-turn":
+        wait_until(lambda: not pid_alive(agent), limit=60_000)  # died with its parent
+    else:
+        assert "".join(b["text"] for b in ids["task_output"]).startswith("echo: first")
+
+    env.pop("ACP_PEER_NOTIFY")  # that socket is gone
 
     def cli(*argv: str) -> Any:
         done = subprocess.run(
@@ -218,11 +234,12 @@ def test_cold_resume_by_subagent_send_in_a_new_process(tmp_path: Path, state: Pa
     sent = cli("send", ids["child"], "recall", "--json")
     assert sent["delivery"] == "started"
     assert sent["status"] == "completed", sent["detail"]
-    assert sent["output"] == "recalled: first"  # the agent saw the first turn (session/load)
+    assert sent["output"] == f"recalled: {first}"  # the agent saw the first turn (session/load)
 
     events = assert_log_valid(SessionStore(home / "sessions"), ids["child"])
-    assert user_texts(events) == ["first", "recall"]
-    assert turn_ends(events) == ["completed", "completed"]
+    assert user_texts(events) == [first, "recall"]
+    first_end = "completed" if when == "after its turn" else "interrupted"  # repaired on open
+    assert turn_ends(events) == [first_end, "completed"]
 
     shown = subprocess.run(
         [sys.executable, "-m", "subagent.cli", "--home", str(home), "log", ids["child"]],
@@ -232,7 +249,7 @@ def test_cold_resume_by_subagent_send_in_a_new_process(tmp_path: Path, state: Pa
     )
     assert shown.returncode == 0, shown.stderr.decode()
     assert b"(ACP agent: " in shown.stdout
-    assert b"recalled: first" in shown.stdout
+    assert f"recalled: {first}".encode() in shown.stdout
 
 
 def test_a_child_of_another_agent_is_refused(rt: Runtime, state: Path) -> None:

@@ -6,7 +6,8 @@
   with that ACP stop reason instead, `env:<NAME>` answers that variable's value. Advertises
   `loadSession`; `session/load` replays history first. With $ACP_PEER_STATE naming a directory,
   sessions persist there (as a real agent's do), so another process can `session/load` them:
-  `recall` answers `recalled: <earlier prompts, joined by " | ">`, `crash` exits 3 mid-turn.
+  `recall` answers `recalled: <earlier prompts, joined by " | ">`, `crash` exits 3 mid-turn,
+  `hang` reports `hanging` and never ends its turn.
 
 When $ACP_PEER_NOTIFY names a unix socket, the peer connects at start-up and reports lines there
 (`pid <pid>`, `new_session`, `grandchild <pid>`) so tests synchronise on events, not sleeps.
@@ -164,6 +165,10 @@ class PeerAgent:
             if text == "crash":
                 await say("about to crash")
                 os._exit(3)
+            if text == "hang":
+                await say("hanging")
+                report("hanging")
+                await asyncio.sleep(3600)
             if text.startswith("stop:"):
                 await say("partial")
                 if text[5:] not in KNOWN_STOP_REASONS:
