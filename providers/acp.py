@@ -6,7 +6,13 @@ no `local_agent`, no start-time capabilities, no inherited context.
 
 Resume is a capability discovered with `isinstance(provider, Resumable)`. `AcpProvider` never has
 it; `ResumableAcpProvider` (built directly when you know the agent advertises `loadSession`, or
-picked by `discover_acp_provider`, which asks the agent) adds `resume` through `session/load`.
+picked by `discover_acp_provider`, which asks the agent) adds continuable children: each gets a
+session log in the parent's store (`providers.acp_log`), so the continuation service lists,
+continues, restarts and cold-resumes it (through `session/load`) like a local child.
+
+Bounded and leak-free: each handshake request has a timeout, the process we started is watched
+(a dead launcher ends the run even if its child holds stdout), the whole process group is reaped
+on every path, and the kernel kills the agent if this process dies (`PR_SET_PDEATHSIG`).
 
 Calls block the calling greenlet cooperatively (the providers-layer idiom); only `run.result` is
 a future.
@@ -254,7 +260,12 @@ class _StartFailure(Exception):
 
 
 class AcpRun(RemoteRun):
-    """One prompt turn of an external ACP agent. `result` never fails; always `dispose()`."""
+    """One prompt turn of an external ACP agent; always `dispose()`.
+
+    `result` never fails for a one-shot run. A continuable activation (one with a child log)
+    faults with `AgentProcessExited` when its agent dies mid-turn, so the continuation service
+    restarts it; every other ending is a result, recorded in the child's log first.
+    """
 
     def __init__(
         self,
