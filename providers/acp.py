@@ -30,7 +30,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
-from agent.events import SessionHeader
+from agent.events import SessionHeader, SessionLogError
 from agent.store import SessionBusyError, SessionNotFoundError
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
 from providers.acp_log import AcpRecord, ChildLog, SessionStoreLike, read_record
@@ -644,7 +644,7 @@ def _stored_record(store: SessionStoreLike, child_id: str) -> AcpRecord | None:
         return read_record(store, child_id)
     except (SessionNotFoundError, KeyError):
         return None
-    except (OSError, ValueError) as exc:
+    except (SessionLogError, OSError, ValueError) as exc:
         raise SubagentError(
             "NOT_RESUMABLE", f"the ACP record of child {child_id!r} cannot be read: {exc}"
         ) from exc

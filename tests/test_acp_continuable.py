@@ -21,7 +21,7 @@ from seam_kit import assert_log_valid, wait_until
 
 import providers.acp as acp_module
 from agent.store import SessionStore
-from providers.acp import ResumableAcpProvider
+from providers.acp import ResumableAcpProvider, provider_for_stored_child
 from providers.acp_log import ACP_RECORD_EVENT
 from subagent.errors import SubagentError
 from subagent.runtime import Runtime
@@ -287,3 +287,35 @@ def test_a_child_whose_log_is_held_elsewhere_is_not_started_twice(
     assert info.value.code == "START_FAILED"
     assert "already active" in info.value.detail
     assert len(rt.store.inspect(started.child_id).events) == before
+
+
+def test_a_damaged_record_is_not_resumable(rt: Runtime, tmp_path: Path) -> None:
+    parent = rt.agent()
+    started = start(rt, parent, "first")
+    rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+    wait_until(lambda: rt.subagents.list_children(parent.id)[0]["activity"] == "stored")
+    assert provider_for_stored_child(rt.store, started.child_id) is not None
+    assert provider_for_stored_child(rt.store, parent.id) is None  # not an ACP child
+
+    path = tmp_path / "sessions" / f"{started.child_id}.session"
+    data = bytearray(path.read_bytes())
+    where = data.index(b"acp_session_id")
+    data[where : where + 3] = b"XYZ"  # the frame's checksum no longer matches
+    path.write_bytes(bytes(data))
+    with pytest.raises(SubagentError) as info:
+        provider_for_stored_child(rt.store, started.child_id)
+    assert info.value.code == "NOT_RESUMABLE"
+
+
+def test_a_turn_ended_cancelled_after_a_refusal_is_a_failed_task_not_a_killed_one(
+    tmp_path: Path,
+) -> None:
+    with Runtime(store=SessionStore(tmp_path / "sessions")) as rt:
+        rt.subagents.register(ResumableAcpProvider(fake_config("refusing")))
+        parent = rt.agent()
+        started = start(rt, parent, "clean up")
+        task = rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+        assert task.status == "failed"
+        assert "refused permission for: rm -rf build" in (task.detail or "")
+        wait_until(lambda: rt.subagents.list_children(parent.id)[0]["activity"] == "stored")
+        assert turn_ends(assert_log_valid(rt.store, started.child_id)) == ["error"]
