@@ -32,6 +32,7 @@ from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
+from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     MessageSource,
     SubagentProvider,
@@ -40,6 +41,7 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.offload import offload
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
 __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
@@ -148,6 +150,9 @@ class SteerableRunHandle(RunHandle):
         message = Steer(check_content(content), source or MessageSource.user(), reply)
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
+        if not self.ref.is_alive():  # never Pykka's raw ActorDeadError
+            closed = self._service.closed
+            return _failed(SubagentError("RUNTIME_CLOSED" if closed else "RUN_DISPOSED"))
         if self.result.done:
             return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
         try:
@@ -256,6 +261,10 @@ class SubagentService:
         return runs
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def running_peak(self) -> int:
         """The most runs that held an admission slot at once (for admission-control checks)."""
         return self._registry.running_peak
@@ -268,6 +277,11 @@ class SubagentService:
             raise TypeError("request must be a SubagentStartRequest")
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
+        if request.output_schema is not None:
+            # Walk a large schema in a thread now; admission (which reports problems in the
+            # seam's order) then finds the verdict remembered instead of walking on the hub.
+            with contextlib.suppress(UnsupportedSchemaError):
+                check_output_schema(request.output_schema, run=offload)
         parent_id = _parent_id(request.parent)
         ticket = next(self._tickets)
         if ticket % YIELD_EVERY == 0:
@@ -415,12 +429,16 @@ class SubagentService:
         signal: Any = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.send_message(
             parent, child_id, check_content(content), source, signal
         )
 
     def interrupt(self, child_id: str, *, by: Any) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.interrupt(child_id, by=by)
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:

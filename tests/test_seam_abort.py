@@ -104,3 +104,30 @@ def test_abort_at_every_hub_switch_of_start_is_all_or_nothing(provider: str) -> 
                 published += 1
     # Both sides of the rule were exercised.
     assert rejected and published
+
+
+def test_a_steer_right_after_start_is_admitted_at_the_first_step() -> None:
+    """start() returns before the child's actor ran (no round trip to it): a steer sent at once
+    goes to a turn that is about to start, and is admitted at its first step boundary."""
+    with kit() as k:
+        parent = k.parent()
+        run = k.start(parent, "first")
+        assert run.steer("and second").get(timeout=5)
+        result = run.result.get(timeout=5)
+        assert result.stop_reason == "completed"
+        assert result.output == [{"type": "text", "text": "done: and second"}]
+        run.dispose()
+
+
+def test_a_steer_for_a_turn_that_never_starts_is_rejected_not_left_pending() -> None:
+    with kit() as k:
+        k.respond = lambda request: S.hang()
+        parent = k.parent()
+        run = k.start(parent)
+        steer = run.steer("never admitted")
+        run.cancel("changed my mind")  # drops the unclaimed prompt: no turn will run
+        with pytest.raises(SubagentError) as info:
+            steer.get(timeout=5)
+        assert info.value.code == "RUN_TERMINAL"
+        assert run.result.get(timeout=5).stop_reason == "aborted"
+        run.dispose()

@@ -1,0 +1,102 @@
+"""The `subagent` command: a live demo, real runs, and a look into the session store.
+
+The CLI never monkey-patches: everything it does is cooperative already (gevent-native HTTP,
+`gevent.subprocess`, the store's thread pool). Errors are one line on stderr and a non-zero
+exit; `--debug` adds the traceback and library logging. Ctrl-C cancels the whole tree and
+reports what it stopped; a second Ctrl-C, or SIGTERM, kills the ACP agents' process groups and
+exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from subagent.cli import demo, gc, listing, run, send
+from subagent.cli.common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    Parser,
+    UsageError,
+)
+from subagent.cli.live import on_sigterm, reap_external_children
+from subagent.cli.text import shown
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "CliError", "build_parser", "main"]
+
+# One module per command group; each adds its subcommands to the parser.
+COMMANDS = (demo, run, listing, send, gc)
+
+
+def _global_options(parser: argparse.ArgumentParser, *, default: object) -> None:
+    parser.add_argument(
+        "--home",
+        default=default,
+        help="store directory (default $SUBAGENT_HOME, else the user data dir)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="tracebacks and library logging on stderr",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="subagent", description="Delegate work to child agents and watch them.")
+    _global_options(parser, default=None)
+    parser.set_defaults(debug=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in COMMANDS:
+        module.register(sub)
+    # The global options are accepted after the subcommand too (`subagent ls --home DIR`):
+    # there they default to SUPPRESS, so an absent one leaves the value given before it.
+    for command in sub.choices.values():
+        _global_options(command, default=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+    else:
+        # Library logging would tear the live view; a NullHandler also silences lastResort.
+        logging.getLogger().addHandler(logging.NullHandler())
+    fn: Callable[[argparse.Namespace], int] = args.fn
+    import gevent
+
+    # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
+    terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return fn(args)
+    except KeyboardInterrupt:
+        reap_external_children()
+        sys.stderr.write("subagent: interrupted\n")
+        return EXIT_INTERRUPTED
+    except UsageError as exc:
+        sys.stderr.write(f"subagent {args.command}: error: {_one_line(str(exc))} (see --help)\n")
+        return EXIT_USAGE
+    except Exception as exc:
+        if args.debug:
+            # The traceback can quote model text too: it reaches the terminal escaped.
+            sys.stderr.write(shown(traceback.format_exc()))
+        message = str(exc) if isinstance(exc, CliError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyError) and exc.args:
+            message = f"{type(exc).__name__}: {exc.args[0]}"
+        sys.stderr.write(f"subagent: error: {_one_line(message) or type(exc).__name__}\n")
+        return EXIT_ERROR
+    finally:
+        terminate.cancel()
+
+
+def _one_line(message: str) -> str:
+    """The first line of an error message, safe for the terminal (it may quote model text)."""
+    lines = message.strip().splitlines()
+    return shown(lines[0], one_line=True) if lines else ""

@@ -1,0 +1,161 @@
+"""`subagent run`: a real root agent with the subagent tools, or a relay to an ACP agent."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from subagent.cli.common import (
+    EXIT_INTERRUPTED,
+    CliError,
+    UsageError,
+    answer_text,
+    make_console,
+    model_registry,
+    non_negative_int,
+    read_prompt,
+    store_root,
+)
+from subagent.cli.live import drive, report_stopped
+from subagent.cli.quiet import Quiescence
+
+__all__ = ["CLI_GC_FREEZE_EVERY", "cmd_run", "register"]
+
+# See docs/performance.md (fanout): freezing the live heap every N starts.
+CLI_GC_FREEZE_EVERY = 1_000
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent.models import scripted as S
+    from agent.options import AgentOptions
+    from agent.store import SessionStore
+    from providers.inprocess import ForkProvider, SpawnProvider
+    from subagent.cli_tree import TreeModel
+    from subagent.runtime import Runtime
+    from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
+
+    if args.acp is not None and (args.base_url or args.model):
+        raise UsageError("use either --acp or --base-url/--model, not both")
+    if args.acp_env and args.acp is None:
+        raise UsageError("--acp-env needs --acp")
+    if args.acp is None and not args.model:
+        raise UsageError(
+            "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp"
+        )
+    words = shlex.split(args.acp) if args.acp is not None else []
+    if args.acp is not None and not words:
+        raise UsageError("--acp needs a command")
+    prompt = read_prompt(args.prompt, args.prompt_file)
+    console = make_console()
+    root_dir = store_root(args)
+    root_dir.mkdir(parents=True, exist_ok=True)
+    # The ACP relay's one delegation: its error, if the child could not answer.
+    relay_failure: list[str] = []
+
+    def relay_model(request: Any) -> Any:
+        last = request.messages[-1]
+        if last.get("role") == "tool":
+            text = answer_text(last.get("content", ()))
+            if last.get("is_error"):
+                relay_failure.append(text)
+            return S.text(text)
+        return S.tool_call("subagent", {"description": "acp task", "prompt": prompt})
+
+    rt = Runtime(
+        store=SessionStore(root_dir),
+        models=model_registry(args),
+        scripted=S.ScriptedModel(relay_model),
+        # The CLI owns its process, so it may take the process-wide collector knob the library
+        # leaves opt-in: a wide fan-out then does not stall the hub in full collections.
+        gc_freeze_every=CLI_GC_FREEZE_EVERY,
+    )
+    try:
+        if words:
+            from providers.acp import AcpConfig, AcpProvider
+
+            config = AcpConfig(command=words[0], args=words[1:], pass_env=args.acp_env or ())
+            rt.subagents.register(AcpProvider(config))
+            tools = [SubagentToolConfig("acp", name="subagent", max_depth=PROVIDER_MANAGED)]
+            options = AgentOptions(model="scripted:relay")
+        else:
+            rt.subagents.register(SpawnProvider())
+            rt.subagents.register(ForkProvider())
+            tools = [
+                SubagentToolConfig(
+                    "spawn", name="subagent", max_depth=args.max_depth, background="continuable"
+                ),
+                SubagentToolConfig("fork", name="subagent_fork", max_depth=args.max_depth),
+            ]
+            options = AgentOptions(model=f"openai:{args.model}")
+        install_subagent_tools(rt, tools=tools)
+        root = rt.agent(options=options)
+        tree = TreeModel(rt.ctx, root.id, "root")
+        tree.attach(rt.subagents, root)
+        console.print(f"session: {root.id}  store: {root_dir}")
+
+        def work() -> Any:
+            root.send(prompt).get()
+            return Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
+
+        def interrupt() -> list[str]:
+            stopped = [tree.label(n) for n in tree.running()]
+            if root.status == "running":
+                stopped.insert(0, "root")
+            root.cancel("interrupted (Ctrl-C)")
+            for task in rt.tasks.list():
+                if not task.settled:
+                    rt.tasks.kill(task.id, "interrupted (Ctrl-C)")
+            return stopped
+
+        outcome, stopped = drive(console, tree, work, not args.no_live, interrupt)
+        if tree.descendants():
+            console.print(tree.render())
+        if relay_failure and stopped is None:
+            # The relay only carries the ACP agent's answer: without one the command failed.
+            raise CliError(relay_failure[0])
+        reply = answer_text(outcome.output) if outcome is not None else ""
+        console.print(reply or "(no output)")
+        report_stopped(console, stopped)
+        if stopped is not None:
+            return EXIT_INTERRUPTED
+        if outcome is not None and outcome.reason != "completed":
+            why = outcome.message or outcome.cause
+            raise CliError(f"the root turn ended {outcome.reason}" + (f": {why}" if why else ""))
+        return 0
+    finally:
+        rt.close()
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser("run", help="a real root agent with the subagent tools")
+    run.add_argument(
+        "prompt",
+        nargs="?",
+        help="the task; - reads it from stdin, as does a pipe when PROMPT is left out",
+    )
+    run.add_argument(
+        "--prompt-file", metavar="FILE", help="read the task from FILE (UTF-8; - for stdin)"
+    )
+    run.add_argument(
+        "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
+    )
+    run.add_argument("--model", help="the model name at that endpoint")
+    run.add_argument(
+        "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
+    )
+    run.add_argument(
+        "--acp-env",
+        action="append",
+        metavar="NAME",
+        help="pass this environment variable to the ACP agent (repeatable; e.g. its API key)",
+    )
+    run.add_argument(
+        "--max-depth",
+        type=non_negative_int,
+        default=3,
+        metavar="D",
+        help="how deep delegation may go (default 3)",
+    )
+    run.add_argument("--no-live", action="store_true", help="print only the final tree")
+    run.set_defaults(fn=cmd_run)
