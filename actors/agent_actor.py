@@ -486,6 +486,11 @@ class Agent:
         self.prompt = prompt
         self.options = options
         self.created = time.time()
+        # Delegation depth, computed once: the greater of the durable header and the runtime
+        # option (both immutable).
+        runtime_depth = options.subagent_depth
+        durable: int = header.delegation_depth
+        self.depth: int = durable if runtime_depth is None else max(durable, runtime_depth)
         self._closed = False
         # Keyed by a token per registration, so each remover removes exactly its own entry.
         self._progress_listeners: dict[object, Callable[[dict[str, Any]], None]] = {}
@@ -510,13 +515,6 @@ class Agent:
     @property
     def log(self) -> SessionLog:
         return self.core.log
-
-    @property
-    def depth(self) -> int:
-        """Delegation depth: the greater of the durable header and the runtime option."""
-        runtime = self.options.subagent_depth
-        durable: int = self.header.delegation_depth
-        return durable if runtime is None else max(durable, runtime)
 
     @property
     def status(self) -> str:

@@ -53,6 +53,8 @@ def stop_reason_of(turn_end_reason: str) -> str:
 
 def clip_diagnostic(text: str) -> str:
     """At most 4,096 UTF-8 bytes, cut on a character boundary."""
+    if len(text) <= MAX_DIAGNOSTIC_BYTES // 4:  # at most 4 UTF-8 bytes a character
+        return text
     raw = text.encode("utf-8")
     if len(raw) <= MAX_DIAGNOSTIC_BYTES:
         return text

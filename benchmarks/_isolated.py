@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["run"]
 
+_ROOT = Path(__file__).resolve().parents[1]
+
 
 def run(target: str, *args: Any, timeout: float = 1800.0) -> dict[str, Any]:
     """The phase's figures, or `{"available": False, "reason": ...}` if it failed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks._isolated", target, json.dumps(list(args))],
+        cwd=_ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

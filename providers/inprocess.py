@@ -176,7 +176,8 @@ class InProcessProvider:
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
-            options=_options_for(parent, options, None).with_(subagent_depth=depth),
+            # The depth is the child's header's (Agent.depth reads it): no options copy.
+            options=_options_for(parent, options, None),
             cwd=parent.cwd,
             session_id=session_id,
             parent_session=parent.id,

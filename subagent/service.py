@@ -123,8 +123,10 @@ class RunHandle:
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
-        with contextlib.suppress(ActorDeadError):
+        try:  # noqa: SIM105 - no context manager on this hot path
             self.ref.tell(CancelRun(cause))
+        except ActorDeadError:  # already disposed: nothing left to cancel
+            pass
 
     def dispose(self) -> None:
         """Cancel what remains and return at quiescence (the result settled, `subagent/end`
