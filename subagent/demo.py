@@ -24,6 +24,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
+from agent import tracing
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.store import SessionStore
@@ -148,7 +149,12 @@ class Demo:
 
     def run(self) -> None:
         """Drive the coordinator until it and every child it started are settled."""
-        self.root.send(f"Coordinate {len(self.plans)} workers.").get()
+        with tracing.root_span("subagent demo", {"subagent.children": len(self.plans)}):
+            self._run()
+
+    def _run(self) -> None:
+        coordinator = tracing.ambient("coordinator")  # the trace's root: every turn under it
+        self.root.send(f"Coordinate {len(self.plans)} workers.", trace=coordinator).get()
         while True:
             self.root.when_idle().get()
             if self.root.status == "idle" and all(t.settled for t in self.runtime.tasks.list()):
