@@ -23,6 +23,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
+from agent import tracing
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
 from providers.acp_process import ProcessGroup
 from providers.acp_rpc import (
@@ -344,7 +345,9 @@ class AcpProvider:
                 "UNSUPPORTED_CAPABILITY", "continuable children need ResumableAcpProvider"
             )
         run_id = _parent_scoped_id(request.parent)
-        return self._establish(request.prompt, request.parent, request.signal, run_id, None)
+        return self._establish(
+            request.prompt, request.parent, request.signal, run_id, None, request.trace
+        )
 
     def _establish(
         self,
@@ -353,6 +356,7 @@ class AcpProvider:
         signal: AbortSignal,
         run_id: str,
         load_session_id: str | None,
+        trace: Any = None,
     ) -> AcpRun:
         if signal.aborted:
             raise SubagentError("ABORTED", f"the signal aborted before start: {signal.reason!r}")
@@ -367,9 +371,12 @@ class AcpProvider:
         try:
             child.handshake(signal)
             if load_session_id is None:
-                reply = child.conn.request(
-                    "session/new", {"cwd": cwd, "mcpServers": []}, signal=signal
-                )
+                params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}
+                # The W3C trace context of this child's activation: its spans join the trace.
+                meta = tracing.carrier(trace)
+                if meta:
+                    params.setdefault("_meta", {}).update(meta)
+                reply = child.conn.request("session/new", params, signal=signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None
                 if not isinstance(sid, str) or not sid:
                     raise _StartFailure(f"session/new returned no string sessionId: {reply!r}")
@@ -410,9 +417,13 @@ class ResumableAcpProvider(AcpProvider):
     def start(self, request: SubagentStartRequest) -> AcpRun:
         if request.continuation is None:
             run_id = _parent_scoped_id(request.parent)
-            return self._establish(request.prompt, request.parent, request.signal, run_id, None)
+            return self._establish(
+                request.prompt, request.parent, request.signal, run_id, None, request.trace
+            )
         run_id = request.continuation.session_id
-        run = self._establish(request.prompt, request.parent, request.signal, run_id, None)
+        run = self._establish(
+            request.prompt, request.parent, request.signal, run_id, None, request.trace
+        )
         self.config.session_index[run_id] = run.acp_session_id
         return run
 

@@ -23,6 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agent import tracing
+from subagent import telemetry
+
 __all__ = ["CliError", "main"]
 
 EXIT_ERROR = 1
@@ -292,7 +295,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"session: {root.id}  store: {root_dir}")
 
         def work() -> Any:
-            root.send(args.prompt).get()
+            with tracing.root_span("subagent run"):
+                root.send(args.prompt, trace=tracing.ambient("root")).get()
             while True:
                 outcome = root.when_idle().get()
                 if root.status == "idle" and all(t.settled for t in rt.tasks.list()):
@@ -700,6 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger().addHandler(logging.NullHandler())
     fn: Callable[[argparse.Namespace], int] = args.fn
     try:
+        telemetry.configure_from_env()  # OTEL_TRACES_EXPORTER etc. (docs/tracing.md)
         return fn(args)
     except KeyboardInterrupt:
         sys.stderr.write("subagent: interrupted\n")
@@ -713,6 +718,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
         sys.stderr.write(f"subagent: error: {first}\n")
         return EXIT_ERROR
+    finally:
+        telemetry.flush()
 
 
 if __name__ == "__main__":
