@@ -263,7 +263,7 @@ def start_activation(
 class TurnTrace:
     """The spans of one running turn: its `invoke_agent` (own or the activation's) and below."""
 
-    __slots__ = ("_own", "_provider", "context", "span", "tracer")
+    __slots__ = ("_here", "_own", "_provider", "context", "recording", "span", "tracer")
 
     def __init__(self, found: Tracer, span: Span, context: Context, own: bool, provider: str):
         self.tracer = found
@@ -271,6 +271,11 @@ class TurnTrace:
         self.context = context
         self._own = own
         self._provider = provider
+        # An agent span the sampler dropped: its model and tool spans would be dropped too
+        # (parent-based sampling, the default), so they are not made at all; the context still
+        # travels, so the children it starts stay out of the sample with it.
+        self.recording = span.is_recording()
+        self._here = TraceParent(context)
 
     def chat(
         self,
@@ -279,6 +284,8 @@ class TurnTrace:
         sink: ProgressSink | None,
     ) -> ModelResponse:
         """Run one model call inside a `chat` span."""
+        if not self.recording:
+            return complete(request, sink)
         span = self.tracer.start_span(
             f"chat {request.model}",
             context=self.context,
@@ -287,8 +294,6 @@ class TurnTrace:
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": self._provider,
                 "gen_ai.request.model": request.model,
-                TURN: request.turn,
-                "subagent.step": request.step,
             },
         )
         try:
@@ -314,6 +319,12 @@ class TurnTrace:
         make_context: Callable[[TraceParent], ToolContext],
     ) -> ToolResult:
         """Run one tool call inside an `execute_tool` span, current in this greenlet."""
+        if not self.recording:
+            token = _context.attach(self.context)
+            try:
+                return execute(call, make_context(self._here))
+            finally:
+                _context.detach(token)
         span = self.tracer.start_span(
             f"execute_tool {call.name}",
             context=self.context,
@@ -322,7 +333,6 @@ class TurnTrace:
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": call.name,
                 "gen_ai.tool.call.id": call.id,
-                "gen_ai.tool.type": "function",
             },
         )
         ctx = _trace.set_span_in_context(span, self.context)
@@ -352,6 +362,10 @@ class TurnTrace:
     def end(self, outcome: Any) -> None:
         """The turn ended: close its own span (an activation span is the run layer's)."""
         span = self.span
+        if not self.recording:
+            if self._own:
+                span.end()
+            return
         if not self._own:
             span.add_event("subagent.turn.end", {TURN: outcome.turn, TURN_REASON: outcome.reason})
             return

@@ -412,3 +412,30 @@ def test_configure_from_env_installs_only_when_asked_and_never_over_a_host() -> 
         assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}) is False
         assert trace.get_tracer_provider() is host
         assert tracing.tracer() is not None
+
+
+def test_a_sampled_out_trace_records_nothing_but_still_travels() -> None:
+    """Parent-based sampling: a dropped agent span makes no model or tool spans, and the
+    children it starts inherit the decision (their context is the dropped trace's)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    seen: list[Any] = []
+    with installed(TracerProvider(sampler=ALWAYS_OFF)) as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            rt.subagents.register(SpawnProvider())
+            install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
+            rt.ctx.tools.register(
+                Tool("probe", "probe", {"type": "object"}, lambda a, c: seen.append(c.trace) or "")
+            )
+            agent = rt.agent()
+            call = ("subagent", {"description": "w", "prompt": "p"})
+            rt.scripted.script(agent.id, [S.tool_calls([("probe", {}), call]), S.text("done")])
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+        finally:
+            rt.close()
+        assert exporter.get_finished_spans() == ()
+    (where,) = seen
+    context = trace.get_current_span(where.context).get_span_context()
+    assert context.is_valid and not context.trace_flags.sampled
