@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from supervision.signal import AbortError
+
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
@@ -417,11 +419,17 @@ def begin_turn(core: Any, message: Mapping[str, Any], turn: int) -> TurnTrace | 
 
 
 def _fail(span: Span, exc: BaseException) -> None:
-    if isinstance(exc, Exception):
+    """End `span` for an exception: an abort is `aborted`, a killed greenlet `abandoned`."""
+    if isinstance(exc, AbortError):
+        kind, text = "aborted", f"aborted: {exc}"
+    elif not isinstance(exc, Exception):  # thrown in to abandon the call (kill, _Abandon)
+        kind, text = "abandoned", "abandoned: the turn was aborted while it ran"
+    else:
         span.record_exception(exc)
-    kind = type(exc).__name__
+        kind = type(exc).__name__
+        text = f"{kind}: {exc}" if str(exc) else kind
     span.set_attribute("error.type", kind)
-    span.set_status(StatusCode.ERROR, f"{kind}: {exc}" if str(exc) else kind)
+    span.set_status(StatusCode.ERROR, text)
     span.end()
 
 

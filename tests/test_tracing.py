@@ -124,6 +124,10 @@ def test_the_demo_tree_is_one_trace_with_the_right_parentage(tmp_path: Path) -> 
     cancelled = roles["cancel"][0]
     assert attr(cancelled, "subagent.stop_reason") == "aborted"
     assert attr(cancelled, "subagent.cancel.cause") == "cancelled by the operator"
+    waits = [
+        s for s in named(spans, "execute_tool await_guidance") if parent_of(s, spans) is cancelled
+    ]
+    assert [attr(s, "error.type") for s in waits] in (["abandoned"], ["aborted"])
     # The continuable child: interrupted, then resumed by send_message; the resumed activation
     # hangs under that call and links to the first.
     first, resumed = roles["continuable"]
