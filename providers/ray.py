@@ -639,6 +639,7 @@ class RayProvider:
             "persona": request.persona,
             "continuation": cont_json,
             "trace": tracing.carrier(request.trace),  # W3C traceparent: the host joins the trace
+            "trace_name": getattr(request.trace, "name", None),
         }
         recovery = None
         if cont_json is not None:
@@ -665,6 +666,7 @@ class RayProvider:
             "parent": parent_spec,
             "descriptor": descriptor_json,
             "trace": tracing.carrier(request.trace),
+            "trace_name": getattr(request.trace, "name", None),
         }
         recovery = {
             "session_id": request.session_id,

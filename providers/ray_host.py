@@ -438,7 +438,7 @@ class ChildHost:
             tool_filter=spec.get("tool_filter"),
             persona=spec.get("persona"),
             continuation=continuation,
-            trace=tracing.extract(spec.get("trace")),
+            trace=tracing.extract(spec.get("trace"), spec.get("trace_name")),
         )
         run = self._provider.start(request)
         entry.run = run
@@ -452,7 +452,7 @@ class ChildHost:
             parent=self._parent(spec),
             signal=entry.controller.signal,
             descriptor=_descriptor(spec["descriptor"]),
-            trace=tracing.extract(spec.get("trace")),
+            trace=tracing.extract(spec.get("trace"), spec.get("trace_name")),
         )
         run = self._provider.resume(request)
         entry.run = run

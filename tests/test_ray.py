@@ -393,6 +393,7 @@ def test_a_ray_childs_spans_join_the_trace_through_the_request(
     assert activation.parent.span_id == caller.get_span_context().span_id
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     (host_turn,) = [r for r in rows if r["name"].startswith("invoke_agent")]
+    assert host_turn["name"] == "invoke_agent ray worker"
     assert host_turn["trace_id"] == activation.context.trace_id
     assert host_turn["parent_id"] == activation.context.span_id
     chats = [r for r in rows if r["name"].startswith("chat")]
