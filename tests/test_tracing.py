@@ -498,3 +498,45 @@ def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> No
     names = {s.name for s in spans}
     assert {"subagent demo", "invoke_agent coordinator", "execute_tool send_message"} <= names
     assert len({s.trace_id for s in spans}) == 1
+
+
+NO_OTEL_SCRIPT = """
+import sys
+sys.modules["opentelemetry"] = None  # as without the otel extra: every import of it fails
+from agent import tracing
+from agent.models import scripted as S
+from agent.store import MemoryStore
+from providers.inprocess import SpawnProvider
+from subagent import telemetry
+from subagent.runtime import Runtime
+from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+assert tracing.tracer() is None and tracing.ambient() is None
+assert tracing.carrier(None) == {} and tracing.extract({"traceparent": "00-x"}) is None
+rt = Runtime(store=MemoryStore())
+rt.subagents.register(SpawnProvider())
+install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
+agent = rt.agent()
+rt.scripted.script(agent.id, [S.tool_call("subagent", {"description": "w", "prompt": "p"}),
+                              S.text("done")])
+agent.send("go").get()
+assert agent.when_idle().get().reason == "completed"
+rt.close()
+try:
+    telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"})
+except RuntimeError as exc:
+    assert "otel" in str(exc)
+    print("ok")
+"""
+
+
+def test_without_the_otel_packages_everything_runs_untraced() -> None:
+    proc = gsub.run(
+        [sys.executable, "-c", NO_OTEL_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
