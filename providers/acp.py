@@ -235,7 +235,7 @@ class AcpRun(RemoteRun):
             if not self._settled:
                 self._settle(ERROR, self._child.diagnostic(exc))
         except Exception as exc:  # a crash here must still resolve the result
-            log.exception("acp run %s: turn failed", self._id)
+            log.debug("acp run %s: turn failed", self._id, exc_info=True)  # a result: debug
             self._settle(ERROR, f"internal error: {exc!r}")
         finally:
             self._prompting = False
