@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads the same names
     from actors.agent_actor import Agent
+    from actors.gevent_actor import GeventFuture
     from agent.events import Event, SessionHeader, SessionLogError
     from agent.model import (
         FinishReason,
@@ -85,6 +86,7 @@ _EXPORTS = {
     "Agent": "actors.agent_actor",
     "AgentOptions": "agent.options",
     "Task": "subagent.tasks",
+    "GeventFuture": "actors.gevent_actor",
     # Stores.
     "SessionStore": "agent.store",
     "MemoryStore": "agent.store",
@@ -182,6 +184,7 @@ __all__ = [
     "Event",
     "FinishReason",
     "ForkProvider",
+    "GeventFuture",
     "MemoryStore",
     "MessageSource",
     "ModelAdapter",

@@ -42,6 +42,7 @@ EXPORTED = [
     "Event",
     "FinishReason",
     "ForkProvider",
+    "GeventFuture",
     "MemoryStore",
     "MessageSource",
     "ModelAdapter",
