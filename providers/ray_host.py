@@ -34,9 +34,10 @@ from typing import Any, Protocol
 import gevent
 from gevent.event import Event as GEvent
 
-from agent.models.scripted import DEFAULT, Step
+from agent.context import AgentContext
+from agent.models.scripted import DEFAULT, ScriptedModel, Step
 from agent.options import AgentOptions
-from agent.store import SessionStore
+from agent.store import MemoryStore, SessionStore
 from providers.inprocess import SpawnProvider
 from providers.local_run import LocalRun, clip_diagnostic, stop_reason_of
 from subagent.descriptor import SubagentDescriptor, authoritative_descriptor
@@ -73,13 +74,13 @@ class HostRuntime(Protocol):
     """What a host needs of the runtime it composes (`subagent.runtime.Runtime` by default)."""
 
     @property
-    def ctx(self) -> Any: ...
+    def ctx(self) -> AgentContext: ...
 
     @property
-    def store(self) -> Any: ...
+    def store(self) -> SessionStore | MemoryStore: ...
 
     @property
-    def scripted(self) -> Any: ...
+    def scripted(self) -> ScriptedModel: ...
 
     def close(self) -> None: ...
 
