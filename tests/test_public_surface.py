@@ -24,12 +24,6 @@ FACE_MODULES = {"scripted"}
 
 EXPORTED = [
     "ABORTED",
-    "COMPLETED",
-    "ERROR",
-    "ERROR_CODES",
-    "MAX_TOKENS",
-    "PERSONA_SECTION",
-    "REFUSAL",
     "AbortController",
     "AbortError",
     "AbortSignal",
@@ -37,12 +31,16 @@ EXPORTED = [
     "AcpProvider",
     "Agent",
     "AgentOptions",
+    "COMPLETED",
     "ContentBlock",
     "DescriptorError",
+    "ERROR",
+    "ERROR_CODES",
     "Event",
     "FinishReason",
     "ForkProvider",
     "GeventFuture",
+    "MAX_TOKENS",
     "MemoryStore",
     "MessageSource",
     "ModelAdapter",
@@ -51,8 +49,10 @@ EXPORTED = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
+    "PERSONA_SECTION",
     "ProgressSink",
     "PromptError",
+    "REFUSAL",
     "RayConfig",
     "RayProvider",
     "Resumable",
@@ -101,6 +101,7 @@ EXPORTED = [
 
 
 def test_the_exported_names_are_pinned() -> None:
+    assert sorted(EXPORTED) == EXPORTED
     assert sorted(subagent.__all__) == sorted(EXPORTED)
     assert sorted(subagent._EXPORTS) == sorted(subagent.__all__)
 
