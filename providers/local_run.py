@@ -20,6 +20,7 @@ from agent.loop import TurnOutcome
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
+    BUDGET_EXCEEDED,
     COMPLETED,
     ERROR,
     MAX_TOKENS,
@@ -39,6 +40,7 @@ _TURN_END_TO_STOP = {
     "aborted": ABORTED,
     "blocked": REFUSAL,
     "refusal": REFUSAL,
+    BUDGET_EXCEEDED: BUDGET_EXCEEDED,
 }
 
 

@@ -14,6 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pykka import ActorDeadError, Future
@@ -69,6 +70,7 @@ class RunHandle:
         self._pending_end: SubagentResult | BaseException | None = None
         self._ended = False
         self._disposed = False
+        self._usage: dict[str, int] = {}
         self.ref: Any = None
 
     def __repr__(self) -> str:
@@ -86,6 +88,16 @@ class RunHandle:
     @property
     def settled(self) -> bool:
         return self._ended
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """Tokens the child and its descendants spent so far (`agent.usage` keys); `{}` when
+        the provider cannot see them (a remote child)."""
+        if not self._ended:
+            agent = self._run.local_agent
+            if agent is not None:
+                self._usage = dict(agent.usage.subtree)
+        return dict(self._usage)
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
@@ -119,7 +131,10 @@ class RunHandle:
     def _end(self, outcome: SubagentResult | BaseException) -> None:
         if self._ended:
             return
+        usage = self.usage
         self._ended = True
+        if usage and not isinstance(outcome, BaseException) and "usage" not in outcome.extra:
+            outcome = replace(outcome, extra={**outcome.extra, "usage": usage})
         self._service._emit_end(self, outcome)
         if isinstance(outcome, BaseException):
             self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
@@ -222,6 +237,31 @@ class SubagentService:
         # Attached before the child's first turn runs, so a UI sees every event of it.
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
+        self._account_for(agent)
+
+    def _account_for(self, agent: Any) -> None:
+        """Link a new agent's usage account under its parent's (a subtree's spend counts
+        against every ancestor's budget) and have a used-up budget cancel its descendants."""
+        account = agent.usage
+        parent = self._ctx.agents.get(agent.header.parent_session or "")
+        if parent is not None:
+            account.attach(parent.usage)
+        if account.limit is None:
+            return
+        if agent.core.turn:
+            # A cold resume: what its stored descendants spent still counts against its budget.
+            for row in self._continuation.list_descendants(agent.id):
+                account.add_subtree(row.get("usage") or {})
+        agent_id = agent.id
+        account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
+
+    def _cancel_subtree(self, agent_id: str, cause: str) -> None:
+        """Cancel every live run below `agent_id`; the agent itself ends at its next step."""
+        pending = [agent_id]
+        while pending:
+            for handle in list(self._by_parent.get(pending.pop(), {}).values()):
+                handle.cancel(cause)
+                pending.append(handle.id)
 
     def relay_progress(self, event: Mapping[str, Any]) -> None:
         """For remote providers: hand one child's progress event (tagged with its id) to the
@@ -375,6 +415,9 @@ class SubagentService:
             event["failure"] = f"{type(outcome).__name__}: {outcome}"
         else:
             event["stop_reason"] = outcome.stop_reason
+            usage = outcome.extra.get("usage")
+            if usage:
+                event["usage"] = dict(usage)
             if outcome.output:
                 event["last_assistant_message"] = list(outcome.output)
         self._live.pop(handle.run_id, None)
