@@ -110,13 +110,45 @@ def _offline(request: Any) -> Any:
 
 
 def _models(args: argparse.Namespace) -> Any:
+    """The HTTP model routes, with `--base-url`, `--timeout` and `--max-retries` applied.
+
+    `--base-url` goes to the route `--model` names (`anthropic:` or else OpenAI-compatible).
+    """
     from agent.models import ModelRegistry
+    from agent.models.anthropic import AnthropicModel
     from agent.models.openai import OpenAIModel
 
     models = ModelRegistry()
     base_url = getattr(args, "base_url", None)
-    models.register("openai", OpenAIModel(base_url=base_url) if base_url else OpenAIModel())
+    prefix, _name = _model_route(getattr(args, "model", None))
+    transport: dict[str, Any] = {}
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None:
+        transport["read_timeout"] = transport["connect_timeout"] = timeout
+    retries = getattr(args, "max_retries", None)
+    if retries is not None:
+        transport["max_retries"] = retries
+    openai_url = base_url if prefix == "openai" else None
+    anthropic_url = base_url if prefix == "anthropic" else None
+    models.register("openai", OpenAIModel(base_url=openai_url, **transport))
+    models.register("anthropic", AnthropicModel(base_url=anthropic_url, **transport))
     return models
+
+
+MODEL_ROUTES = ("openai", "anthropic")
+
+
+def _model_route(model: str | None) -> tuple[str, str]:
+    """`--model`: `anthropic:NAME`, `openai:NAME`, or a bare NAME at an OpenAI-compatible
+    endpoint (a bare name may hold colons itself, like Ollama's `llama3:8b`)."""
+    if not model:
+        return "openai", ""
+    prefix, sep, name = model.partition(":")
+    if sep and prefix in MODEL_ROUTES:
+        if not name:
+            raise CliError(f"--model {model!r} names no model after {prefix + ':'!r}")
+        return prefix, name
+    return "openai", model
 
 
 # -- live driving --------------------------------------------------------------------------
@@ -245,7 +277,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.acp and (args.base_url or args.model):
         raise CliError("use either --acp or --base-url/--model, not both")
     if not args.acp and not args.model:
-        raise CliError("run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp")
+        raise CliError(
+            "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL), "
+            "--model anthropic:NAME, or --acp"
+        )
     console = _console()
     root_dir = _store_root(args)
     root_dir.mkdir(parents=True, exist_ok=True)
@@ -284,7 +319,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 ),
                 SubagentToolConfig("fork", name="subagent_fork", max_depth=args.max_depth),
             ]
-            options = AgentOptions(model=f"openai:{args.model}")
+            prefix, name = _model_route(args.model)
+            options = AgentOptions(model=f"{prefix}:{name}", token_budget=args.max_total_tokens)
         install_subagent_tools(rt, tools=tools)
         root = rt.agent(options=options)
         tree = TreeModel(rt.ctx, root.id, "root")
@@ -314,6 +350,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(tree.render())
         reply = _text(outcome.output, 100_000) if outcome is not None else ""
         console.print(reply or "(no output)")
+        console.print(usage_line(root.usage.subtree, args.max_total_tokens), markup=False)
         _report_stopped(console, stopped)
         if stopped is not None:
             return EXIT_INTERRUPTED
@@ -543,6 +580,56 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def usage_line(usage: Mapping[str, int], budget: int | None = None) -> str:
+    """The final summary's token line, for the whole tree."""
+    from agent.usage import total_tokens
+
+    total = total_tokens(usage)
+    parts = [
+        f"{usage.get('input_tokens', 0):,} input",
+        f"{usage.get('output_tokens', 0):,} output",
+    ]
+    cache_read = usage.get("cache_read_input_tokens", 0)
+    cache_write = usage.get("cache_creation_input_tokens", 0)
+    if cache_read or cache_write:
+        parts.append(f"{cache_read:,} cache read")
+        parts.append(f"{cache_write:,} cache write")
+    line = f"tokens (whole tree): {total:,} = " + ", ".join(parts)
+    if budget is not None:
+        line += f"  (budget {budget:,})"
+    return line
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _duration(text: str) -> float:
     match = _DURATION.match(text.strip())
     if not match:
@@ -629,6 +716,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agent.models.http import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT
+
     parser = _Parser(prog="subagent", description="Delegate work to child agents and watch them.")
     parser.add_argument(
         "--home", help="store directory (default $SUBAGENT_HOME, else the user data dir)"
@@ -650,11 +739,33 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
     )
-    run.add_argument("--model", help="the model name at that endpoint")
+    run.add_argument(
+        "--model",
+        help="the model name at that endpoint, or anthropic:NAME for the Anthropic Messages API",
+    )
     run.add_argument(
         "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
     )
     run.add_argument("--max-depth", type=int, default=3, metavar="D")
+    run.add_argument(
+        "--max-total-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="token budget of the whole tree (input, output and cache tokens)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help=f"give up a model request attempt after this long without data "
+        f"(default {DEFAULT_READ_TIMEOUT:g})",
+    )
+    run.add_argument(
+        "--max-retries",
+        type=_non_negative_int,
+        metavar="N",
+        help=f"retries of a failed model request (default {DEFAULT_MAX_RETRIES})",
+    )
     run.add_argument("--no-live", action="store_true")
     run.set_defaults(fn=cmd_run)
 
