@@ -133,6 +133,7 @@ class ContinuationManager:
             model=model,
             persona=request.persona,
             tool_filter=request.tool_filter,
+            token_budget=request.token_budget,
         )
         # The caller's signal guards only the start: once accepted, the activation is its own.
         activation = AbortController()

@@ -309,7 +309,7 @@ def test_stream_without_a_stop_reason_is_a_model_error(stub: AnthropicStub) -> N
 
 def test_connection_dropped_mid_stream(stub: AnthropicStub) -> None:
     stub.enqueue(an.drop_after(an.message_events([("text", ["x"])], None, stop=False)))
-    with pytest.raises(ModelError, match="connection closed mid-stream|connection lost"):
+    with pytest.raises(ModelError, match=r"connection closed mid-stream|connection lost"):
         make(stub).complete(req())
 
 
