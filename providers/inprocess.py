@@ -86,7 +86,7 @@ class InProcessProvider:
             session_id=None if continuation is None else continuation.session_id,
             seed=self.seed_for(parent),
             depth=parent.depth + 1,
-            token_budget=child_budget(parent.usage, request.token_budget),
+            token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
         )
         try:
             _raise_if_aborted(request.signal)
@@ -112,7 +112,9 @@ class InProcessProvider:
         descriptor = request.descriptor
         ctx = parent.ctx
         options = _options_for(parent, None, descriptor.model).with_(
-            token_budget=child_budget(parent.usage, getattr(descriptor, "token_budget", None))
+            token_budget=child_budget(
+                getattr(parent, "usage", None), getattr(descriptor, "token_budget", None)
+            )
         )
         tools, prompt = self._scopes(parent, descriptor.tool_filter, descriptor.persona, None)
         agent = resume_agent(ctx, request.session_id, options=options, tools=tools, prompt=prompt)

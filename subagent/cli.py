@@ -349,8 +349,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if tree.descendants():
             console.print(tree.render())
         reply = _text(outcome.output, 100_000) if outcome is not None else ""
+        spent = root.usage.subtree
+        if spent or args.max_total_tokens is not None:
+            # Before the answer, so the answer stays the last thing printed.
+            console.print(usage_line(spent, args.max_total_tokens), markup=False)
         console.print(reply or "(no output)")
-        console.print(usage_line(root.usage.subtree, args.max_total_tokens), markup=False)
         _report_stopped(console, stopped)
         if stopped is not None:
             return EXIT_INTERRUPTED
