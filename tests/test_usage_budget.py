@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from seam_kit import assert_log_valid, last_user_text, wait_until
 
 from agent.log import validate_log
@@ -20,6 +21,7 @@ from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool
 from agent.usage import UsageAccount, child_budget, total_tokens, usage_of_events
 from providers.inprocess import SpawnProvider
+from subagent.cli_tree import TreeModel
 from subagent.descriptor import SubagentDescriptor, authoritative_descriptor
 from subagent.errors import SubagentError
 from subagent.runtime import Runtime
@@ -124,10 +126,20 @@ def test_usage_sums_over_a_three_level_tree(rt: Runtime) -> None:
     progress: list[Mapping[str, Any]] = []
     rt.subagents.subscribe_progress(progress.append)
     root = rt.agent()
+    tree = TreeModel(rt.ctx, root.id)
+    tree.attach(rt.subagents, root)
     root.send("go").get()
     outcome = root.when_idle().get()
     assert outcome.reason == "completed"
     rt.subagents.providers()  # let the registry deliver what it was told
+    # The live tree shows each node's subtree tokens.
+    assert tree.subtree_tokens(tree.nodes[root.id]) == total_tokens(times(5))
+    [child_node] = tree.children(root.id)
+    assert tree.subtree_tokens(child_node) == total_tokens(times(3))
+    console = Console(width=200, record=True)
+    console.print(tree.render())
+    drawn = console.export_text()
+    assert "75 tok" in drawn and "45 tok" in drawn and "15 tok" in drawn
     # Each agent made 2 model calls except the grandchild (1): 5 calls in all.
     assert root.usage.own == times(2)
     assert root.usage.subtree == times(5)
