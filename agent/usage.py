@@ -34,6 +34,7 @@ USAGE_KEYS: Final = (
     "cache_creation_input_tokens",
     "cache_read_input_tokens",
 )
+_KNOWN: Final = frozenset(USAGE_KEYS)
 
 
 def normalize_usage(usage: Mapping[str, Any]) -> dict[str, int]:
@@ -141,15 +142,25 @@ class UsageAccount:
 
     def charge(self, usage: Mapping[str, Any]) -> None:
         """Record one model response's usage here and in every ancestor's subtree."""
-        add_usage(self.own, usage)
-        total = total_tokens(usage)
+        # On the hot path (every model response): one filtering pass, then plain dict adds.
+        items = [(k, v) for k, v in usage.items() if k in _KNOWN and type(v) is int]
+        if not items:
+            return
+        total = 0
+        own = self.own
+        for key, value in items:
+            own[key] = own.get(key, 0) + value
+            total += value
         acc: UsageAccount | None = self
         while acc is not None:
-            add_usage(acc.subtree, usage)
+            subtree = acc.subtree
+            for key, value in items:
+                subtree[key] = subtree.get(key, 0) + value
             acc.spent += total
+            limit = acc.limit
             if (
-                acc.limit is not None
-                and acc.spent >= acc.limit
+                limit is not None
+                and acc.spent >= limit
                 and not acc._fired
                 and acc.on_exceeded is not None
             ):
