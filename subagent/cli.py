@@ -550,7 +550,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         rt.subagents.register(SpawnProvider())
         rt.subagents.register(ForkProvider())
         install_subagent_tools(rt)
-        options = AgentOptions(model=f"openai:{args.model}") if args.model else None
+        options = AgentOptions(model=":".join(_model_route(args.model))) if args.model else None
         parent = rt.resume_agent(header.parent_session, options=options)
         sent = rt.subagents.send_message(parent, args.child, args.message, MessageSource.user())
         task = rt.tasks.wait(sent.task_id) if sent.task_id else None
@@ -648,6 +648,7 @@ GC_STATUSES = (
     "refusal",
     "blocked",
     "interrupted",
+    "budget-exceeded",
     "open",
     "empty",
     "corrupt",
