@@ -346,7 +346,8 @@ class AgentCore:
         }
         usage = response.usage
         if usage:
-            data["usage"] = dict(usage)
+            # The log encodes it at once and keeps no reference: no copy needed for a dict.
+            data["usage"] = usage if type(usage) is dict else dict(usage)
         self.log.append("assistant/message", data)
         if usage:
             self.usage.charge(usage)

@@ -142,31 +142,34 @@ class UsageAccount:
 
     def charge(self, usage: Mapping[str, Any]) -> None:
         """Record one model response's usage here and in every ancestor's subtree."""
-        # On the hot path (every model response): one filtering pass, then plain dict adds.
-        items = [(k, v) for k, v in usage.items() if k in _KNOWN and type(v) is int]
-        if not items:
-            return
+        # On the hot path (every model response): adapters hand over normalized usage, so one
+        # pass validates and totals it; anything else is normalized first (the slow path).
         total = 0
-        own = self.own
-        for key, value in items:
-            own[key] = own.get(key, 0) + value
+        for key, value in usage.items():
+            if type(value) is not int or key not in _KNOWN:
+                usage = normalize_usage(usage)
+                total = total_tokens(usage)
+                break
             total += value
+        if not usage:
+            return
+        own = self.own
+        for key, value in usage.items():
+            own[key] = own.get(key, 0) + value
         acc: UsageAccount | None = self
         while acc is not None:
             subtree = acc.subtree
-            for key, value in items:
+            for key, value in usage.items():
                 subtree[key] = subtree.get(key, 0) + value
             acc.spent += total
-            limit = acc.limit
-            if (
-                limit is not None
-                and acc.spent >= limit
-                and not acc._fired
-                and acc.on_exceeded is not None
-            ):
-                acc._fired = True
-                acc.on_exceeded(acc)
+            if acc.limit is not None and acc.spent >= acc.limit and not acc._fired:
+                acc._exhausted()
             acc = acc.parent
+
+    def _exhausted(self) -> None:
+        if self.on_exceeded is not None:
+            self._fired = True
+            self.on_exceeded(self)
 
     def remaining(self) -> int | None:
         """Tokens left before the tightest budget on the chain is used up (None: no budget)."""

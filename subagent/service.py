@@ -14,7 +14,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from pykka import ActorDeadError, Future
@@ -134,7 +133,13 @@ class RunHandle:
         usage = self.usage
         self._ended = True
         if usage and not isinstance(outcome, BaseException) and "usage" not in outcome.extra:
-            outcome = replace(outcome, extra={**outcome.extra, "usage": usage})
+            outcome = SubagentResult(
+                output=outcome.output,
+                stop_reason=outcome.stop_reason,
+                structured=outcome.structured,
+                diagnostic=outcome.diagnostic,
+                extra={**outcome.extra, "usage": usage},
+            )
         self._service._emit_end(self, outcome)
         if isinstance(outcome, BaseException):
             self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
