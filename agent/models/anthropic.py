@@ -119,11 +119,10 @@ def to_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 )
             put("assistant", blocks)
         elif role == "tool":
-            result: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": m.get("tool_call_id"),
-                "content": _text_blocks(m.get("content"), where),
-            }
+            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.get("tool_call_id")}
+            blocks = _text_blocks(m.get("content"), where)
+            if blocks:  # an empty result is sent without content, never as an empty text block
+                result["content"] = blocks
             if m.get("is_error"):
                 result["is_error"] = True
             put("user", [result])
