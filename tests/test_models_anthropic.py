@@ -233,6 +233,16 @@ def test_no_key_for_anthropic_itself_is_a_model_error(monkeypatch: pytest.Monkey
         AnthropicModel().complete(req())
 
 
+def test_a_server_that_never_answers_gives_up_after_bounded_attempts(stub: AnthropicStub) -> None:
+    stub.default = st.Stall(head=False)
+    retries = Retries()
+    m = make(stub, timeout=0.05, max_retries=1, on_retry=retries)
+    assert m.read_timeout == m.connect_timeout == 0.05
+    with pytest.raises(ModelError, match=r"timed out before a response.*gave up after 2 attempts"):
+        m.complete(req())
+    assert len(stub.requests) == 2 and len(retries.calls) == 1
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         AnthropicModel(base_url="ftp://x")

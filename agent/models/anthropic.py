@@ -264,7 +264,8 @@ class AnthropicModel(HTTPModel):
     `base_url` and `api_key` default to `ANTHROPIC_BASE_URL` / `ANTHROPIC_API_KEY`. Without a
     key the default endpoint fails each call with a clear `ModelError`; another base URL (a
     proxy, a compatible server) is called without `x-api-key`. `cache=False` leaves out the
-    `cache_control` breakpoints. Retries and timeouts: see `agent.models.http`.
+    `cache_control` breakpoints. `timeout` sets the connect and read timeouts at once
+    (`subagent run --timeout`). Retries and timeouts: see `agent.models.http`.
     """
 
     label = "anthropic"
@@ -283,6 +284,7 @@ class AnthropicModel(HTTPModel):
         retry_after_max: float = 60.0,
         connect_timeout: float = 10.0,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        timeout: float | None = None,
         pool_size: int = 1024,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
@@ -308,8 +310,8 @@ class AnthropicModel(HTTPModel):
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             retry_after_max=retry_after_max,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            connect_timeout=connect_timeout if timeout is None else timeout,
+            read_timeout=read_timeout if timeout is None else timeout,
             pool_size=pool_size,
             on_retry=on_retry,
         )

@@ -252,7 +252,8 @@ class OpenAIModel(HTTPModel):
 
     `base_url` and `api_key` default to `OPENAI_BASE_URL` / `OPENAI_API_KEY`. Without a key the
     default (OpenAI) endpoint fails each call with a clear `ModelError`; another base URL is
-    called without `Authorization` (local servers rarely need one). Retries and timeouts: see
+    called without `Authorization` (local servers rarely need one). `timeout` sets the connect
+    and read timeouts at once (`subagent run --timeout`). Retries and timeouts: see
     `agent.models.http`.
     """
 
@@ -269,6 +270,7 @@ class OpenAIModel(HTTPModel):
         retry_after_max: float = 60.0,
         connect_timeout: float = 10.0,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        timeout: float | None = None,
         pool_size: int = 1024,
         max_tokens_field: str = "max_tokens",
         extra_body: Mapping[str, Any] | None = None,
@@ -292,8 +294,8 @@ class OpenAIModel(HTTPModel):
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             retry_after_max=retry_after_max,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            connect_timeout=connect_timeout if timeout is None else timeout,
+            read_timeout=read_timeout if timeout is None else timeout,
             pool_size=pool_size,
             on_retry=on_retry,
         )

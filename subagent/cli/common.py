@@ -195,7 +195,7 @@ def model_registry(args: argparse.Namespace) -> Any:
     transport: dict[str, Any] = {}
     timeout = getattr(args, "timeout", None)
     if timeout is not None:
-        transport["read_timeout"] = transport["connect_timeout"] = timeout
+        transport["timeout"] = timeout
     retries = getattr(args, "max_retries", None)
     if retries is not None:
         transport["max_retries"] = retries
