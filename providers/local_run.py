@@ -176,11 +176,13 @@ class LocalRun:
                 diagnostic = "the child finished without a valid structured_output capture"
         if self._cancel_requested and stop != COMPLETED:
             stop = ABORTED
+        usage = dict(self._agent.usage.subtree)  # the child's and its descendants' tokens
         return SubagentResult(
             output=outcome.output,
             stop_reason=stop,
             structured=structured,
             diagnostic=None if diagnostic is None else clip_diagnostic(diagnostic),
+            extra={"usage": usage} if usage else {},
         )
 
     def _settle(self, result: SubagentResult) -> None:

@@ -69,7 +69,6 @@ class RunHandle:
         self._pending_end: SubagentResult | BaseException | None = None
         self._ended = False
         self._disposed = False
-        self._usage: dict[str, int] = {}
         self.ref: Any = None
 
     def __repr__(self) -> str:
@@ -92,11 +91,8 @@ class RunHandle:
     def usage(self) -> dict[str, int]:
         """Tokens the child and its descendants spent so far (`agent.usage` keys); `{}` when
         the provider cannot see them (a remote child)."""
-        if not self._ended:
-            agent = self._run.local_agent
-            if agent is not None:
-                self._usage = dict(agent.usage.subtree)
-        return dict(self._usage)
+        agent = self.local_agent
+        return {} if agent is None else dict(agent.usage.subtree)
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
@@ -130,16 +126,7 @@ class RunHandle:
     def _end(self, outcome: SubagentResult | BaseException) -> None:
         if self._ended:
             return
-        usage = self.usage
         self._ended = True
-        if usage and not isinstance(outcome, BaseException) and "usage" not in outcome.extra:
-            outcome = SubagentResult(
-                output=outcome.output,
-                stop_reason=outcome.stop_reason,
-                structured=outcome.structured,
-                diagnostic=outcome.diagnostic,
-                extra={**outcome.extra, "usage": usage},
-            )
         self._service._emit_end(self, outcome)
         if isinstance(outcome, BaseException):
             self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
@@ -264,7 +251,7 @@ class SubagentService:
         """Cancel every live run below `agent_id`; the agent itself ends at its next step."""
         pending = [agent_id]
         while pending:
-            for handle in list(self._by_parent.get(pending.pop(), {}).values()):
+            for handle in self.runs(pending.pop()):
                 handle.cancel(cause)
                 pending.append(handle.id)
 
