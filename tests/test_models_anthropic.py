@@ -275,6 +275,16 @@ def test_malformed_tool_input_is_a_model_error(stub: AnthropicStub) -> None:
         make(stub).complete(req())
 
 
+def test_tool_input_too_deep_to_parse_is_an_invalid_call_not_a_crash(stub: AnthropicStub) -> None:
+    deep = '{"a": ' * 50_000 + "1" + "}" * 50_000
+    stub.enqueue(an.tool_use_message([("toolu_1", "read", [deep]), ("toolu_2", "now", ["{}"])]))
+    r = make(stub).complete(req())
+    first, second = r.tool_calls
+    assert (first.id, first.name, first.arguments) == ("toolu_1", "read", {})
+    assert first.invalid is not None and "nested deeper than" in first.invalid
+    assert second == ToolCall("toolu_2", "now", {})
+
+
 def test_tool_use_cut_off_at_max_tokens_is_dropped(stub: AnthropicStub) -> None:
     events = an.message_events([("tool_use", ("toolu_1", "t", ['{"q": ']))], "max_tokens")
     stub.enqueue(an.stream(events))

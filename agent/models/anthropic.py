@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.model import (
+    MAX_ARGUMENT_DEPTH,
     FinishReason,
     ModelError,
     ModelRequest,
@@ -238,6 +239,11 @@ class _Answer:
                 args = json.loads(args_text) if args_text.strip() else {}
                 if not isinstance(args, dict):
                     raise ValueError(f"input is a {type(args).__name__}, not an object")
+            except RecursionError:
+                # Valid JSON nested too deep for the parser: the model's mistake to retry.
+                invalid = f"input nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+                calls.append(ToolCall(cid, name, {}, invalid=invalid))
+                continue
             except ValueError as e:
                 if finish == "max-tokens":
                     continue  # cut off by the token limit: the call was never complete
@@ -365,7 +371,7 @@ class AnthropicModel(HTTPModel):
         for event in sse_events(resp, "anthropic"):
             try:
                 obj = json.loads(event.data)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise ModelError(
                     f"anthropic stream: malformed SSE data ({e}): {event.data[:200]!r}"
                 ) from None
