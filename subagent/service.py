@@ -242,8 +242,11 @@ class SubagentService:
             account.attach(parent.usage)
         if account.limit is None:
             return
-        if agent.core.turn:
-            # A cold resume: what its stored descendants spent still counts against its budget.
+        events = agent.log.events
+        seed_length = agent.header.seed_length
+        if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
+            # A cold resume (its own turns are in the log, not only a fork's seed): what its
+            # stored descendants spent still counts against its budget.
             for row in self._continuation.list_descendants(agent.id):
                 account.add_subtree(row.get("usage") or {})
         agent_id = agent.id

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gevent.event import Event as GEvent
 from rich.console import Console
 from seam_kit import assert_log_valid, last_user_text, wait_until
 
@@ -371,3 +372,116 @@ def test_a_budget_survives_cold_resume(tmp_path: Path) -> None:
         last_start = max(i for i, e in enumerate(child_events) if e["type"] == "turn/start")
         calls = [e for e in child_events[last_start:] if e["type"] == "assistant/message"]
         assert len(calls) == 2
+
+
+def test_a_resumed_budget_counts_what_stored_descendants_spent(tmp_path: Path) -> None:
+    """The child's first activation delegated to a grandchild (15 tokens of its 45); after a
+    cold resume in a new runtime, the grandchild's spend still counts against the budget."""
+
+    def respond(request: ModelRequest) -> S.Step:
+        said = last_user_text(request)
+        if said == "delegate" and not last_is_tool_result(request):
+            return S.tool_call("subagent", {"description": "gc", "prompt": "leaf"})
+        if said == "spend":
+            return S.tool_call("noop", {})
+        return S.text("ok")
+
+    def runtime() -> Runtime:
+        r = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond, usage=CALL))
+        r.subagents.register(SpawnProvider())
+        r.ctx.tools.register(
+            Tool(
+                name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
+            )
+        )
+        install_subagent_tools(r, tools=[SubagentToolConfig("spawn", name="subagent")])
+        return r
+
+    with runtime() as first:
+        parent = first.agent()
+        started = first.subagents.start_continuable(
+            "spawn",
+            SubagentStartRequest(
+                prompt=[text_block("delegate")],
+                parent=parent,
+                signal=AbortController().signal,
+                token_budget=60,
+            ),
+            label="budgeted",
+        )
+        child_id = started.child_id
+        wait_until(lambda: first.tasks.get(started.task_id).settled)
+        parent_id = parent.id
+        [row] = first.subagents.list_children(child_id)
+        assert row["usage"] == times(1)  # the grandchild
+    with runtime() as second:
+        parent = second.resume_agent(parent_id)
+        result = second.subagents.send_message(
+            parent, child_id, [text_block("spend")], MessageSource.coordinator(parent_id)
+        )
+        assert result.task_id is not None
+        task_id = result.task_id
+        wait_until(lambda: second.tasks.get(task_id).settled)
+        child_events = SessionStore(tmp_path).load(child_id).events
+        last_start = max(i for i, e in enumerate(child_events) if e["type"] == "turn/start")
+        resumed = child_events[last_start:]
+        [end] = [e["data"] for e in resumed if e["type"] == "turn/end"]
+        assert end["reason"] == "budget-exceeded"
+        assert "spent 60 of its 60 tokens" in end["message"]
+        # 45 spent before (child 30 + grandchild 15): one more call reaches 60.
+        assert sum(1 for e in resumed if e["type"] == "assistant/message") == 1
+
+
+def test_a_used_up_budget_cancels_descendants_stuck_in_a_model_call() -> None:
+    """A worker hanging in its model call never reaches a step boundary: the charge that uses
+    up its parent's budget cancels it, so the subtree ends instead of hanging."""
+    sleeping = GEvent()
+
+    def respond(request: ModelRequest) -> S.Step:
+        said = last_user_text(request)
+        if said == "lead":
+            if last_is_tool_result(request):
+                return S.text("lead done")
+            return S.tool_calls(
+                [
+                    ("subagent", {"description": "spender", "prompt": "spend"}),
+                    ("subagent", {"description": "sleeper", "prompt": "sleep"}),
+                ]
+            )
+        if said == "sleep":
+            sleeping.set()
+            return S.hang()
+        sleeping.wait()  # the spender spends only once the sleeper is inside its model call
+        return S.tool_call("noop", {})
+
+    model = S.ScriptedModel(respond, usage=CALL)
+    with Runtime(store=MemoryStore(), scripted=model) as runtime:
+        runtime.subagents.register(SpawnProvider())
+        runtime.ctx.tools.register(
+            Tool(
+                name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
+            )
+        )
+        install_subagent_tools(runtime, tools=[SubagentToolConfig("spawn", name="subagent")])
+        root = runtime.agent()
+        handle = runtime.subagents.start(
+            "spawn",
+            SubagentStartRequest(
+                prompt=[text_block("lead")],
+                parent=root,
+                signal=AbortController().signal,
+                token_budget=60,
+            ),
+        )
+        try:
+            result = handle.result.get()
+        finally:
+            handle.dispose()
+        assert result.stop_reason == "budget-exceeded"
+        assert "token budget exhausted" in (result.diagnostic or "")
+        rows = runtime.subagents.list_descendants(handle.id)
+        prompts = {_first_prompt(runtime, r["id"]): r for r in rows}
+        sleeper = runtime.ctx.store.load(prompts["sleep"]["id"]).events
+        [end] = [e["data"] for e in sleeper if e["type"] == "turn/end"]
+        assert end["reason"] == "aborted"
+        assert "token budget exhausted" in end.get("cause", "")
