@@ -176,6 +176,10 @@ class SubagentStartRequest:
     # The most tokens the child and its descendants may spend; never more than the parent has
     # left (the child's budget is clamped to that). Needs the `token_budget` capability.
     token_budget: int | None = None
+    # Tracing (an `agent.tracing.TraceParent`, None while tracing is off): from the tool layer,
+    # where the child hangs (its call's `execute_tool` span, named with the child's label); as
+    # the provider receives it, the context of the child's own activation span.
+    trace: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,7 @@ class SubagentResumeRequest:
     parent: Any  # the live parent agent recorded in the child's header
     signal: AbortSignal
     descriptor: Any  # subagent.descriptor.SubagentDescriptor
+    trace: Any = None  # as `SubagentStartRequest.trace`
 
 
 @dataclass(frozen=True, slots=True)
