@@ -27,6 +27,7 @@ the least-loaded healthy host (transparently: the run's `result` keeps pending).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -430,7 +431,8 @@ class RayProvider:
 
     @property
     def capabilities(self) -> SubagentCapabilities:
-        return SubagentCapabilities.all()
+        # Not `token_budget`: the parent cannot see a Ray child's usage, so it cannot hold it.
+        return dataclasses.replace(SubagentCapabilities.all(), token_budget=False)
 
     @property
     def inherits_parent_context(self) -> bool:
