@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pykka import ActorRef, Future
 
@@ -20,6 +20,7 @@ from actors.gevent_actor import Deferred
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
+    BUDGET_EXCEEDED,
     COMPLETED,
     ERROR,
     MAX_TOKENS,
@@ -30,10 +31,44 @@ from subagent.types import (
 from supervision.signal import AbortSignal
 
 if TYPE_CHECKING:
-    from actors.agent_actor import Agent
     from agent.loop import TurnOutcome
 
-__all__ = ["LocalRun", "clip_diagnostic", "stop_reason_of"]
+
+class _Actor(Protocol):
+    def activate(
+        self, run: LocalRun, content: list[Mapping[str, Any]], source: MessageSource, trace: Any
+    ) -> str: ...
+
+
+class _Usage(Protocol):
+    @property
+    def subtree(self) -> Mapping[str, int]: ...
+
+
+class RunAgent(Protocol):
+    """What a local run needs of its agent (`actors.agent_actor.Agent`): named here as a
+    Protocol so this module does not import the agent actor, which holds the run."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def ref(self) -> ActorRef[Any]: ...
+
+    @property
+    def actor(self) -> _Actor: ...
+
+    @property
+    def usage(self) -> _Usage: ...
+
+    def steer(self, content: Any, source: MessageSource | None = None) -> Any: ...
+
+    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any: ...
+
+    def close(self, cause: Any = None) -> None: ...
+
+
+__all__ = ["LocalRun", "RunAgent", "clip_diagnostic", "stop_reason_of"]
 
 MAX_DIAGNOSTIC_BYTES = 4096
 
@@ -43,6 +78,7 @@ _TURN_END_TO_STOP = {
     "aborted": ABORTED,
     "blocked": REFUSAL,
     "refusal": REFUSAL,
+    BUDGET_EXCEEDED: BUDGET_EXCEEDED,
 }
 
 
@@ -65,7 +101,7 @@ class LocalRun:
     """A published in-process child and its activation (the prompt `begin` queues)."""
 
     def __init__(
-        self, agent: Agent, signal: AbortSignal, *, wants_structured: bool = False
+        self, agent: RunAgent, signal: AbortSignal, *, wants_structured: bool = False
     ) -> None:
         self._agent = agent
         self._wants_structured = wants_structured
@@ -82,7 +118,7 @@ class LocalRun:
         return self._agent.id
 
     @property
-    def local_agent(self) -> Agent:
+    def local_agent(self) -> RunAgent:
         return self._agent
 
     @property
@@ -94,24 +130,23 @@ class LocalRun:
     def settled(self) -> bool:
         return self.result.settled
 
-    def begin(self, prompt: Sequence[Mapping[str, Any]], source: MessageSource) -> str:
-        """Queue the activation's prompt (logged `inbox/accepted`); returns its message id.
-
-        A child just created or resumed in this greenlet takes it without a mailbox round trip
-        (see `AgentActor.activate`)."""
+    def begin(
+        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: Any = None
+    ) -> str:
+        """Queue the activation's prompt (logged `inbox/accepted`; its spans under `trace`);
+        returns its message id. A child just created or resumed in this greenlet takes it
+        without a mailbox round trip (see `AgentActor.activate`)."""
         # Chosen here, before the send, so the turn that answers it is recognised even after
         # restored messages queued before it.
         self.message_id = "p" + os.urandom(6).hex()
-        return self._agent.actor.activate(self, list(prompt), source)
+        return self._agent.actor.activate(self, list(prompt), source, trace)
 
     def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:
-        from actors.agent_actor import Steer
-
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
         if self.result.settled:
             return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
-        future: Future[None] = self._agent.ref.ask(Steer(list(content), source), block=False)
+        future: Future[None] = self._agent.steer(list(content), source)  # one hop
         return future
 
     def cancel(self, cause: Any = None) -> None:
@@ -168,11 +203,13 @@ class LocalRun:
                 diagnostic = "the child finished without a valid structured_output capture"
         if self.cancel_requested and stop != COMPLETED:
             stop = ABORTED
+        usage = dict(self._agent.usage.subtree)  # the child's and its descendants' tokens
         return SubagentResult(
             output=outcome.output,
             stop_reason=stop,
             structured=structured,
             diagnostic=None if diagnostic is None else clip_diagnostic(diagnostic),
+            extra={"usage": usage} if usage else {},
         )
 
 

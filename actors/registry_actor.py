@@ -138,10 +138,12 @@ class Runs:
 
 @dataclass(frozen=True, slots=True)
 class CancelChildren:
-    """Cancel every live run of one parent (its turn was cancelled)."""
+    """Cancel every live run of one parent (its turn was cancelled), or with `subtree` every
+    live run below it (its token budget is used up)."""
 
     parent_id: str
     cause: Any = None
+    subtree: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +251,12 @@ class RegistryActor(GeventActor):
                 return list(self._live.values())
             return list(self._by_parent.get(message.parent_id, {}).values())
         if kind is CancelChildren:
-            for run in list(self._by_parent.get(message.parent_id, {}).values()):
-                run.cancel(message.cause)
+            pending = [message.parent_id]
+            while pending:
+                for run in list(self._by_parent.get(pending.pop(), {}).values()):
+                    run.cancel(message.cause)
+                    if message.subtree:
+                        pending.append(run.id)
             return None
         if kind is Known:
             return self._known.get(message.name)
@@ -313,6 +319,7 @@ class RegistryActor(GeventActor):
             ("max_depth", "depth_limit", request.max_depth is not None),
             ("tool_filter", "tool_filter", request.tool_filter is not None),
             ("persona", "persona", request.persona is not None),
+            ("token_budget", "token_budget", request.token_budget is not None),
         ):
             if present and not getattr(caps, flag):
                 raise SubagentError(
@@ -338,6 +345,7 @@ class RegistryActor(GeventActor):
             raise SubagentDepthError(attempted, MAX_SAFE_INTEGER)
         if max_depth is not None and attempted > max_depth:
             raise SubagentDepthError(attempted, max_depth)
+        _check_budget(request)
         return self._enqueue(message.ticket, message.parent_id, provider)
 
     def _admit_resume(self, message: AdmitResume) -> Deferred[Any]:
@@ -479,6 +487,9 @@ class RegistryActor(GeventActor):
             event["failure"] = f"{type(outcome).__name__}: {outcome}"
         else:
             event["stop_reason"] = outcome.stop_reason
+            usage = outcome.extra.get("usage")
+            if usage:
+                event["usage"] = dict(usage)
             if outcome.output:
                 event["last_assistant_message"] = list(outcome.output)
         self._fan_out(event)
@@ -513,3 +524,23 @@ class RegistryActor(GeventActor):
                 listener(event)
             except Exception:
                 log.exception("subagent lifecycle listener raised; the others still run")
+
+
+def _check_budget(request: SubagentStartRequest) -> None:
+    """A budget is a positive int, and a parent with no tokens left starts no child."""
+    budget = request.token_budget
+    if budget is not None and (
+        not isinstance(budget, int)
+        or isinstance(budget, bool)
+        or not 0 < budget <= MAX_SAFE_INTEGER
+    ):
+        raise TypeError(f"token_budget must be a positive int, got {budget!r}")
+    account = getattr(request.parent, "usage", None)
+    if account is None:
+        return
+    left = account.remaining()
+    if left is not None and left <= 0:
+        over = account.exceeded()
+        raise SubagentError(
+            "BUDGET_EXCEEDED", over.describe_exhausted() if over is not None else None
+        )

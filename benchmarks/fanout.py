@@ -104,11 +104,19 @@ def _noop_tool() -> Tool:
     return Tool(name="noop", description="does nothing", parameters={"type": "object"}, fn=fn)
 
 
-def _runtime(responder: Callable[[ModelRequest], S.Step | str], gc_policy: bool = True) -> Runtime:
+# What each scripted reply reports when usage accounting is on (benchmarks/usage.py).
+USAGE = {"input_tokens": 1200, "output_tokens": 80}
+
+
+def _runtime(
+    responder: Callable[[ModelRequest], S.Step | str],
+    gc_policy: bool = True,
+    usage: bool = False,
+) -> Runtime:
     # record=False: the scripted model keeps no request history (it would hold every message).
     rt = Runtime(
         store=MemoryStore(),
-        scripted=S.ScriptedModel(responder, record=False),
+        scripted=S.ScriptedModel(responder, record=False, usage=USAGE if usage else None),
         gc_policy=gc_policy,
     )
     rt.subagents.register(SpawnProvider())
@@ -176,11 +184,12 @@ def _fanout_responder(request: ModelRequest) -> S.Step:
     return _TOOL_STEP if request.step < STEPS else _FINAL_STEP
 
 
-def _fanout(n: int, gc_mode: str = "default") -> dict[str, Any]:
+def _fanout(n: int, gc_mode: str = "default", usage: bool = False) -> dict[str, Any]:
     """`gc_mode`: "default" (the runtime's own GC policy), "off" (gc.disable() for the run, one
     full collection after it, counted), "frozen" (freeze_gc() right after the start burst), or
-    "cpython" (the runtime's policy off: CPython's thresholds, no freezing)."""
-    rt = _runtime(_fanout_responder, gc_policy=gc_mode != "cpython")
+    "cpython" (the runtime's policy off: CPython's thresholds, no freezing). `usage`: every
+    model reply reports token usage (logged, charged up the account chain) or none."""
+    rt = _runtime(_fanout_responder, gc_mode != "cpython", usage)
     parent = rt.agent()
     ends = [0]
     rt.subagents.subscribe(lambda e: _count_end(e, ends))
@@ -217,6 +226,7 @@ def _fanout(n: int, gc_mode: str = "default") -> dict[str, Any]:
     return {
         "n": n,
         "gc_mode": gc_mode,
+        "usage": usage,
         "wall_s": round(wall, 4),
         "start_calls_s": round(started_s, 4),
         "dispose_all_s": round(dispose_s, 4),

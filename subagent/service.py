@@ -25,11 +25,12 @@ from actors import gevent_actor
 from actors import registry_actor as reg
 from actors.agent_actor import Steer, check_content
 from actors.deferred import Deferred
-from actors.gevent_actor import GeventFuture
+from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.schema import UnsupportedSchemaError, check_output_schema
@@ -70,6 +71,7 @@ class RunHandle:
         "_disposed",
         "_run",
         "_service",
+        "_trace",
         "parent_id",
         "provider",
         "ref",
@@ -99,6 +101,7 @@ class RunHandle:
         self.result = result
         self._disposed = False
         self.ref: Any = None
+        self._trace: Any = None  # the activation's span (agent.tracing.Activation), if tracing
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} provider={self.provider} run_id={self.run_id}>"
@@ -120,6 +123,13 @@ class RunHandle:
     @property
     def settled(self) -> bool:
         return self.result.done
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """Tokens the child and its descendants spent so far (`agent.usage` keys); `{}` when
+        the provider cannot see them (a remote child)."""
+        agent = self.local_agent
+        return {} if agent is None else dict(agent.usage.subtree)
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
@@ -242,6 +252,32 @@ class SubagentService:
         # Attached before the child's first turn runs, so a UI sees every event of it.
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
+        self._account_for(agent)
+
+    def _account_for(self, agent: Any) -> None:
+        """Link a new agent's usage account under its parent's (a subtree's spend counts
+        against every ancestor's budget) and have a used-up budget cancel its descendants."""
+        account = agent.usage
+        parent = self._ctx.agents.get(agent.header.parent_session or "")
+        if parent is not None:
+            account.attach(parent.usage)
+        if account.limit is None:
+            return
+        events = agent.log.events
+        seed_length = agent.header.seed_length
+        if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
+            # A cold resume (its own turns are in the log, not only a fork's seed): what its
+            # stored descendants spent still counts against its budget.
+            for row in self._continuation.list_descendants(agent.id):
+                account.add_subtree(row.get("usage") or {})
+        agent_id = agent.id
+        account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
+
+    def _cancel_subtree(self, agent_id: str, cause: str) -> None:
+        """Cancel every live run below `agent_id`; the agent itself ends at its next step. Told
+        to the registry (it holds the run table): this runs inside a turn, which must not wait."""
+        with contextlib.suppress(ActorDeadError):
+            self._ref.tell(reg.CancelChildren(agent_id, cause, subtree=True))
 
     def relay_progress(self, event: Mapping[str, Any]) -> None:
         """For remote providers: hand one child's progress event (tagged with its id) to the
@@ -292,7 +328,9 @@ class SubagentService:
             gevent.sleep(0)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
         provider, run_id = admitted
-        return self._launch(provider, run_id, ticket, parent_id, lambda: provider.start(request))
+        request, trace = telemetry.begin_start(request, name, run_id, parent_id)
+        start = provider.start
+        return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
     def resume(self, request: SubagentResumeRequest, name: str | None = None) -> RunHandle:
         """The raw resume operation: dispatch a resolved request to the provider's `resume`.
@@ -314,8 +352,10 @@ class SubagentService:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
         provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        store = self._ctx.store
+        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store)
         resume = provider.resume
-        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request))
+        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 
     def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
         future = self._registry.ask_now(message, block=False)
@@ -345,16 +385,24 @@ class SubagentService:
         ticket: int,
         parent_id: str,
         start: Callable[[], SubagentRun],
+        trace: Any = None,
     ) -> RunHandle:
         try:
             run = start()
-        except BaseException:
+        except BaseException as exc:
             self._release(ticket)
+            if trace is not None:
+                trace.failed(exc)
             raise
         # Method presence is the capability (the seed's narrowing); a direct attribute check is
         # exact and far cheaper than a runtime-checkable Protocol `isinstance` on every start.
         cls = SteerableRunHandle if callable(getattr(run, "steer", None)) else RunHandle
         handle = cls(self, run, run_id, provider.name, parent_id, ticket, self._result_of(run))
+        if trace is not None:
+            handle._trace = trace
+            trace.published(run.id)
+            # The activation's span ends with its result (a done callback: no greenlet).
+            handle.result.add_done_callback(lambda future: trace.end(outcome_of(future)))
         try:
             supervisor = self._supervisor_for(parent_id)
             # A local child's own actor is the run's actor; a remote run gets one.
@@ -378,7 +426,10 @@ class SubagentService:
             else:
                 run.dispose()
             self._release(ticket)
-            raise SubagentError("START_FAILED", "the parent is shutting down") from None
+            failure = SubagentError("START_FAILED", "the parent is shutting down")
+            if trace is not None:
+                trace.failed(failure)
+            raise failure from None
         # The registry enters the run, emits its start (before start() returns, as the seam
         # says), then observes its result.
         try:
