@@ -350,7 +350,14 @@ class AgentCore:
             )
             open_calls[call.id] = call.name
             if self.on_progress is not None:
-                self._progress({"kind": "tool/call", "name": call.name, "call_id": call.id})
+                self._progress(
+                    {
+                        "kind": "tool/call",
+                        "name": call.name,
+                        "call_id": call.id,
+                        "arguments": call.arguments,
+                    }
+                )
         results: list[ToolResult | None] = [None] * len(calls)
         started = [False] * len(calls)
         crash: list[BaseException] = []
@@ -500,7 +507,16 @@ class AgentCore:
             }
         )
         if self.on_progress is not None:
-            self._progress({"kind": "tool/result", "name": name, "is_error": data["is_error"]})
+            self._progress(
+                {
+                    "kind": "tool/result",
+                    "name": name,
+                    "call_id": call_id,
+                    "is_error": data["is_error"],
+                    "code": data.get("code"),
+                    "content": data["content"],
+                }
+            )
 
     # -- ending ----------------------------------------------------------------------------------
 

@@ -96,6 +96,23 @@ def _parent_cwd(parent: Any) -> str:
         raise SubagentError("START_FAILED", str(exc)) from None
 
 
+# `_meta` key of session/new and session/load: the delegation depth the agent's session starts
+# at (the parent's depth + 1). A runtime served with `subagent acp` starts its coordinator there,
+# so the depth cap holds across the process boundary; other agents ignore the key.
+DEPTH_META = "subagent-runtime/depth"
+
+
+def session_params(cwd: str, parent: Any, load_session_id: str | None) -> dict[str, Any]:
+    """The params of `session/new` (or `session/load` of `load_session_id`), `_meta` included."""
+    params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}
+    if load_session_id is not None:
+        params["sessionId"] = load_session_id
+    depth = getattr(parent, "depth", None)
+    if isinstance(depth, int) and not isinstance(depth, bool):
+        params["_meta"] = {DEPTH_META: depth + 1}
+    return params
+
+
 def _parent_scoped_id(parent: Any) -> str:
     sid = getattr(parent, "session_id", None)
     token = secrets.token_hex(8)
@@ -366,21 +383,16 @@ class AcpProvider:
             ) from exc
         try:
             child.handshake(signal)
+            params = session_params(cwd, parent, load_session_id)
             if load_session_id is None:
-                reply = child.conn.request(
-                    "session/new", {"cwd": cwd, "mcpServers": []}, signal=signal
-                )
+                reply = child.conn.request("session/new", params, signal=signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None
                 if not isinstance(sid, str) or not sid:
                     raise _StartFailure(f"session/new returned no string sessionId: {reply!r}")
             else:
                 if not child.agent_capabilities.get("loadSession"):
                     raise _StartFailure("the agent does not advertise loadSession")
-                child.conn.request(
-                    "session/load",
-                    {"sessionId": load_session_id, "cwd": cwd, "mcpServers": []},
-                    signal=signal,
-                )
+                child.conn.request("session/load", params, signal=signal)
                 sid = load_session_id
         except RequestAborted as exc:
             child.teardown(graceful=False)

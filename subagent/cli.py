@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import signal
 import sys
 import tempfile
@@ -110,13 +109,9 @@ def _offline(request: Any) -> Any:
 
 
 def _models(args: argparse.Namespace) -> Any:
-    from agent.models import ModelRegistry
-    from agent.models.openai import OpenAIModel
+    from subagent.serve.wiring import model_registry
 
-    models = ModelRegistry()
-    base_url = getattr(args, "base_url", None)
-    models.register("openai", OpenAIModel(base_url=base_url) if base_url else OpenAIModel())
-    return models
+    return model_registry(getattr(args, "base_url", None))
 
 
 # -- live driving --------------------------------------------------------------------------
@@ -267,12 +262,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     try:
         if args.acp:
-            from providers.acp import AcpConfig, AcpProvider
+            from providers.acp import AcpProvider
+            from subagent.serve.wiring import acp_config_from_flag
 
-            words = shlex.split(args.acp)
-            if not words:
-                raise CliError("--acp needs a command")
-            rt.subagents.register(AcpProvider(AcpConfig(command=words[0], args=words[1:])))
+            try:
+                config = acp_config_from_flag(args.acp)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+            if config.name != "acp":
+                raise CliError("run takes --acp COMMAND (no NAME=); mcp and acp take NAME=COMMAND")
+            rt.subagents.register(AcpProvider(config))
             tools = [SubagentToolConfig("acp", name="subagent", max_depth=PROVIDER_MANAGED)]
             options = AgentOptions(model="scripted:relay")
         else:
@@ -625,6 +624,42 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`subagent mcp` / `subagent acp`: stdout is the protocol's from here on."""
+    from subagent.serve.run import serve
+    from subagent.serve.wiring import ServeConfig, load_config, merge_flags
+
+    try:
+        base = load_config(args.config) if args.config else ServeConfig()
+        home = _home(args)
+        config = merge_flags(
+            base,
+            model=args.model,
+            base_url=args.base_url,
+            max_depth=args.max_depth,
+            store_dir=str(Path(home) / "sessions") if home else None,
+            acp=args.acp or (),
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return serve(args.command, config)
+
+
+def _serve_parser(sub: Any, name: str, help_text: str) -> None:
+    serve = sub.add_parser(name, help=help_text)
+    serve.add_argument("--config", metavar="FILE", help="a JSON config file (see docs/serve.md)")
+    serve.add_argument("--model", help="the children's model at --base-url (default: offline)")
+    serve.add_argument("--base-url", help="an OpenAI-compatible endpoint")
+    serve.add_argument(
+        "--acp",
+        action="append",
+        metavar="NAME=COMMAND",
+        help="an ACP agent as the delegation tool subagent_NAME (repeatable)",
+    )
+    serve.add_argument("--max-depth", type=int, metavar="D", help="the delegation depth cap (3)")
+    serve.set_defaults(fn=cmd_serve)
+
+
 # -- the parser ----------------------------------------------------------------------------
 
 
@@ -688,6 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true")
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(fn=cmd_gc)
+
+    _serve_parser(sub, "mcp", "serve the subagent tools to an MCP client on stdio")
+    _serve_parser(sub, "acp", "serve a coordinator agent to an ACP client (editor) on stdio")
     return parser
 
 
