@@ -71,7 +71,7 @@ def test_a_prompt_streams_text_the_tool_call_and_the_childs_life(basic: dict[str
     (call,) = own_calls(turn)
     assert call["title"] == "subagent: hello child" and call["status"] == "completed"
     assert call["rawInput"] == {"description": "hello child", "prompt": "hello child"}
-    ((child_id, child),) = child_calls(turn).items()
+    ((_child_id, child),) = child_calls(turn).items()
     assert child["status"] == "completed"
     assert child["meta"] == {"subagent-runtime/parent": basic["session"]}
     assert child["lines"][0].endswith(": turn 1 started")  # progress while it ran

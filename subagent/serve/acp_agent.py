@@ -325,7 +325,16 @@ class AcpAgentServer:
     def _options(self, depth: int | None) -> AgentOptions:
         return AgentOptions(model=self._served.model, subagent_depth=depth)
 
+    @staticmethod
+    def _note_mcp_servers(params: Mapping[str, Any]) -> None:
+        servers = params.get("mcpServers")
+        if isinstance(servers, list) and servers:
+            # Not silent: the coordinator's tools are the subagent tools; it does not connect
+            # to the client's MCP servers (docs/serve.md).
+            log.warning("acp server: ignoring %d MCP server(s) from the client", len(servers))
+
     def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        self._note_mcp_servers(params)
         depth = meta_depth(params)
         agent = self.runtime.agent(
             options=self._options(depth), cwd=self._cwd(params), delegation_depth=depth or 0

@@ -151,12 +151,11 @@ async def main() -> None:
         command=sys.executable,
         args=["-m", "subagent.cli", "--home", HOME, "mcp", *SERVER_ARGS],
     )
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            init = await session.initialize()
-            out = {"protocol": init.protocol_version, "server": init.server_info.name}
-            with anyio.fail_after(60):
-                out.update(await SCENARIOS[SCENARIO](session))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        init = await session.initialize()
+        out = {"protocol": init.protocol_version, "server": init.server_info.name}
+        with anyio.fail_after(60):
+            out.update(await SCENARIOS[SCENARIO](session))
     sys.stdout.write(json.dumps(out) + "\n")
 
 
