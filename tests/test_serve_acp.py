@@ -113,6 +113,12 @@ def test_bad_protocol_arguments_are_json_rpc_errors(basic: dict[str, Any]) -> No
     assert DEPTH_META in basic["bad_depth"]["message"]
 
 
+def test_a_coordinator_turn_that_ends_error_is_a_json_rpc_error(basic: dict[str, Any]) -> None:
+    error = basic["coordinator_error"]
+    assert error["code"] == -32603
+    assert "ended error: the coordinator's model broke" in error["message"]
+
+
 def test_a_session_started_at_the_cap_by_meta_cannot_delegate(basic: dict[str, Any]) -> None:
     turn = basic["at_cap"]
     assert turn["message"].endswith("cannot delegate: no subagent tool at this depth")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,52 @@ def test_stdout_carries_only_protocol(tmp_path: Path) -> None:
     assert replies[0]["result"]["protocolVersion"] == "2024-11-05"  # an older version, accepted
     assert replies[1]["result"]["isError"] is False
     assert "DEBUG" in stderr  # --debug logging went to stderr, not into the protocol
+
+
+def test_sigterm_cancels_running_children_and_exits_cleanly(tmp_path: Path) -> None:
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "subagent",
+                "arguments": {"description": "wait", "prompt": "/hang"},
+                "_meta": {"progressToken": 7},
+            },
+        },
+    ]
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+    proc.stdin.flush()
+    child = None
+    while child is None:  # wait for the child's first step, reported as progress
+        message = json.loads(proc.stdout.readline())
+        text = message.get("params", {}).get("message", "")
+        if text.endswith(": step 1"):
+            child = text.split(":")[0].split()[0]
+    proc.send_signal(signal.SIGTERM)
+    rest, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert '"id":2' not in rest  # the call was cancelled, not answered
+    events = SessionStore(tmp_path / "sessions").inspect(child).events
+    (end,) = [e["data"] for e in events if e["type"] == "turn/end"]
+    assert end["reason"] == "aborted"
+    assert "shutting down" in end["cause"]
 
 
 # -- configuration --------------------------------------------------------------------------

@@ -151,6 +151,12 @@ async def basic(conn: Any, recorder: Recorder) -> dict[str, Any]:
         **summary(recorder.take()),
     }
     try:
+        await prompt(conn, sid, "/fail the coordinator's model broke")
+        out["coordinator_error"] = "answered"
+    except acp.RequestError as exc:
+        out["coordinator_error"] = {"code": exc.code, "message": str(exc)}
+    recorder.take()
+    try:
         await prompt(conn, "no-such-session", "hi")
         out["unknown_session"] = "answered"
     except acp.RequestError as exc:
