@@ -318,7 +318,8 @@ class JsonRpcConnection:
         finally:
             self._request_id = None
         if isinstance(result, gevent.Greenlet):
-            result.link(lambda done: self._deferred(rid, method, done))
+            # rawlink: the answer is queued from the hub callback itself (a non-blocking put).
+            result.rawlink(lambda done: self._deferred(rid, method, done))
             return
         self._send({"jsonrpc": "2.0", "id": rid, "result": result})
 
