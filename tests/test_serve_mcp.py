@@ -136,6 +136,18 @@ def test_the_depth_cap_counts_from_the_connection_root(tmp_path: Path) -> None:
     assert depths == [0, 1, 2]
 
 
+def test_an_acp_agent_from_the_flag_is_a_tool_with_progress(tmp_path: Path) -> None:
+    peer = REPO / "tests" / "acp_peers" / "sdk_agent.py"
+    seen = drive("acp_child", tmp_path, "--acp", f"peer={sys.executable} {peer} normal")
+    assert "subagent_peer" in seen["tools"]
+    assert seen["result"]["is_error"] is False
+    assert seen["result"]["text"].startswith("echo: hello peer")
+    progress = seen["progress"]
+    assert progress[0].endswith(": started on peer")
+    assert any(m.endswith("(ask the peer): tool_call look around") for m in progress)
+    assert progress[-1].endswith("(ask the peer): ended completed")
+
+
 def test_stdout_carries_only_protocol(tmp_path: Path) -> None:
     """A raw client: every line the server writes is a JSON-RPC message, logging goes to stderr."""
     messages = [

@@ -37,6 +37,9 @@ def describe(event: Mapping[str, Any], labels: Mapping[str, str]) -> str | None:
         return f"{name}: calls {event.get('name')}"
     if kind == "tool/result":
         return f"{name}: {event.get('name')} {'failed' if event.get('is_error') else 'returned'}"
+    if isinstance(kind, str) and kind.startswith("remote/"):  # an ACP child's own update
+        title = event.get("title")
+        return f"{name}: {kind[len('remote/') :]}" + (f" {title}" if title else "")
     if kind == "turn/end":
         return f"{name}: turn {event.get('turn')} ended {event.get('reason')}"
     return None
@@ -82,7 +85,12 @@ class ChildFeed:
             if current in self._known:
                 return True
             agent = self._agents.get(current)
-            parent = agent.header.parent_session if agent is not None else None
+            if agent is not None:
+                parent = agent.header.parent_session
+            else:
+                # A remote child (ACP, Ray) has a parent-scoped id, `<parent id>.<suffix>`: its
+                # first updates may arrive before its `subagent/start` has been delivered.
+                parent = current.rpartition(".")[0] or None
             if parent == self._root:
                 return True
             current, seen = parent, seen + 1

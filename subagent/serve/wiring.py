@@ -173,6 +173,23 @@ class Served:
                 self.closers.pop()()
 
 
+def _progress_relay(service: Any) -> Callable[[dict[str, Any]], None]:
+    """An ACP child's tool calls, thoughts and plans as progress events of that child."""
+
+    def relay(event: dict[str, Any]) -> None:
+        update = event.get("update")
+        title = update.get("title") if isinstance(update, Mapping) else None
+        service.relay_progress(
+            {
+                "agent_id": event.get("run_id"),
+                "kind": f"remote/{event.get('kind')}",
+                "title": title if isinstance(title, str) else None,
+            }
+        )
+
+    return relay
+
+
 def build_served(config: ServeConfig, *, fork: bool, child_options: bool) -> Served:
     """The runtime with spawn (continuable), optional fork, the ACP agents and Ray.
 
@@ -211,7 +228,8 @@ def build_served(config: ServeConfig, *, fork: bool, child_options: bool) -> Ser
                 SubagentToolConfig("fork", name="subagent_fork", max_depth=config.max_depth)
             )
         for acp in config.acp:
-            runtime.subagents.register(AcpProvider(acp))
+            relay = _progress_relay(runtime.subagents)
+            runtime.subagents.register(AcpProvider(replace(acp, on_progress=relay)))
             served.tools.append(SubagentToolConfig(acp.name, max_depth=PROVIDER_MANAGED))
         if config.ray is not None:
             from providers.ray import RayConfig, RayProvider

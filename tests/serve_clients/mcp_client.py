@@ -143,7 +143,32 @@ async def nested(session: ClientSession) -> dict[str, Any]:
     return {"nested": outcome(result)}
 
 
-SCENARIOS = {"basic": basic, "cancel": cancel, "depth": depth, "nested": nested}
+async def acp_child(session: ClientSession) -> dict[str, Any]:
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    tools = await session.list_tools()
+    result = await session.call_tool(
+        "subagent_peer",
+        {"description": "ask the peer", "prompt": "hello peer"},
+        progress_callback=on_progress,
+    )
+    return {
+        "tools": [t.name for t in tools.tools],
+        "result": outcome(result),
+        "progress": progress,
+    }
+
+
+SCENARIOS = {
+    "basic": basic,
+    "cancel": cancel,
+    "depth": depth,
+    "nested": nested,
+    "acp_child": acp_child,
+}
 
 
 async def main() -> None:
