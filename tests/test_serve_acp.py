@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +151,54 @@ def test_session_load_continues_the_coordinator_and_its_children(tmp_path: Path)
     assert "received: what was the number?" in output["lines"][0]
     child = again["calls"][f"child:{first['child']}"]
     assert child["lines"][0].endswith("turn 2 started")  # the stored child's second turn
+
+
+def test_a_cancel_right_behind_its_prompt_answers_cancelled(tmp_path: Path) -> None:
+    """Prompt and cancel in one write: the cancel may find the turn queued but unstarted (the
+    message is discarded) or running; either way the prompt is answered `cancelled`."""
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "acp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(*messages: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write("".join(json.dumps({"jsonrpc": "2.0", **m}) + "\n" for m in messages))
+        proc.stdin.flush()
+
+    def reply(rid: int) -> dict[str, Any]:
+        assert proc.stdout is not None
+        while True:
+            message: dict[str, Any] = json.loads(proc.stdout.readline())
+            if message.get("id") == rid:
+                return message
+
+    send({"id": 1, "method": "initialize", "params": {"protocolVersion": 1}})
+    reply(1)
+    send({"id": 2, "method": "session/new", "params": {"cwd": str(REPO), "mcpServers": []}})
+    sid = reply(2)["result"]["sessionId"]
+    prompt = [{"type": "text", "text": "/hang"}]
+    send(
+        {"id": 3, "method": "session/prompt", "params": {"sessionId": sid, "prompt": prompt}},
+        {"method": "session/cancel", "params": {"sessionId": sid}},
+    )
+    assert reply(3)["result"] == {"stopReason": "cancelled"}
+    send(
+        {
+            "id": 4,
+            "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "still here?"}]},
+        }
+    )
+    assert reply(4)["result"] == {"stopReason": "end_turn"}  # the session goes on
+    proc.stdin.close()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
 
 
 # -- a runtime as the child of a runtime -------------------------------------------------------

@@ -197,20 +197,38 @@ class _Session:
                 }
             )
 
-    def prompt(self, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    def send(self, blocks: list[dict[str, Any]]) -> tuple[Any, AsyncResult]:
+        """Queue the prompt's turn now (in mailbox order, before any later cancel)."""
         message_id = "acp-" + secrets.token_hex(6)
         waiter: AsyncResult = AsyncResult()
         self.turn_waiters[message_id] = waiter
+        return self.agent.send(blocks, message_id=message_id), waiter
+
+    def wait(self, accepted: Any, waiter: AsyncResult) -> dict[str, Any]:
+        """The queued turn's stop reason (`cancelled` when a cancel discarded it unstarted)."""
         try:
-            self.agent.send(blocks, message_id=message_id).get()
+            accepted.get()
             outcome = waiter.get()
         finally:
-            self.turn_waiters.pop(message_id, None)
+            for key, pending in list(self.turn_waiters.items()):
+                if pending is waiter:
+                    del self.turn_waiters[key]
+        if outcome is None:
+            return {"stopReason": "cancelled"}
         stop = STOP_REASONS.get(outcome.reason)
         if stop is None:
             why = outcome.message or outcome.cause or outcome.reason
             raise RpcFault(INTERNAL_ERROR, f"the coordinator's turn ended {outcome.reason}: {why}")
         return {"stopReason": stop}
+
+    def cancelled(self, idle: Any, before: list[AsyncResult]) -> None:
+        """After a cancel settles: a prompt sent `before` it whose message was discarded before
+        its turn began gets no turn, so it is answered `cancelled` here."""
+        with contextlib.suppress(Exception):
+            idle.get()
+        for waiter in before:
+            if not waiter.ready():
+                waiter.set(None)
 
     def close(self) -> None:
         while self.removers:
@@ -290,7 +308,8 @@ class AcpAgentServer:
                 raise RpcFault(INVALID_PARAMS, "a prompt is already running in this session")
             blocks = prompt_blocks(params.get("prompt"))
             session.prompting = True
-            return self._spawn(self._prompt, session, blocks)
+            accepted, waiter = session.send(blocks)
+            return self._spawn(self._prompt, session, accepted, waiter)
         raise MethodNotFound(method)
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> gevent.Greenlet:
@@ -393,9 +412,9 @@ class AcpAgentServer:
                     }
                 )
 
-    def _prompt(self, session: _Session, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    def _prompt(self, session: _Session, accepted: Any, waiter: AsyncResult) -> dict[str, Any]:
         try:
-            return session.prompt(blocks)
+            return session.wait(accepted, waiter)
         finally:
             session.prompting = False
 
@@ -407,4 +426,6 @@ class AcpAgentServer:
         session = self._sessions.get(str(params.get("sessionId")))
         if session is not None:
             # The agent's cancel hook cancels every run it started; the turn ends `aborted`.
-            session.agent.cancel("cancelled by the ACP client")
+            before = list(session.turn_waiters.values())
+            idle = session.agent.cancel("cancelled by the ACP client")
+            self._group.spawn(session.cancelled, idle, before)
