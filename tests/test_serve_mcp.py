@@ -237,6 +237,26 @@ def test_sigterm_cancels_running_children_and_exits_cleanly(tmp_path: Path) -> N
     assert "shutting down" in end["cause"]
 
 
+def test_a_malformed_line_ends_the_connection_cleanly(tmp_path: Path) -> None:
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write("this is not json\n")
+    proc.stdin.flush()  # stdin stays open: the server leaves on the protocol error alone
+    try:
+        proc.wait(timeout=60)
+    finally:
+        proc.stdin.close()
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and out == ""
+
+
 # -- configuration --------------------------------------------------------------------------
 
 
