@@ -327,7 +327,7 @@ def test_a_bad_flag_is_one_error_line_before_stdio_is_taken(tmp_path: Path) -> N
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "subagent: error: command '/nonexistent/agent' is not an executable file"
+        "subagent mcp: error: command '/nonexistent/agent' is not an executable file (see --help)"
     ]

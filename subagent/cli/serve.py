@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from subagent.cli.common import CliError, home_dir
+from subagent.cli.common import UsageError, home_dir, non_negative_int
 
 __all__ = ["cmd_serve", "register"]
 
@@ -27,8 +27,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store_dir=str(Path(home) / "sessions") if home else None,
             acp=args.acp or (),
         )
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    except ValueError as exc:  # a bad flag, config file or ACP command: exit 2, like argparse
+        raise UsageError(str(exc)) from None
     return serve(args.command, config)
 
 
@@ -43,7 +43,9 @@ def _add(sub: Any, name: str, help_text: str) -> None:
         metavar="NAME=COMMAND",
         help="an ACP agent as the delegation tool subagent_NAME (repeatable)",
     )
-    serve.add_argument("--max-depth", type=int, metavar="D", help="the delegation depth cap (3)")
+    serve.add_argument(
+        "--max-depth", type=non_negative_int, metavar="D", help="the delegation depth cap (3)"
+    )
     serve.set_defaults(fn=cmd_serve)
 
 
