@@ -73,6 +73,7 @@ def test_a_prompt_streams_text_the_tool_call_and_the_childs_life(basic: dict[str
     assert call["title"] == "subagent: hello child" and call["status"] == "completed"
     assert call["rawInput"] == {"description": "hello child", "prompt": "hello child"}
     ((_child_id, child),) = child_calls(turn).items()
+    assert child["first"] == "tool_call"  # opened before any update, though progress may lead
     assert child["status"] == "completed"
     assert child["meta"] == {"subagent-runtime/parent": basic["session"]}
     assert child["lines"][0].endswith(": turn 1 started")  # progress while it ran
@@ -150,6 +151,7 @@ def test_session_load_continues_the_coordinator_and_its_children(tmp_path: Path)
     assert "was stopped; it resumed with your message" in sent["lines"][0]
     assert "received: what was the number?" in output["lines"][0]
     child = again["calls"][f"child:{first['child']}"]
+    assert child["first"] == "tool_call"  # a new process opens the resumed child's call
     assert child["lines"][0].endswith("turn 2 started")  # the stored child's second turn
 
 

@@ -107,6 +107,7 @@ class _Session:
         self.removers.append(self.feed.add(self._on_child))
         self.removers.append(agent.add_progress_listener(self._on_own))
         self.turn_waiters: dict[str, AsyncResult] = {}
+        self.opened: set[str] = set()  # children whose tool call the client has seen
         agent.actor.turn_listeners.append(self._on_turn_end)
         self.removers.append(lambda: agent.actor.turn_listeners.remove(self._on_turn_end))
 
@@ -157,25 +158,48 @@ class _Session:
                 update["_meta"] = {"subagent-runtime/code": event["code"]}
             self.update(update)
 
+    def _parent_of(self, child: str, event: Mapping[str, Any]) -> Any:
+        parent = event.get("parent_id")
+        if parent is None:
+            agent = self.server.runtime.ctx.agents.get(child)
+            parent = agent.header.parent_session if agent is not None else child.rpartition(".")[0]
+        return parent
+
     def _on_child(self, event: Mapping[str, Any]) -> None:
+        """A child's events as one tool call: opened at its first event (a child's progress can
+        precede its `subagent/start`), back to `in_progress` when it starts again (a resumed
+        continuable child), closed `completed`/`failed` at its end."""
         labels = child_labels(self.server.runtime.ctx)
         kind = event.get("type")
         child = str(event.get("id") or event.get("agent_id"))
         call_id = f"child:{child}"
         line = describe(event, labels)
-        if kind == "subagent/start":
-            label = labels.get(child)
+        label = labels.get(child)
+        title = f"subagent {child}" + (f": {label}" if label else "")
+        meta = {PARENT_META: self._parent_of(child, event)}
+        if child not in self.opened:
+            self.opened.add(child)
             self.update(
                 {
                     "sessionUpdate": "tool_call",
                     "toolCallId": call_id,
-                    "title": f"subagent {child}" + (f": {label}" if label else ""),
+                    "title": title,
                     "kind": "other",
                     "status": "in_progress",
-                    "_meta": {PARENT_META: event.get("parent_id")},
+                    "_meta": meta,
                 }
             )
-        elif kind == "subagent/end":
+        elif kind == "subagent/start":
+            self.update(
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "title": title,
+                    "status": "in_progress",
+                    "_meta": meta,
+                }
+            )
+        if kind == "subagent/end":
             failed = event.get("stop_reason") != "completed"
             content = _text_content(event.get("last_assistant_message"))
             if line:
@@ -188,7 +212,7 @@ class _Session:
                     "content": content,
                 }
             )
-        elif line is not None:
+        elif kind != "subagent/start" and line is not None:
             self.update(
                 {
                     "sessionUpdate": "tool_call_update",

@@ -71,7 +71,9 @@ def summary(updates: list[dict[str, Any]]) -> dict[str, Any]:
     for u in updates:
         if u["sessionUpdate"] not in ("tool_call", "tool_call_update"):
             continue
-        call = calls.setdefault(u["toolCallId"], {"updates": 0, "lines": []})
+        call = calls.setdefault(
+            u["toolCallId"], {"updates": 0, "lines": [], "first": u["sessionUpdate"]}
+        )
         call["updates"] += 1
         for key in ("title", "status", "rawInput"):
             if key in u:
