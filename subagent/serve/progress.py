@@ -98,7 +98,9 @@ class ChildFeed:
 
     def _on_lifecycle(self, event: Mapping[str, Any]) -> None:
         parent = event.get("parent_id")
-        if parent == self._root or (isinstance(parent, str) and parent in self._known):
+        # `_below_root`, not only the known set: a grandchild's start can be delivered before
+        # its parent's (the child works while it is being published).
+        if parent == self._root or (isinstance(parent, str) and self._below_root(parent)):
             self._known.add(str(event.get("id")))
             self._deliver(event)
 
