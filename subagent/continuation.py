@@ -350,7 +350,11 @@ class ContinuationManager:
             row["mode"] = mode
             row["label"] = label
             if agent is None:
-                row["activity"] = "stored"
+                # A remote child (ACP) has no local agent: its live activation says it runs.
+                handle = record.handle if record is not None else None
+                row["activity"] = (
+                    "running" if handle is not None and not handle.settled else "stored"
+                )
             else:
                 row["activity"] = "running" if agent.status == "running" else "idle"
             rows.append(row)

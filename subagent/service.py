@@ -27,6 +27,7 @@ from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
+from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     MessageSource,
     SubagentProvider,
@@ -35,6 +36,7 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.offload import offload
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
 __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
@@ -135,10 +137,10 @@ class SteerableRunHandle(RunHandle):
         message = Steer(check_content(content), source or MessageSource.user())
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
-        try:
-            future: Future[None] = self.ref.ask(message, block=False)
-        except ActorDeadError:
-            return _failed(SubagentError("RUN_DISPOSED"))
+        if not self.ref.is_alive():  # never Pykka's raw ActorDeadError
+            closed = self._service.closed
+            return _failed(SubagentError("RUNTIME_CLOSED" if closed else "RUN_DISPOSED"))
+        future: Future[None] = self.ref.ask(message, block=False)
         return future
 
 
@@ -243,6 +245,10 @@ class SubagentService:
         return list(self._by_parent.get(parent_id, {}).values())
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def running_peak(self) -> int:
         """The most runs that held an admission slot at once (for admission-control checks)."""
         return self._registry.running_peak
@@ -255,6 +261,11 @@ class SubagentService:
             raise TypeError("request must be a SubagentStartRequest")
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
+        if request.output_schema is not None:
+            # Walk a large schema in a thread now; admission (which reports problems in the
+            # seam's order) then finds the verdict remembered instead of walking on the hub.
+            with contextlib.suppress(UnsupportedSchemaError):
+                check_output_schema(request.output_schema, run=offload)
         parent_id = _parent_id(request.parent)
         ticket = next(self._tickets)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
@@ -405,12 +416,16 @@ class SubagentService:
         signal: Any = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.send_message(
             parent, child_id, check_content(content), source, signal
         )
 
     def interrupt(self, child_id: str, *, by: Any) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.interrupt(child_id, by=by)
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:

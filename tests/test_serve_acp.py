@@ -210,16 +210,12 @@ def test_session_params_carry_the_parents_depth_plus_one() -> None:
     class Parent:
         depth = 2
 
-    assert session_params("/tmp", Parent(), None) == {
+    assert session_params("/tmp", Parent()) == {
         "cwd": "/tmp",
         "mcpServers": [],
         "_meta": {DEPTH_META: 3},
     }
-    assert session_params("/tmp", object(), "s1") == {
-        "cwd": "/tmp",
-        "mcpServers": [],
-        "sessionId": "s1",
-    }
+    assert session_params("/tmp", object()) == {"cwd": "/tmp", "mcpServers": []}
 
 
 def _relay(request: ModelRequest) -> S.Step:
