@@ -73,7 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import gevent
 
     # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
-    terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
+    # A command that stops gracefully on SIGTERM itself (the servers) says so.
+    terminate = None
+    if not getattr(args, "handles_sigterm", False):
+        terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
     try:
         return fn(args)
     except KeyboardInterrupt:
@@ -93,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"subagent: error: {_one_line(message) or type(exc).__name__}\n")
         return EXIT_ERROR
     finally:
-        terminate.cancel()
+        if terminate is not None:
+            terminate.cancel()
 
 
 def _one_line(message: str) -> str:

@@ -46,7 +46,8 @@ def _add(sub: Any, name: str, help_text: str) -> None:
     serve.add_argument(
         "--max-depth", type=non_negative_int, metavar="D", help="the delegation depth cap (3)"
     )
-    serve.set_defaults(fn=cmd_serve)
+    # The server stops gracefully on SIGTERM (children cancelled, logs closed), then exits 143.
+    serve.set_defaults(fn=cmd_serve, handles_sigterm=True)
 
 
 def register(sub: Any) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+from collections.abc import Callable
 from typing import Literal
 
 import gevent
@@ -16,8 +18,34 @@ __all__ = ["serve"]
 log = logging.getLogger(__name__)
 
 
+class _Signals:
+    """First SIGTERM/SIGINT: a graceful stop (cancel, close every child, flush the logs). A
+    second one: SIGKILL the external agents' process groups and exit at once."""
+
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self._stop = stop
+        self.received: int | None = None
+        self._watchers = [
+            gevent.signal_handler(s, self._on_signal, s) for s in (signal.SIGTERM, signal.SIGINT)
+        ]
+
+    def _on_signal(self, signum: int) -> None:
+        if self.received is not None:
+            from providers.acp_process import kill_all_groups
+
+            kill_all_groups()
+            os._exit(128 + signum)
+        self.received = signum
+        self._stop()
+
+    def cancel(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+
+
 def serve(kind: Literal["mcp", "acp"], config: ServeConfig) -> int:
-    """Serve one client on stdin/stdout until it hangs up (or SIGTERM/SIGINT); returns 0."""
+    """Serve one client on stdin/stdout until it hangs up (0) or a signal stops it (128 + its
+    number, after the same graceful teardown)."""
     pipes = claim_stdio()
     server: object
     if kind == "mcp":
@@ -32,11 +60,10 @@ def serve(kind: Literal["mcp", "acp"], config: ServeConfig) -> int:
         served = build_served(config, fork=True, child_options=False)
         server = acp = AcpAgentServer(served, pipes)
         stop, run = acp.stop, acp.serve
-    watchers = [gevent.signal_handler(s, stop) for s in (signal.SIGTERM, signal.SIGINT)]
+    signals = _Signals(stop)
     log.info("subagent %s: serving on stdio with %r", kind, server)
     try:
         run()
     finally:
-        for watcher in watchers:
-            watcher.cancel()
-    return 0
+        signals.cancel()
+    return 0 if signals.received is None else 128 + signals.received
