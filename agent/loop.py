@@ -28,15 +28,25 @@ from typing import Any
 import gevent
 from gevent.event import Event as GEvent
 
+from agent import tracing
 from agent.history import history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
+from agent.usage import UsageAccount, usage_of_events
 from supervision.signal import AbortError, AbortSignal
 
-__all__ = ["AgentCore", "PendingSteer", "ToolCrash", "TurnBlocked", "TurnOutcome", "new_message_id"]
+__all__ = [
+    "BUDGET_EXCEEDED",
+    "AgentCore",
+    "PendingSteer",
+    "ToolCrash",
+    "TurnBlocked",
+    "TurnOutcome",
+    "new_message_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,9 @@ _message_ids = itertools.count(1)
 _KILL_GRACE = 1.0
 
 _NO_STEERS: list[PendingSteer] = []
+
+# The turn/end reason (and the run's stop reason) when a token budget on the chain is used up.
+BUDGET_EXCEEDED = "budget-exceeded"
 
 
 def new_message_id(prefix: str = "m") -> str:
@@ -133,8 +146,18 @@ class AgentCore:
         self.on_progress: ProgressFn | None = None
         self.history: list[dict[str, Any]] = history_from_events(log.events)
         self.turn = last_turn_number(log.events)
+        # This session's token spend (from its log) and budget; the subagent layer links it to
+        # the parent's account so a subtree's spend counts against every ancestor's budget.
+        self.usage = UsageAccount(
+            owner=session_id,
+            own=usage_of_events(log.events, log.header.seed_length),
+            limit=options.token_budget,
+        )
         self._last_header: tuple[str, list[Any]] | None = None
         self._capture: _Conclude | None = None
+        # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
+        self.trace: tracing.TraceParent | None = None
+        self._trace: tracing.TurnTrace | None = None
 
     # -- hooks for tools -------------------------------------------------------------------
 
@@ -171,6 +194,7 @@ class AgentCore:
         self.log.append("turn/start", {"turn": turn})
         self.turn = turn
         self._progress({"kind": "turn/start", "turn": turn})
+        self._trace = tracing.begin_turn(self, message, turn)
         self._log_user_message(message)
         capture = self._capture = _Conclude()
         state = _TurnState(gevent.getcurrent())
@@ -185,7 +209,9 @@ class AgentCore:
             outcome = TurnOutcome(turn, "blocked", message=str(exc) or "the turn was blocked")
         except (ModelError, ToolCrash) as exc:
             outcome = TurnOutcome(turn, "error", message=str(exc) or type(exc).__name__)
-        except OSError:
+        except OSError as exc:
+            if self._trace is not None:
+                self._trace.fault(exc)
             raise
         except Exception as exc:  # a crash in loop or adapter code: contained as `error`
             # A result, not an incident: the host sees it in the outcome (docs/decisions.md).
@@ -197,6 +223,10 @@ class AgentCore:
         if signal.aborted and outcome.reason not in ("completed", "aborted"):
             outcome = TurnOutcome(turn, "aborted", cause=_cause(signal.reason))
         self._close_turn(turn, state, outcome)
+        trace = self._trace
+        if trace is not None:
+            self._trace = None
+            trace.end(outcome)
         outcome.output = state.output()
         outcome.structured = capture.value if capture.concluded else None
         return outcome
@@ -218,6 +248,9 @@ class AgentCore:
                 raise AbortError(reason=signal.reason)
             if step >= max_steps:
                 return TurnOutcome(turn, "error", message=f"max_steps ({max_steps}) reached")
+            over = self.usage.exceeded()
+            if over is not None:
+                return TurnOutcome(turn, BUDGET_EXCEEDED, message=over.describe_exhausted())
             step += 1
             state.step = step
             log_append("step/start", {"turn": turn, "step": step})
@@ -229,7 +262,12 @@ class AgentCore:
             request = self._request(turn, step, signal)
             self.log.checkpoint("step")
             state.partial.clear()
-            response = self.model.complete(request, sink)
+            tt = self._trace
+            response = (
+                self.model.complete(request, sink)
+                if tt is None
+                else tt.chat(self.model.complete, request, sink)
+            )
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)
@@ -256,6 +294,8 @@ class AgentCore:
             )
         for steer in steers:
             self.log.append("inbox/claimed", {"message_id": steer.message_id})
+        if self._trace is not None:
+            self._trace.steers(steers)
         for steer in steers:
             steer.on_admitted()
 
@@ -323,15 +363,22 @@ class AgentCore:
             },
             "finish": response.finish,
         }
-        if response.usage:
-            data["usage"] = dict(response.usage)
+        usage = response.usage
+        if usage:
+            # The log encodes it at once and keeps no reference: no copy needed for a dict.
+            data["usage"] = usage if type(usage) is dict else dict(usage)
         self.log.append("assistant/message", data)
+        if usage:
+            self.usage.charge(usage)
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             entry["tool_calls"] = tool_calls
         self.history.append(entry)
         if self.on_progress is not None:
-            self._progress({"kind": "assistant/message", "content": content})
+            event: dict[str, Any] = {"kind": "assistant/message", "content": content}
+            if usage:
+                event["usage"] = dict(usage)
+            self._progress(event)
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -398,9 +445,15 @@ class AgentCore:
             exc = crash[0]
             raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
 
-    def _context(self, call: ToolCall, signal: AbortSignal) -> ToolContext:
+    def _context(
+        self, call: ToolCall, signal: AbortSignal, trace: tracing.TraceParent | None = None
+    ) -> ToolContext:
         return ToolContext(
-            agent=self.agent, session_id=self.session_id, call_id=call.id, signal=signal
+            agent=self.agent,
+            session_id=self.session_id,
+            call_id=call.id,
+            signal=signal,
+            trace=trace,
         )
 
     def _execute(
@@ -412,7 +465,13 @@ class AgentCore:
         signal: AbortSignal,
     ) -> None:
         try:
-            results[i] = self.tools.execute(call, self._context(call, signal))
+            tt = self._trace
+            if tt is None:
+                results[i] = self.tools.execute(call, self._context(call, signal))
+            else:
+                results[i] = tt.tool(
+                    self.tools.execute, call, lambda trace: self._context(call, signal, trace)
+                )
         except AbortError:
             pass
         except Exception as exc:  # execute() must contain tool errors: this is a defect

@@ -14,10 +14,12 @@ from typing import Any
 
 from actors.agent_actor import Agent
 from actors.agents import create_agent, resume_agent
+from agent import tracing
 from agent.log import completed_turn_prefix
 from agent.options import AgentOptions
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
 from agent.tools import Tool, ToolContext, ToolScope
+from agent.usage import child_budget
 from providers.local_run import LocalRun
 from subagent.errors import SubagentError
 from subagent.schema import check_output_schema
@@ -98,19 +100,22 @@ class InProcessProvider:
             session_id=None if continuation is None else continuation.session_id,
             seed=self.seed_for(parent),
             depth=parent.depth + 1,
+            token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
         )
         try:
             _raise_if_aborted(request.signal)
             if continuation is not None:
                 descriptor = continuation.descriptor
                 data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
+                # The first activation's traceparent rides along: a resumed one links to it.
+                event = {"descriptor": data, **tracing.carrier(request.trace)}
                 agent.actor.before_first_request = lambda: agent.core.add_event(
-                    "subagent/descriptor", {"descriptor": data}
+                    "subagent/descriptor", event
                 )
             run = LocalRun(
                 agent, request.signal, wants_structured=request.output_schema is not None
             )
-            run.begin(request.prompt, MessageSource.coordinator(parent.id))
+            run.begin(request.prompt, MessageSource.coordinator(parent.id), request.trace)
         except BaseException:
             _discard(agent)
             raise
@@ -122,13 +127,17 @@ class InProcessProvider:
         parent: Agent = request.parent
         descriptor = request.descriptor
         ctx = parent.ctx
-        options = _options_for(parent, None, descriptor.model)
+        options = _options_for(parent, None, descriptor.model).with_(
+            token_budget=child_budget(
+                getattr(parent, "usage", None), getattr(descriptor, "token_budget", None)
+            )
+        )
         tools, prompt = self._scopes(parent, descriptor.tool_filter, descriptor.persona, None)
         agent = resume_agent(ctx, request.session_id, options=options, tools=tools, prompt=prompt)
         try:
             _raise_if_aborted(request.signal)
             run = LocalRun(agent, request.signal)
-            run.begin(request.prompt, request.source)
+            run.begin(request.prompt, request.source, request.trace)
         except BaseException:
             agent.close("resume failed")
             raise
@@ -172,11 +181,14 @@ class InProcessProvider:
         session_id: str | None,
         seed: list[Mapping[str, Any]],
         depth: int,
+        token_budget: int | None = None,
     ) -> Agent:
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
-            options=_options_for(parent, options, None).with_(subagent_depth=depth),
+            options=_options_for(parent, options, None).with_(
+                subagent_depth=depth, token_budget=token_budget
+            ),
             cwd=parent.cwd,
             session_id=session_id,
             parent_session=parent.id,

@@ -20,6 +20,7 @@ from agent.loop import TurnOutcome
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
+    BUDGET_EXCEEDED,
     COMPLETED,
     ERROR,
     MAX_TOKENS,
@@ -39,6 +40,7 @@ _TURN_END_TO_STOP = {
     "aborted": ABORTED,
     "blocked": REFUSAL,
     "refusal": REFUSAL,
+    BUDGET_EXCEEDED: BUDGET_EXCEEDED,
 }
 
 
@@ -94,12 +96,16 @@ class LocalRun:
     def settled(self) -> bool:
         return self._settled
 
-    def begin(self, prompt: Sequence[Mapping[str, Any]], source: MessageSource) -> str:
-        """Queue the activation's turn; returns the accepted message id."""
+    def begin(
+        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: Any = None
+    ) -> str:
+        """Queue the activation's turn (its spans under `trace`); returns the message id."""
         # Chosen here, before the send, so the turn that answers it is recognised even if it
         # ends before the send's reply arrives, or after restored messages queued before it.
         self.message_id = "p" + os.urandom(6).hex()
-        message_id: str = self._agent.send(list(prompt), source, message_id=self.message_id).get()
+        message_id: str = self._agent.send(
+            list(prompt), source, message_id=self.message_id, trace=trace
+        ).get()
         return message_id
 
     def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:
@@ -174,11 +180,13 @@ class LocalRun:
                 diagnostic = "the child finished without a valid structured_output capture"
         if self._cancel_requested and stop != COMPLETED:
             stop = ABORTED
+        usage = dict(self._agent.usage.subtree)  # the child's and its descendants' tokens
         return SubagentResult(
             output=outcome.output,
             stop_reason=stop,
             structured=structured,
             diagnostic=None if diagnostic is None else clip_diagnostic(diagnostic),
+            extra={"usage": usage} if usage else {},
         )
 
     def _settle(self, result: SubagentResult) -> None:

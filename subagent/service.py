@@ -25,6 +25,7 @@ from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.schema import UnsupportedSchemaError, check_output_schema
@@ -72,6 +73,7 @@ class RunHandle:
         self._ended = False
         self._disposed = False
         self.ref: Any = None
+        self._trace: Any = None  # the activation's span (agent.tracing.Activation), if tracing
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} provider={self.provider} run_id={self.run_id}>"
@@ -88,6 +90,13 @@ class RunHandle:
     @property
     def settled(self) -> bool:
         return self._ended
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """Tokens the child and its descendants spent so far (`agent.usage` keys); `{}` when
+        the provider cannot see them (a remote child)."""
+        agent = self.local_agent
+        return {} if agent is None else dict(agent.usage.subtree)
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
@@ -122,6 +131,8 @@ class RunHandle:
         if self._ended:
             return
         self._ended = True
+        if self._trace is not None:
+            self._trace.end(outcome)
         self._service._emit_end(self, outcome)
         if isinstance(outcome, BaseException):
             self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
@@ -224,6 +235,34 @@ class SubagentService:
         # Attached before the child's first turn runs, so a UI sees every event of it.
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
+        self._account_for(agent)
+
+    def _account_for(self, agent: Any) -> None:
+        """Link a new agent's usage account under its parent's (a subtree's spend counts
+        against every ancestor's budget) and have a used-up budget cancel its descendants."""
+        account = agent.usage
+        parent = self._ctx.agents.get(agent.header.parent_session or "")
+        if parent is not None:
+            account.attach(parent.usage)
+        if account.limit is None:
+            return
+        events = agent.log.events
+        seed_length = agent.header.seed_length
+        if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
+            # A cold resume (its own turns are in the log, not only a fork's seed): what its
+            # stored descendants spent still counts against its budget.
+            for row in self._continuation.list_descendants(agent.id):
+                account.add_subtree(row.get("usage") or {})
+        agent_id = agent.id
+        account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
+
+    def _cancel_subtree(self, agent_id: str, cause: str) -> None:
+        """Cancel every live run below `agent_id`; the agent itself ends at its next step."""
+        pending = [agent_id]
+        while pending:
+            for handle in self.runs(pending.pop()):
+                handle.cancel(cause)
+                pending.append(handle.id)
 
     def relay_progress(self, event: Mapping[str, Any]) -> None:
         """For remote providers: hand one child's progress event (tagged with its id) to the
@@ -270,7 +309,9 @@ class SubagentService:
         ticket = next(self._tickets)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
         provider, run_id = admitted
-        return self._launch(provider, run_id, ticket, parent_id, lambda: provider.start(request))
+        request, trace = telemetry.begin_start(request, name, run_id, parent_id)
+        start = provider.start
+        return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
     def resume(self, request: SubagentResumeRequest, name: str | None = None) -> RunHandle:
         """The raw resume operation: dispatch a resolved request to the provider's `resume`.
@@ -292,8 +333,10 @@ class SubagentService:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
         provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        store = self._ctx.store
+        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store)
         resume = provider.resume
-        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request))
+        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 
     def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
         future = self._ref.ask(message, block=False)
@@ -323,17 +366,23 @@ class SubagentService:
         ticket: int,
         parent_id: str,
         start: Callable[[], SubagentRun],
+        trace: Any = None,
     ) -> RunHandle:
         try:
             run = start()
-        except BaseException:
+        except BaseException as exc:
             self._release(ticket)
+            if trace is not None:
+                trace.failed(exc)
             raise
         # Method presence is the capability (the seed's narrowing); a direct attribute check is
         # exact and far cheaper than a runtime-checkable Protocol `isinstance` on every start.
         cls = SteerableRunHandle if callable(getattr(run, "steer", None)) else RunHandle
         handle = cls(self, run, run_id, provider.name, parent_id)
         handle._ticket = ticket
+        if trace is not None:
+            handle._trace = trace
+            trace.published(run.id)
         try:
             supervisor = self._supervisor_for(parent_id)
             handle.ref = RunActor.start(run, handle._on_settled)
@@ -352,7 +401,10 @@ class SubagentService:
             else:
                 run.dispose()
             self._release(ticket)
-            raise SubagentError("START_FAILED", "the parent is shutting down") from None
+            failure = SubagentError("START_FAILED", "the parent is shutting down")
+            if trace is not None:
+                trace.failed(failure)
+            raise failure from None
         self._live[run_id] = handle
         self._by_parent.setdefault(parent_id, {})[run_id] = handle
         agent = run.local_agent
@@ -386,6 +438,9 @@ class SubagentService:
             event["failure"] = f"{type(outcome).__name__}: {outcome}"
         else:
             event["stop_reason"] = outcome.stop_reason
+            usage = outcome.extra.get("usage")
+            if usage:
+                event["usage"] = dict(usage)
             if outcome.output:
                 event["last_assistant_message"] = list(outcome.output)
         self._live.pop(handle.run_id, None)

@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from subagent import telemetry
 from subagent.cli import demo, gc, listing, run, send, serve
 from subagent.cli.common import (
     EXIT_ERROR,
@@ -78,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handles_sigterm", False):
         terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
     try:
+        telemetry.configure_from_env()  # OTEL_TRACES_EXPORTER etc. (docs/tracing.md)
         return fn(args)
     except KeyboardInterrupt:
         reap_external_children()
@@ -98,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if terminate is not None:
             terminate.cancel()
+        telemetry.flush()
 
 
 def _one_line(message: str) -> str:

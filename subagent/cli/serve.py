@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from subagent.cli.common import UsageError, home_dir, non_negative_int
+from subagent.cli.common import (
+    UsageError,
+    home_dir,
+    model_registry,
+    model_route,
+    non_negative_int,
+)
 
 __all__ = ["cmd_serve", "register"]
 
@@ -29,7 +35,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # a bad flag, config file or ACP command: exit 2, like argparse
         raise UsageError(str(exc)) from None
-    return serve(args.command, config)
+    # The same model routes as `run` (`--model anthropic:NAME`, `openai:NAME` or a bare NAME).
+    route = None
+    if config.model:
+        prefix, name = model_route(config.model)
+        route = f"{prefix}:{name}"
+    models = model_registry(argparse.Namespace(base_url=config.base_url, model=config.model))
+    return serve(args.command, config, models=models, route=route)
 
 
 def _add(sub: Any, name: str, help_text: str) -> None:

@@ -10,6 +10,7 @@ from typing import Literal
 
 import gevent
 
+from agent.models import ModelRegistry
 from subagent.serve.stdio import claim_stdio
 from subagent.serve.wiring import ServeConfig, build_served
 
@@ -43,7 +44,13 @@ class _Signals:
             watcher.cancel()
 
 
-def serve(kind: Literal["mcp", "acp"], config: ServeConfig) -> int:
+def serve(
+    kind: Literal["mcp", "acp"],
+    config: ServeConfig,
+    *,
+    models: ModelRegistry | None = None,
+    route: str | None = None,
+) -> int:
     """Serve one client on stdin/stdout until it hangs up (0) or a signal stops it (128 + its
     number, after the same graceful teardown)."""
     pipes = claim_stdio()
@@ -51,13 +58,13 @@ def serve(kind: Literal["mcp", "acp"], config: ServeConfig) -> int:
     if kind == "mcp":
         from subagent.serve.mcp_server import McpServer
 
-        served = build_served(config, fork=False, child_options=True)
+        served = build_served(config, fork=False, child_options=True, models=models, route=route)
         server = mcp = McpServer(served, pipes)
         stop, run = mcp.stop, mcp.serve
     else:
         from subagent.serve.acp_agent import AcpAgentServer
 
-        served = build_served(config, fork=True, child_options=False)
+        served = build_served(config, fork=True, child_options=False, models=models, route=route)
         server = acp = AcpAgentServer(served, pipes)
         stop, run = acp.stop, acp.serve
     signals = _Signals(stop)

@@ -28,9 +28,9 @@ __all__ = [
     "Served",
     "acp_config_from_flag",
     "build_served",
+    "default_models",
     "load_config",
     "merge_flags",
-    "model_registry",
 ]
 
 _PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,40}$")
@@ -38,8 +38,9 @@ _RESERVED = frozenset({"spawn", "fork", "ray"})
 _FILE_KEYS = frozenset({"model", "base_url", "max_depth", "home", "acp", "ray"})
 
 
-def model_registry(base_url: str | None = None) -> ModelRegistry:
-    """The `openai` route, at `base_url` when given (else $OPENAI_BASE_URL or OpenAI)."""
+def default_models(base_url: str | None = None) -> ModelRegistry:
+    """The `openai` route at `base_url` (else $OPENAI_BASE_URL or OpenAI): for library callers.
+    The CLI passes its own registry (`subagent.cli.common.model_registry`), the same as `run`."""
     from agent.models.openai import OpenAIModel
 
     models = ModelRegistry()
@@ -190,11 +191,20 @@ def _progress_relay(service: Any) -> Callable[[dict[str, Any]], None]:
     return relay
 
 
-def build_served(config: ServeConfig, *, fork: bool, child_options: bool) -> Served:
+def build_served(
+    config: ServeConfig,
+    *,
+    fork: bool,
+    child_options: bool,
+    models: ModelRegistry | None = None,
+    route: str | None = None,
+) -> Served:
     """The runtime with spawn (continuable), optional fork, the ACP agents and Ray.
 
     `child_options=True` pins the children's model in the tool configs (the MCP root agent stands
-    in for the client and runs no model of its own worth inheriting).
+    in for the client and runs no model of its own worth inheriting). `route` is the agents'
+    model route (`prefix:name`; default `openai:<config.model>`, or the offline model), served
+    by `models` (default `default_models(config.base_url)`).
     """
     from agent.models.scripted import ScriptedModel
     from providers.acp import AcpProvider
@@ -203,10 +213,12 @@ def build_served(config: ServeConfig, *, fork: bool, child_options: bool) -> Ser
 
     root = Path(config.store_dir) if config.store_dir else default_root()
     root.mkdir(parents=True, exist_ok=True)
-    model = f"openai:{config.model}" if config.model else OFFLINE_MODEL
+    if route is None:
+        route = f"openai:{config.model}" if config.model else OFFLINE_MODEL
+    model = route
     runtime = Runtime(
         store=SessionStore(root),
-        models=model_registry(config.base_url),
+        models=models if models is not None else default_models(config.base_url),
         scripted=ScriptedModel(respond, record=False),
     )
     served = Served(runtime, [], model)

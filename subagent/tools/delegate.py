@@ -24,11 +24,13 @@ from typing import Any, Final, Literal
 
 import gevent
 
+from agent import tracing
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
+    BUDGET_EXCEEDED,
     COMPLETED,
     ERROR,
     MAX_TOKENS,
@@ -88,6 +90,8 @@ class SubagentToolConfig:
     background: BackgroundMode = "one-shot"
     # Background one-shot: tell the parent when the child settles (a `subagent-settled` message).
     notify_parent: bool = True
+    # Each child's token budget (its subtree's), clamped to what the parent has left.
+    token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider, str) or not self.provider:
@@ -105,6 +109,9 @@ class SubagentToolConfig:
             raise TypeError("persona must be a string or None")
         if self.agent_options is not None and not isinstance(self.agent_options, AgentOptions):
             raise TypeError("agent_options must be an AgentOptions or None")
+        tb = self.token_budget
+        if tb is not None and (not isinstance(tb, int) or isinstance(tb, bool) or tb < 1):
+            raise ValueError(f"token_budget must be a positive int or None, got {tb!r}")
 
     @property
     def depth_cap(self) -> int | None:
@@ -182,6 +189,7 @@ _HEADLINES: Final = {
     ERROR: "Subagent failed with an error.",
     MAX_TOKENS: "Subagent ran out of output tokens before it finished.",
     REFUSAL: "Subagent declined the task.",
+    BUDGET_EXCEEDED: "Subagent used up its token budget before it finished.",
 }
 
 _CODES: Final = {
@@ -189,6 +197,7 @@ _CODES: Final = {
     ERROR: "SUBAGENT_ERROR",
     MAX_TOKENS: "SUBAGENT_MAX_TOKENS",
     REFUSAL: "SUBAGENT_REFUSAL",
+    BUDGET_EXCEEDED: "SUBAGENT_BUDGET_EXCEEDED",
 }
 
 
@@ -250,10 +259,12 @@ class _Delegate:
         if background and self.config.background == "continuable":
             return self._continuable(agent, description, prompt, ctx)
         if background:
-            return self._one_shot(agent, description, prompt)
+            return self._one_shot(agent, description, prompt, ctx)
         return self._foreground(agent, description, prompt, ctx)
 
-    def _request(self, agent: Any, prompt: list[dict[str, Any]], signal: Any) -> Any:
+    def _request(
+        self, agent: Any, prompt: list[dict[str, Any]], signal: Any, trace: Any = None
+    ) -> Any:
         c = self.config
         return SubagentStartRequest(
             prompt=prompt,
@@ -263,6 +274,8 @@ class _Delegate:
             max_depth=c.depth_cap,
             tool_filter=c.tool_filter,
             persona=c.persona,
+            token_budget=c.token_budget,
+            trace=trace,
         )
 
     def _start(self, request: Any, description: str) -> Any:
@@ -276,7 +289,8 @@ class _Delegate:
     def _foreground(
         self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
-        handle = self._start(self._request(agent, prompt, ctx.signal), description)
+        trace = tracing.named(ctx.trace, description)
+        handle = self._start(self._request(agent, prompt, ctx.signal, trace), description)
         try:
             result: SubagentResult = handle.result.get()
         finally:
@@ -287,13 +301,16 @@ class _Delegate:
             )
         return output_text(result)
 
-    def _one_shot(self, agent: Any, description: str, prompt: list[dict[str, Any]]) -> str:
+    def _one_shot(
+        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+    ) -> str:
         tasks = agent.ctx.tasks
         if tasks is None:
             raise ToolError("background subagents need ctx.tasks", code="CONTINUATION_UNAVAILABLE")
         # The child outlives this call, so it gets its own signal; the task's kill aborts it.
         controller = AbortController()
-        handle = self._start(self._request(agent, prompt, controller.signal), description)
+        trace = tracing.named(ctx.trace, description)
+        handle = self._start(self._request(agent, prompt, controller.signal, trace), description)
         task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
         gevent.spawn(self._watch, agent, handle, task.id, description)
         return (
@@ -331,7 +348,7 @@ class _Delegate:
     def _continuable(
         self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
-        request = self._request(agent, prompt, ctx.signal)
+        request = self._request(agent, prompt, ctx.signal, tracing.named(ctx.trace, description))
         try:
             started = self.service.start_continuable(
                 self.config.provider, request, label=description
@@ -356,6 +373,7 @@ def subagent_tool(service: Any, config: SubagentToolConfig, *, name: str | None 
         ("max_depth", config.depth_cap is not None, caps.depth_limit),
         ("tool_filter", config.tool_filter is not None, caps.tool_filter),
         ("persona", config.persona is not None, caps.persona),
+        ("token_budget", config.token_budget is not None, caps.token_budget),
     ]
     missing = [what for what, wanted, has in needs if wanted and not has]
     if missing:
