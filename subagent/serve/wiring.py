@@ -244,7 +244,8 @@ def build_served(
             runtime.subagents.register(AcpProvider(replace(acp, on_progress=relay)))
             served.tools.append(SubagentToolConfig(acp.name, max_depth=PROVIDER_MANAGED))
         if config.ray is not None:
-            from providers.ray import RayConfig, RayProvider
+            from providers.ray import RayProvider
+            from subagent.ray_config import RayConfig
 
             settings = dict(config.ray)
             settings.setdefault("store_dir", str(root))
