@@ -30,7 +30,14 @@ from gevent.event import Event as GEvent
 
 from agent.history import history_from_events, last_turn_number
 from agent.log import SessionLog
-from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
+from agent.model import (
+    ModelAdapter,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    without_lone_surrogates,
+)
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
@@ -228,7 +235,7 @@ class AgentCore:
             request = self._request(turn, step, signal)
             self.log.checkpoint("step")
             state.partial.clear()
-            response = self.model.complete(request, sink)
+            response = without_lone_surrogates(self.model.complete(request, sink))
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)
