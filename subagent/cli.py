@@ -196,6 +196,7 @@ def _report_stopped(console: Any, stopped: list[str] | None) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from agent.store import SessionStore
     from subagent.demo import Demo
 
     console = _console()
@@ -207,7 +208,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         root = Path(tempfile.mkdtemp(prefix="subagent-demo-")) / "sessions"
         note = f"{root} (temporary directory; pass --home DIR or set $SUBAGENT_HOME to choose)"
-    root.mkdir(parents=True, exist_ok=True)
+    SessionStore(root).ensure_root()
     started = time.monotonic()
     demo = Demo(str(root), children=args.children, seed=args.seed, hold=args.hold)
     console.print(f"subagent demo: {args.children} children, seed {args.seed}")
@@ -247,8 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.acp and not args.model:
         raise CliError("run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp")
     console = _console()
-    root_dir = _store_root(args)
-    root_dir.mkdir(parents=True, exist_ok=True)
+    root_dir = SessionStore(_store_root(args)).ensure_root()
     relay = {"prompt": args.prompt}
 
     def relay_model(request: Any) -> Any:
@@ -365,6 +365,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows = _rows(store, lambda service: service.list_children(args.parent))
         if args.json:
             _print_json(rows)
+            _note_unreadable(store)
             return 0
         table = Table(title=f"children of {args.parent}", title_justify="left")
         for col in ("id", "label", "mode", "status", "depth", "created", "children"):
@@ -380,26 +381,74 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "yes" if r.get("has_children") else "",
             )
     else:
-        headers = store.list()
-        kids: dict[str, int] = {}
-        for h in headers:
-            if h.parent_session:
-                kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
-        rows = [
-            {"id": h.id, "created_at": h.created_at, "cwd": h.cwd, "children": kids.get(h.id, 0)}
-            for h in headers
-            if h.origin != "subagent"
-        ]
+        rows = _root_rows(store)
         if args.json:
             _print_json(rows)
             return 0
         table = Table(title=f"root sessions in {store.root}", title_justify="left")
-        for col in ("id", "created", "children", "cwd"):
+        for col in ("id", "status", "created", "children", "cwd"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["id"], _when(r["created_at"]), str(r["children"]), r["cwd"])
+            created = "-" if r["created_at"] is None else _when(r["created_at"])
+            table.add_row(r["id"], r["status"], created, str(r["children"]), r["cwd"] or "-")
     _console().print(table)
+    if args.parent:
+        _note_unreadable(store)
     return 0
+
+
+def _root_rows(store: Any) -> list[dict[str, Any]]:
+    """Root sessions, plus what a listing by parent can never show: children whose parent is
+    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
+    headers, unreadable = store.census()
+    ids = {h.id for h in headers}
+    kids: dict[str, int] = {}
+    for h in headers:
+        if h.parent_session:
+            kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
+    rows: list[dict[str, Any]] = []
+    for h in headers:
+        if h.origin == "subagent" and h.parent_session in ids:
+            continue
+        if h.origin == "subagent":
+            status = f"orphaned (parent {h.parent_session} is gone)"
+        else:
+            status = "running elsewhere" if store.is_held(h.id) else "stored"
+        rows.append(
+            {
+                "id": h.id,
+                "status": status,
+                "created_at": h.created_at,
+                "cwd": h.cwd,
+                "children": kids.get(h.id, 0),
+            }
+        )
+    for bad in unreadable:
+        rows.append(
+            {
+                "id": bad.id,
+                "status": _corrupt_status(bad),
+                "created_at": None,
+                "cwd": None,
+                "children": 0,
+            }
+        )
+    return rows
+
+
+def _corrupt_status(bad: Any) -> str:
+    where = "" if bad.offset is None else f" at byte {bad.offset}"
+    return f"corrupt{where}: {bad.reason}"
+
+
+def _note_unreadable(store: Any) -> None:
+    """A listing by parent cannot place a session whose header is unreadable: say so."""
+    _headers, unreadable = store.census()
+    for bad in unreadable:
+        sys.stderr.write(
+            f"subagent: note: session {bad.id} cannot be placed in this listing: "
+            f"{_corrupt_status(bad)}\n"
+        )
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
@@ -410,6 +459,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     rows = _rows(store, lambda service: service.list_descendants(args.root))
     if args.json:
         _print_json(rows)
+        _note_unreadable(store)
         return 0
     tree = Tree(args.root)
     branches: dict[str, Any] = {args.root: tree}
@@ -418,6 +468,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
         line = f"{r['id']}  {r.get('label') or '-'}  {r.get('mode')}  {r.get('activity')}"
         branches[r["id"]] = parent.add(line)
     _console().print(tree)
+    _note_unreadable(store)
     return 0
 
 
@@ -496,6 +547,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     from agent.models import scripted as S
     from agent.options import AgentOptions
     from providers.inprocess import ForkProvider, SpawnProvider
+    from subagent.errors import SubagentError
     from subagent.runtime import Runtime
     from subagent.tools import install_subagent_tools
     from subagent.types import MessageSource
@@ -505,6 +557,12 @@ def cmd_send(args: argparse.Namespace) -> int:
     header = store.inspect(args.child).header
     if header.parent_session is None:
         raise CliError(f"{args.child} is a root session, not a subagent")
+    if not store.exists(header.parent_session):
+        raise SubagentError(
+            "ORPHANED_CHILD",
+            f"the parent {header.parent_session} of {args.child} is no longer stored (deleted by "
+            f"gc?), so nobody can resume it; `subagent log {args.child}` still reads it",
+        )
     rt = Runtime(store=store, models=_models(args), scripted=S.ScriptedModel(_offline))
     try:
         rt.subagents.register(SpawnProvider())
@@ -580,6 +638,7 @@ def _session_state(store: Any, session_id: str) -> tuple[str, float | None]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from agent.events import SessionLogError
     from agent.store import SessionBusyError
 
     if args.older_than is None and not args.status and not args.all:
@@ -612,7 +671,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 row["action"] = "deleted"
             except SessionBusyError:
                 row["action"] = "skipped (in use)"
+            except (SessionLogError, OSError) as exc:  # e.g. a directory named x.session
+                row["action"] = f"skipped ({getattr(exc, 'message', None) or exc})"
         rows.append(row)
+    for name in store.clean_temporaries(dry_run=args.dry_run):
+        action = "would remove" if args.dry_run else "removed"
+        rows.append({"id": name, "status": "temporary", "age_seconds": None, "action": action})
     if args.json:
         _print_json(rows)
         return 0
@@ -622,6 +686,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     done = sum(1 for r in rows if r["action"] in ("deleted", "would delete"))
     console.print(f"{verb} {done} session(s) in {store.root}")
+    temporaries = sum(1 for r in rows if r["status"] == "temporary")
+    if temporaries:
+        verb = "would remove" if args.dry_run else "removed"
+        console.print(f"{verb} {temporaries} temporary file(s) left by interrupted creates")
     return 0
 
 

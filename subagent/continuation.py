@@ -350,11 +350,16 @@ class ContinuationManager:
             row["mode"] = mode
             row["label"] = label
             if agent is None:
-                row["activity"] = "stored"
+                row["activity"] = "running elsewhere" if self._held(child_id) else "stored"
             else:
                 row["activity"] = "running" if agent.status == "running" else "idle"
             rows.append(row)
         return rows
+
+    def _held(self, child_id: str) -> bool:
+        """Held open for writing by another process (the store's lock says so)."""
+        is_held = getattr(self._ctx.store, "is_held", None)
+        return bool(is_held(child_id)) if is_held is not None else False
 
     def _descriptor_of(
         self, child_id: str, agent: Any
