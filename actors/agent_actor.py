@@ -34,7 +34,7 @@ import gevent
 
 from actors import gevent_actor
 from actors.deferred import Deferred, rejected
-from actors.gevent_actor import GeventActor
+from actors.gevent_actor import GeventActor, GeventFuture
 from actors.local import start_local
 from agent.context import AgentContext
 from agent.log import SessionLog
@@ -416,23 +416,35 @@ class Agent:
     ) -> Any:
         """Queue a turn; the future gives the accepted message id (`message_id` if given: it
         must be unique in this session)."""
-        return self.ref.ask(
-            Send(check_content(content), source or MessageSource.user(), message_id), block=False
-        )
+        return self._ask(Send(check_content(content), source or MessageSource.user(), message_id))
 
     def steer(self, content: Any, source: MessageSource | None = None) -> Any:
-        return self.ref.ask(
-            Steer(check_content(content), source or MessageSource.user()), block=False
-        )
+        return self._ask(Steer(check_content(content), source or MessageSource.user()))
 
     def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any:
         """Abort the running turn (and the children it started); replies when idle."""
         for hook in list(self.ctx.on_agent_cancelled):
             hook(self, cause)
-        return self.ref.ask(Cancel(cause, keep_inbox), block=False)
+        return self._ask(Cancel(cause, keep_inbox))
 
     def when_idle(self) -> Any:
-        return self.ref.ask(WhenIdle(), block=False)
+        return self._ask(WhenIdle())
+
+    def _ask(self, message: Any) -> Any:
+        """Ask the actor; once it has stopped, the future fails with a `SubagentError` that says
+        why (`RUNTIME_CLOSED` after `Runtime.close()`, else `RUN_DISPOSED`), never Pykka's raw
+        `ActorDeadError`."""
+        if self._closed or not self.ref.is_alive():
+            future: GeventFuture[Any] = GeventFuture()
+            error = self._closed_error()
+            future.set_exception((type(error), error, None))
+            return future
+        return self.ref.ask(message, block=False)
+
+    def _closed_error(self) -> SubagentError:
+        if self.ctx.closed:
+            return SubagentError("RUNTIME_CLOSED", f"the runtime of agent {self.id} is closed")
+        return SubagentError("RUN_DISPOSED", f"agent {self.id} is closed")
 
     def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Receive this agent's progress events (turn, step, tool, text), tagged with its id."""

@@ -37,3 +37,6 @@ class AgentContext:
     on_agent_closing: list[Callable[[Any], None]] = field(default_factory=list)
     # Called with (agent, cause) when an agent's running turn is cancelled.
     on_agent_cancelled: list[Callable[[Any, Any], None]] = field(default_factory=list)
+    # Set by the owner (the `Runtime`) when it closes: what was live is gone for good, and a
+    # call that reaches a stopped agent is told `RUNTIME_CLOSED` rather than a raw actor error.
+    closed: bool = False

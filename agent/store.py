@@ -520,11 +520,10 @@ class SessionStore(_Store):
         return str(self._path(session_id))
 
     def exists(self, session_id: str) -> bool:
+        """Whether the id is taken: also by an entry that is not a readable session (a
+        symlink, a directory), which every read then reports as corrupt."""
         validate_session_id(session_id)
-        try:
-            return stat.S_ISREG(os.lstat(self._path(session_id)).st_mode)
-        except FileNotFoundError:
-            return False
+        return os.path.lexists(self._path(session_id))
 
     def ensure_root(self) -> Path:
         """Create the sessions directory if missing: mode 0700 whatever the umask (its files
@@ -654,7 +653,7 @@ class SessionStore(_Store):
                     continue
                 if not dry_run:
                     path.unlink()
-            except FileNotFoundError:
+            except OSError:  # gone meanwhile, or the store is read-only: nothing to do
                 continue
             removed.append(name)
         return removed

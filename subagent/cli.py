@@ -401,7 +401,7 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
     """Root sessions, plus what a listing by parent can never show: children whose parent is
     gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
     headers, unreadable = store.census()
-    ids = {h.id for h in headers}
+    ids = {h.id for h in headers} | {bad.id for bad in unreadable}
     kids: dict[str, int] = {}
     for h in headers:
         if h.parent_session:

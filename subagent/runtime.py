@@ -19,6 +19,7 @@ from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
+from subagent.errors import SubagentError
 from subagent.service import SubagentService
 from subagent.tasks import TaskService
 
@@ -91,11 +92,18 @@ class Runtime:
         **kwargs: Any,
     ) -> Agent:
         """Create a root agent (depth 0)."""
+        self._check_open()
         return create_agent(self.ctx, options=options, cwd=cwd, session_id=session_id, **kwargs)
 
     def resume_agent(self, session_id: str, *, options: AgentOptions | None = None) -> Agent:
         """Rebuild a stored agent in this runtime; it waits for its next message."""
+        self._check_open()
         return resume_agent(self.ctx, session_id, options=options)
+
+    def _check_open(self) -> None:
+        """The close guard: a closed runtime makes nothing new (it would never be released)."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED", "the runtime is closed")
 
     def _count_start(self, event: Mapping[str, Any]) -> None:
         if event["type"] != "subagent/start":
@@ -109,6 +117,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        self.ctx.closed = True
         if self._gc_freeze_every is not None:
             gc.unfreeze()  # what was frozen is collectable again once released
         self.subagents.close()

@@ -135,10 +135,10 @@ class SteerableRunHandle(RunHandle):
         message = Steer(check_content(content), source or MessageSource.user())
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
-        try:
-            future: Future[None] = self.ref.ask(message, block=False)
-        except ActorDeadError:
-            return _failed(SubagentError("RUN_DISPOSED"))
+        if not self.ref.is_alive():  # never Pykka's raw ActorDeadError
+            closed = self._service.closed
+            return _failed(SubagentError("RUNTIME_CLOSED" if closed else "RUN_DISPOSED"))
+        future: Future[None] = self.ref.ask(message, block=False)
         return future
 
 
@@ -241,6 +241,10 @@ class SubagentService:
         if parent_id is None:
             return list(self._live.values())
         return list(self._by_parent.get(parent_id, {}).values())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def running_peak(self) -> int:
@@ -405,12 +409,16 @@ class SubagentService:
         signal: Any = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.send_message(
             parent, child_id, check_content(content), source, signal
         )
 
     def interrupt(self, child_id: str, *, by: Any) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
+        if self._closed:
+            raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.interrupt(child_id, by=by)
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:

@@ -113,10 +113,11 @@ def test_a_symlinked_session_is_never_followed(tmp_path: Path, made: tuple[Path,
     (sessions(home) / f"{m.root}.session").unlink()
     os.symlink(outside, sessions(home) / f"{m.root}.session")
     store = SessionStore(sessions(home))
-    assert not store.exists(m.root)
+    assert store.exists(m.root)  # the id is taken, by something that is not a session
     assert m.root not in {h.id for h in store.list()}
     with pytest.raises(CorruptSessionError, match="symbolic link"):
         store.inspect(m.root)
+    assert "symbolic link" in one_error_line(cli("log", m.root, home=home))
     gc = cli("gc", "--all", "--json", home=home)
     assert gc.returncode == 0, gc.stderr
     rows = {r["id"]: r for r in json.loads(gc.stdout)}
@@ -133,6 +134,21 @@ def test_a_symlink_to_dev_zero_is_reported_not_read(tmp_path: Path) -> None:
     assert json.loads(proc.stdout) == [
         {"id": "zero", "status": "corrupt", "age_seconds": None, "action": "would delete"}
     ]
+
+
+def test_a_device_named_like_a_session_is_reported_not_read(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions")
+    store.ensure_root()
+    try:
+        os.mknod(store.root / "zero.session", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+    with pytest.raises(CorruptSessionError, match="not a regular file"):
+        store.inspect("zero")
+    with pytest.raises(CorruptSessionError, match="not a regular file"):
+        store.load("zero")
+    _, [bad] = store.census()
+    assert (bad.id, bad.offset) == ("zero", 0)
 
 
 def test_a_fifo_or_a_directory_named_like_a_session_never_stalls_or_aborts_gc(
