@@ -22,7 +22,7 @@ import pytest
 from gevent import subprocess as gsub
 from test_cli import REPO, Made, cli, made, one_error_line
 
-from agent.events import SessionHeader
+from agent.events import SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError, _frame
 from agent.store import TMP_GRACE, MemoryStore, SessionStore, _try_lock
 
@@ -189,6 +189,8 @@ def read_only_home(tmp_path: Path, made: tuple[Path, Made]) -> Iterator[tuple[Pa
         pytest.skip(f"cannot mount a tmpfs here: {exc}")
     try:
         home, m = copy_home(made, mount_point)
+        with open(sessions(home) / f"{m.foreground}.session", "ab") as f:
+            f.write(b"\x00\x00\x01\x00torn")  # a torn tail: loading it means a repair
         subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
         with pytest.raises(OSError):  # the mount really is read-only
             (sessions(home) / "probe").write_bytes(b"x")
@@ -215,9 +217,14 @@ def test_reading_a_read_only_store_needs_read_access_only(
     assert {r["id"] for r in json.loads(tree.stdout)} == {m.foreground, m.continuable}
     dry = cli("gc", "--all", "--dry-run", "--json", home=home)
     assert dry.returncode == 0, dry.stderr
-    assert {r["status"] for r in json.loads(dry.stdout)} == {"completed"}
+    statuses = {r["id"]: r["status"] for r in json.loads(dry.stdout)}
+    assert statuses == {m.root: "completed", m.continuable: "completed", m.foreground: "open"}
+    torn = cli("log", m.foreground, home=home)
+    assert torn.returncode == 0 and "a resume would repair it" in torn.stdout
     store = SessionStore(sessions(home))
     assert store.load(m.root).header.id == m.root  # nothing to repair: loads as is
+    with pytest.raises(SessionLogError, match="needs a repair, but its store is not writable"):
+        store.load(m.foreground)
 
 
 # -- 14: damaged headers are listed -----------------------------------------------------------
