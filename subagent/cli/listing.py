@@ -1,0 +1,225 @@
+"""`subagent ls`, `tree` and `log`: reading the session store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from subagent.cli.common import (
+    flat_text,
+    listing_rows,
+    make_console,
+    open_store,
+    print_json,
+    require_session,
+    when,
+)
+
+__all__ = ["cmd_log", "cmd_ls", "cmd_tree", "register"]
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    store = open_store(args)
+    if args.parent:
+        require_session(store, args.parent)
+        rows = listing_rows(store, lambda service: service.list_children(args.parent))
+        if args.json:
+            print_json(rows)
+            _note_unreadable(store)
+            return 0
+        table = Table(title=f"children of {args.parent}", title_justify="left")
+        for col in ("id", "label", "mode", "status", "depth", "created", "children"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(
+                r["id"],
+                str(r.get("label") or "-"),
+                str(r.get("mode")),
+                str(r.get("activity")),
+                str(r.get("depth")),
+                when(r["created_at"]),
+                "yes" if r.get("has_children") else "",
+            )
+    else:
+        rows = _root_rows(store)
+        if args.json:
+            print_json(rows)
+            return 0
+        table = Table(title=f"root sessions in {store.root}", title_justify="left")
+        for col in ("id", "status", "created", "children", "cwd"):
+            table.add_column(col)
+        for r in rows:
+            created = "-" if r["created_at"] is None else when(r["created_at"])
+            table.add_row(r["id"], r["status"], created, str(r["children"]), r["cwd"] or "-")
+    make_console().print(table)
+    if args.parent:
+        _note_unreadable(store)
+    return 0
+
+
+def _root_rows(store: Any) -> list[dict[str, Any]]:
+    """Root sessions, plus what a listing by parent can never show: children whose parent is
+    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
+    headers, unreadable = store.census()
+    ids = {h.id for h in headers} | {bad.id for bad in unreadable}
+    kids: dict[str, int] = {}
+    for h in headers:
+        if h.parent_session:
+            kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
+    rows: list[dict[str, Any]] = []
+    for h in headers:
+        if h.origin == "subagent" and h.parent_session in ids:
+            continue
+        if h.origin == "subagent":
+            status = f"orphaned (parent {h.parent_session} is gone)"
+        else:
+            status = "running elsewhere" if store.is_held(h.id) else "stored"
+        rows.append(
+            {
+                "id": h.id,
+                "status": status,
+                "created_at": h.created_at,
+                "cwd": h.cwd,
+                "children": kids.get(h.id, 0),
+            }
+        )
+    for bad in unreadable:
+        rows.append(
+            {
+                "id": bad.id,
+                "status": _corrupt_status(bad),
+                "created_at": None,
+                "cwd": None,
+                "children": 0,
+            }
+        )
+    return rows
+
+
+def _corrupt_status(bad: Any) -> str:
+    where = "" if bad.offset is None else f" at byte {bad.offset}"
+    return f"corrupt{where}: {bad.reason}"
+
+
+def _note_unreadable(store: Any) -> None:
+    """A listing by parent cannot place a session whose header is unreadable: say so."""
+    _headers, unreadable = store.census()
+    for bad in unreadable:
+        sys.stderr.write(
+            f"subagent: note: session {bad.id} cannot be placed in this listing: "
+            f"{_corrupt_status(bad)}\n"
+        )
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    from rich.tree import Tree
+
+    store = open_store(args)
+    require_session(store, args.root)
+    rows = listing_rows(store, lambda service: service.list_descendants(args.root))
+    if args.json:
+        print_json(rows)
+        _note_unreadable(store)
+        return 0
+    tree = Tree(args.root)
+    branches: dict[str, Any] = {args.root: tree}
+    for r in sorted(rows, key=lambda r: (r["depth"], r["created_at"])):
+        parent = branches.get(r["parent_id"], tree)
+        line = f"{r['id']}  {r.get('label') or '-'}  {r.get('mode')}  {r.get('activity')}"
+        branches[r["id"]] = parent.add(line)
+    make_console().print(tree)
+    _note_unreadable(store)
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from subagent.descriptor import authoritative_descriptor
+
+    store = open_store(args)
+    require_session(store, args.session)
+    loaded = store.inspect(args.session)
+    header = loaded.header
+    if args.json:
+        print_json(
+            {
+                "header": header.to_json(),
+                "events": loaded.events,
+                "needs_repair": loaded.needs_repair,
+            }
+        )
+        return 0
+    console = make_console()
+    console.print(f"session {header.id}")
+    console.print(
+        f"  created {when(header.created_at)}  cwd {header.cwd}  depth {header.delegation_depth}"
+        + (f"  parent {header.parent_session}" if header.parent_session else "")
+        + (f"  seed {header.seed_length} events" if header.seed_length else "")
+    )
+    try:
+        found = authoritative_descriptor(loaded.events, header.seed_length)
+    except Exception as exc:
+        console.print(f"  descriptor: malformed ({exc})")
+    else:
+        if found is not None:
+            data = found.to_json() if hasattr(found, "to_json") else {"unclassifiable": str(found)}
+            console.print("  descriptor: " + json.dumps(data, sort_keys=True))
+    if loaded.needs_repair:
+        console.print("  (the tail is open or torn: a resume would repair it)")
+    for event in loaded.events[header.seed_length :]:
+        kind, data = event["type"], event["data"]
+        line = _log_line(kind, data)
+        if line is not None:
+            console.print(line, markup=False)
+    return 0
+
+
+def _log_line(kind: str, data: Mapping[str, Any]) -> str | None:
+    if kind == "turn/start":
+        return f"turn {data['turn']}"
+    if kind == "turn/end":
+        extra = data.get("message") or data.get("cause")
+        return f"  end of turn {data['turn']}: {data['reason']}" + (f" ({extra})" if extra else "")
+    if kind == "step/start":
+        return f"  step {data['step']}"
+    if kind == "user/message":
+        message = data["message"]
+        return f"    user [{message['source'].get('kind')}]: {flat_text(message['content'])}"
+    if kind == "assistant/message":
+        text = flat_text(data["message"]["content"])
+        return f"    assistant ({data.get('finish')}): {text}" if text else None
+    if kind == "tool/call":
+        return f"    tool call {data['name']} {json.dumps(data['arguments'], sort_keys=True)[:160]}"
+    if kind == "tool/result":
+        flag = f" ERROR {data.get('code') or ''}".rstrip() if data.get("is_error") else ""
+        return f"    tool result {data['name']}{flag}: {flat_text(data['content'])}"
+    if kind == "subagent/descriptor":
+        return "    (descriptor recorded)"
+    if kind == "inbox/accepted":
+        return f"  inbox: accepted {data['kind']} {data['message_id']}"
+    if kind == "inbox/discarded":
+        return f"  inbox: discarded {data['message_id']} ({data.get('reason')})"
+    if kind == "session/end-seed":
+        return f"  (seeded with {data['length']} events from the parent)"
+    return None
+
+
+def register(sub: Any) -> None:
+    ls = sub.add_parser("ls", help="root sessions, or the children of PARENT")
+    ls.add_argument("parent", nargs="?")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(fn=cmd_ls)
+
+    tree = sub.add_parser("tree", help="every descendant of ROOT")
+    tree.add_argument("root")
+    tree.add_argument("--json", action="store_true")
+    tree.set_defaults(fn=cmd_tree)
+
+    log = sub.add_parser("log", help="a session's turns, steps, tools and descriptor")
+    log.add_argument("session")
+    log.add_argument("--json", action="store_true")
+    log.set_defaults(fn=cmd_log)

@@ -1,0 +1,83 @@
+"""Driving a command's work under the live tree, and what Ctrl-C does meanwhile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from subagent.cli.common import EXIT_INTERRUPTED
+
+__all__ = ["Interrupts", "drive", "report_stopped"]
+
+
+class Interrupts:
+    """First Ctrl-C: run `on_first` (cancel the tree). Second: exit at once."""
+
+    def __init__(self, on_first: Callable[[], list[str]]) -> None:
+        self.on_first = on_first
+        self.stopped: list[str] | None = None
+
+    def __enter__(self) -> Interrupts:
+        import gevent
+
+        def handler(*_args: Any) -> None:
+            if self.stopped is not None:
+                sys.stderr.write("subagent: interrupted again; exiting now\n")
+                sys.stderr.flush()
+                os._exit(EXIT_INTERRUPTED)
+            self.stopped = []
+            sys.stderr.write("subagent: interrupted; cancelling the tree (Ctrl-C again to exit)\n")
+            sys.stderr.flush()
+
+            def cancel() -> None:
+                self.stopped = self.on_first()
+
+            gevent.spawn(cancel)
+
+        self._watcher = gevent.signal_handler(signal.SIGINT, handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watcher.cancel()
+
+
+def drive(
+    console: Any,
+    tree: Any,
+    work: Callable[[], Any],
+    live: bool,
+    on_interrupt: Callable[[], list[str]],
+) -> tuple[Any, list[str] | None]:
+    """Run `work` in a greenlet under the live tree; returns its value and what Ctrl-C stopped."""
+    import gevent
+
+    with Interrupts(on_interrupt) as interrupts:
+        job = gevent.spawn(work)
+        if live and console.is_terminal:
+            from rich.live import Live
+
+            # No auto refresh: rich's refresh thread would read the tree off the hub.
+            with Live(
+                tree.render(times=True), console=console, auto_refresh=False, transient=True
+            ) as view:
+                while not job.ready():
+                    view.update(tree.render(times=True), refresh=True)
+                    job.join(timeout=0.1)
+        else:
+            # A timed join keeps a timer on the loop: with every greenlet waiting on the
+            # operator (Ctrl-C), a plain join would end in LoopExit.
+            while not job.ready():
+                job.join(timeout=0.5)
+        return job.get(), interrupts.stopped
+
+
+def report_stopped(console: Any, stopped: list[str] | None) -> None:
+    if stopped is None:
+        return
+    if stopped:
+        console.print(f"interrupted: stopped {len(stopped)} agent(s): {', '.join(stopped)}")
+    else:
+        console.print("interrupted: nothing was running")

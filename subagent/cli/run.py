@@ -1,0 +1,128 @@
+"""`subagent run`: a real root agent with the subagent tools, or a relay to an ACP agent."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from subagent.cli.common import (
+    EXIT_INTERRUPTED,
+    CliError,
+    flat_text,
+    make_console,
+    model_registry,
+    store_root,
+)
+from subagent.cli.live import drive, report_stopped
+
+__all__ = ["CLI_GC_FREEZE_EVERY", "cmd_run", "register"]
+
+# See docs/performance.md (fanout): freezing the live heap every N starts.
+CLI_GC_FREEZE_EVERY = 1_000
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent.models import scripted as S
+    from agent.options import AgentOptions
+    from agent.store import SessionStore
+    from providers.inprocess import ForkProvider, SpawnProvider
+    from subagent.cli_tree import TreeModel
+    from subagent.runtime import Runtime
+    from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
+
+    if args.acp and (args.base_url or args.model):
+        raise CliError("use either --acp or --base-url/--model, not both")
+    if not args.acp and not args.model:
+        raise CliError("run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp")
+    console = make_console()
+    root_dir = SessionStore(store_root(args)).ensure_root()  # 0700 whatever the umask
+    relay = {"prompt": args.prompt}
+
+    def relay_model(request: Any) -> Any:
+        last = request.messages[-1]
+        if last.get("role") == "tool":
+            return S.text(flat_text(last.get("content", ()), 100_000))
+        return S.tool_call("subagent", {"description": "acp task", "prompt": relay["prompt"]})
+
+    rt = Runtime(
+        store=SessionStore(root_dir),
+        models=model_registry(args),
+        scripted=S.ScriptedModel(relay_model),
+        # The CLI owns its process, so it may take the process-wide collector knob the library
+        # leaves opt-in: a wide fan-out then does not stall the hub in full collections.
+        gc_freeze_every=CLI_GC_FREEZE_EVERY,
+    )
+    try:
+        if args.acp:
+            from providers.acp import AcpConfig, AcpProvider
+
+            words = shlex.split(args.acp)
+            if not words:
+                raise CliError("--acp needs a command")
+            rt.subagents.register(AcpProvider(AcpConfig(command=words[0], args=words[1:])))
+            tools = [SubagentToolConfig("acp", name="subagent", max_depth=PROVIDER_MANAGED)]
+            options = AgentOptions(model="scripted:relay")
+        else:
+            rt.subagents.register(SpawnProvider())
+            rt.subagents.register(ForkProvider())
+            tools = [
+                SubagentToolConfig(
+                    "spawn", name="subagent", max_depth=args.max_depth, background="continuable"
+                ),
+                SubagentToolConfig("fork", name="subagent_fork", max_depth=args.max_depth),
+            ]
+            options = AgentOptions(model=f"openai:{args.model}")
+        install_subagent_tools(rt, tools=tools)
+        root = rt.agent(options=options)
+        tree = TreeModel(rt.ctx, root.id, "root")
+        tree.attach(rt.subagents, root)
+        console.print(f"session: {root.id}  store: {root_dir}")
+
+        def work() -> Any:
+            root.send(args.prompt).get()
+            while True:
+                outcome = root.when_idle().get()
+                if root.status == "idle" and all(t.settled for t in rt.tasks.list()):
+                    rt.subagents.providers()
+                    return outcome
+
+        def interrupt() -> list[str]:
+            stopped = [tree.label(n) for n in tree.running()]
+            if root.status == "running":
+                stopped.insert(0, "root")
+            root.cancel("interrupted (Ctrl-C)")
+            for task in rt.tasks.list():
+                if not task.settled:
+                    rt.tasks.kill(task.id, "interrupted (Ctrl-C)")
+            return stopped
+
+        outcome, stopped = drive(console, tree, work, not args.no_live, interrupt)
+        if tree.descendants():
+            console.print(tree.render())
+        reply = flat_text(outcome.output, 100_000) if outcome is not None else ""
+        console.print(reply or "(no output)")
+        report_stopped(console, stopped)
+        if stopped is not None:
+            return EXIT_INTERRUPTED
+        if outcome is not None and outcome.reason != "completed":
+            why = outcome.message or outcome.cause
+            raise CliError(f"the root turn ended {outcome.reason}" + (f": {why}" if why else ""))
+        return 0
+    finally:
+        rt.close()
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser("run", help="a real root agent with the subagent tools")
+    run.add_argument("prompt")
+    run.add_argument(
+        "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
+    )
+    run.add_argument("--model", help="the model name at that endpoint")
+    run.add_argument(
+        "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
+    )
+    run.add_argument("--max-depth", type=int, default=3, metavar="D")
+    run.add_argument("--no-live", action="store_true")
+    run.set_defaults(fn=cmd_run)

@@ -1,0 +1,96 @@
+"""`subagent send`: message a stored continuable child (cold resume)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from subagent.cli.common import (
+    EXIT_ERROR,
+    CliError,
+    flat_text,
+    make_console,
+    model_registry,
+    open_store,
+    print_json,
+    require_session,
+)
+
+__all__ = ["cmd_send", "register"]
+
+
+def _last_user(request: Any) -> str:
+    for message in reversed(request.messages):
+        if message.get("role") == "user":
+            return flat_text(message.get("content", ()), 2000)
+    return ""
+
+
+def _offline(request: Any) -> Any:
+    from agent.models import scripted as S
+
+    return S.text(f"(offline scripted model) received: {_last_user(request)}")
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from agent.models import scripted as S
+    from agent.options import AgentOptions
+    from providers.inprocess import ForkProvider, SpawnProvider
+    from subagent.errors import SubagentError
+    from subagent.runtime import Runtime
+    from subagent.tools import install_subagent_tools
+    from subagent.types import MessageSource
+
+    store = open_store(args)
+    require_session(store, args.child)
+    header = store.inspect(args.child).header
+    if header.parent_session is None:
+        raise CliError(f"{args.child} is a root session, not a subagent")
+    if not store.exists(header.parent_session):
+        raise SubagentError(
+            "ORPHANED_CHILD",
+            f"the parent {header.parent_session} of {args.child} is no longer stored (deleted by "
+            f"gc?), so nobody can resume it; `subagent log {args.child}` still reads it",
+        )
+    rt = Runtime(store=store, models=model_registry(args), scripted=S.ScriptedModel(_offline))
+    try:
+        rt.subagents.register(SpawnProvider())
+        rt.subagents.register(ForkProvider())
+        install_subagent_tools(rt)
+        options = AgentOptions(model=f"openai:{args.model}") if args.model else None
+        parent = rt.resume_agent(header.parent_session, options=options)
+        sent = rt.subagents.send_message(parent, args.child, args.message, MessageSource.user())
+        task = rt.tasks.wait(sent.task_id) if sent.task_id else None
+        while True:
+            parent.when_idle().get()
+            if parent.status == "idle":
+                break
+        result = {
+            "child": args.child,
+            "delivery": sent.kind,
+            "task": sent.task_id,
+            "status": task.status if task else None,
+            "output": flat_text(task.output, 100_000) if task else "",
+            "detail": task.detail if task else None,
+        }
+    finally:
+        rt.close()
+    if args.json:
+        print_json(result)
+    else:
+        console = make_console()
+        console.print(f"{args.child}: {sent.kind} (task {sent.task_id}): {result['status']}")
+        if result["detail"]:
+            console.print(str(result["detail"]), markup=False)
+        console.print(result["output"] or "(no output)", markup=False)
+    return 0 if result["status"] in (None, "completed") else EXIT_ERROR
+
+
+def register(sub: Any) -> None:
+    send = sub.add_parser("send", help="message a stored continuable child (cold resume)")
+    send.add_argument("child")
+    send.add_argument("message")
+    send.add_argument("--base-url")
+    send.add_argument("--model", help="the parent's model at --base-url (default: offline)")
+    send.add_argument("--json", action="store_true")
+    send.set_defaults(fn=cmd_send)
