@@ -358,8 +358,7 @@ class ContinuationManager:
 
     def _held(self, child_id: str) -> bool:
         """Held open for writing by another process (the store's lock says so)."""
-        is_held = getattr(self._ctx.store, "is_held", None)
-        return bool(is_held(child_id)) if is_held is not None else False
+        return bool(self._ctx.store.is_held(child_id))
 
     def _descriptor_of(
         self, child_id: str, agent: Any
