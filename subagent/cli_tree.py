@@ -4,6 +4,7 @@ The model only records what events say; rendering reads it. Both run on the geve
 the model needs no locks (rich's own refresh thread is never used: the CLI refreshes from a
 greenlet). Children are ordered by label, then id, so a finished tree renders the same way
 every time; elapsed times appear only when asked for (the live view), never in a final capture.
+Every string a model chose (labels, tool names, notes) is shown as data (`cli/text.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from subagent.cli.text import data, shown
 from subagent.tools.delegate import child_labels
 
 __all__ = ["Node", "TreeModel"]
@@ -189,17 +191,19 @@ class TreeModel:
     # -- views -------------------------------------------------------------------------------
 
     def _line(self, node: Node, times: bool) -> Text:
+        # Labels, provider names, tool names and notes can come from a model: data only.
         text = Text()
-        text.append(self.label(node), style="bold")
+        text.append(shown(self.label(node), one_line=True), style="bold")
         if node.id != self.root_id:
-            text.append(f" [{node.provider}]", style="dim")
+            text.append(f" [{shown(node.provider, one_line=True)}]", style="dim")
         text.append(" ")
-        text.append(node.status, style=_STYLES.get(node.status, "red"))
+        text.append(shown(node.status, one_line=True), style=_STYLES.get(node.status, "red"))
         text.append(f"  turn {node.turn} step {node.step}")
         if node.last_tool:
-            text.append(f"  tool {node.last_tool}", style="dim")
+            text.append(f"  tool {shown(node.last_tool, one_line=True)}", style="dim")
         if node.notes:
-            text.append("  (" + ", ".join(node.notes) + ")", style="italic")
+            notes = ", ".join(shown(n, one_line=True) for n in node.notes)
+            text.append(f"  ({notes})", style="italic")
         if times:
             text.append(f"  {self.elapsed(node):.1f}s", style="dim")
         return text
@@ -222,13 +226,13 @@ class TreeModel:
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for node in self.descendants():
             table.add_row(
-                self.label(node),
-                node.provider,
-                Text(node.status, style=_STYLES.get(node.status, "red")),
+                data(self.label(node), one_line=True),
+                data(node.provider, one_line=True),
+                data(node.status, _STYLES.get(node.status, "red"), one_line=True),
                 str(node.turn),
                 str(node.steps),
                 str(node.tools),
-                ", ".join(node.notes),
+                data(", ".join(node.notes), one_line=True),
             )
         return table
 

@@ -29,6 +29,7 @@ from agent.models import scripted as S
 from agent.store import SessionStore
 from agent.tools import Tool, ToolContext
 from providers.inprocess import ForkProvider, SpawnProvider
+from subagent.cli.quiet import Quiescence
 from subagent.cli_tree import TreeModel
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
@@ -146,18 +147,17 @@ class Demo:
 
     # -- the run -----------------------------------------------------------------------------
 
+    @property
+    def grandchildren(self) -> int:
+        """How many grandchildren the plan has (the tree shows children and grandchildren)."""
+        return sum(1 for plan in self.plans if plan.grandchild is not None)
+
     def run(self) -> None:
         """Drive the coordinator until it and every child it started are settled."""
         self.root.send(f"Coordinate {len(self.plans)} workers.").get()
-        while True:
-            self.root.when_idle().get()
-            if self.root.status == "idle" and all(t.settled for t in self.runtime.tasks.list()):
-                gevent.sleep(0)
-                if self.root.status == "idle":
-                    # A registry round trip: every lifecycle event told so far is delivered.
-                    self.runtime.subagents.providers()
-                    return
-            gevent.sleep(0.01)
+        # Wakes on events only; the barrier (a registry round trip) delivers every lifecycle
+        # event told so far before the tree is read.
+        Quiescence(self.root, self.runtime.tasks, barrier=self.runtime.subagents.providers).wait()
 
     def cancel_all(self, reason: str) -> list[str]:
         """Ctrl-C: cancel the coordinator's turn (which cancels its children) and every task."""

@@ -24,15 +24,28 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(
-    *args: str, home: Path | None = None, timeout: float = 60
+    *args: str,
+    home: Path | None = None,
+    timeout: float = 60,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    module: str = "subagent.cli",
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
-    argv = [sys.executable, "-m", "subagent.cli"]
+    """`python -m subagent.cli [--home HOME] ARGS`; stdin is empty unless given."""
+    environ = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    environ.update(env or {})
+    argv = [sys.executable, "-m", module]
     if home is not None:
         argv += ["--home", str(home)]
     # gevent's subprocess: waiting for the child must not block the hub.
     return gsub.run(
-        [*argv, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        [*argv, *args],
+        cwd=REPO,
+        env=environ,
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -164,6 +177,7 @@ def test_gc_dry_run_then_delete_by_status(tmp_path: Path, made: tuple[Path, Made
     assert len(json.loads(gone.stdout)) == len(before)
     assert list((copy / "sessions").iterdir()) == []
     assert "needs" in one_error_line(cli("gc", home=copy))
+    assert cli("gc", home=copy).returncode == 2
 
 
 # -- the demo and its interrupts ------------------------------------------------------------
@@ -183,6 +197,41 @@ def test_demo_without_a_home_uses_and_names_a_temporary_store() -> None:
     proc = cli("demo", "--children", "5")
     assert proc.returncode == 0, proc.stderr
     assert "temporary directory" in proc.stdout.splitlines()[1]
+
+
+def _demo_stores(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("subagent-demo-*"))
+
+
+def test_demo_deletes_its_temporary_store_unless_kept(tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    proc = cli("demo", "--children", "3", "--no-live", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert _demo_stores(tmp_path) == []
+    assert proc.stdout.splitlines()[-2] == "store: deleted (pass --keep to keep it)"
+    kept = cli("demo", "--children", "3", "--no-live", "--keep", env=env)
+    assert kept.returncode == 0, kept.stderr
+    [store] = _demo_stores(tmp_path)
+    assert kept.stdout.splitlines()[-2] == f"store: {store / 'sessions'}"
+    assert len(SessionStore(store / "sessions").list()) >= 4
+
+
+def test_demo_header_counts_what_the_tree_shows(tmp_path: Path) -> None:
+    proc = cli("demo", "--children", "8", "--no-live", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "subagent demo: 9 agents (8 children, 1 grandchild), seed 0"
+    start = next(i for i, line in enumerate(lines) if line.startswith("coordinator "))
+    end = lines.index("Summary")
+    assert end - start - 1 == 9  # tree lines under the coordinator
+    [counts] = [line for line in lines if line.startswith("agents: ")]
+    assert sum(int(part.split()[0]) for part in counts[8:].split(", ")) == 9
+
+
+def test_demo_help_lists_hold_and_keep() -> None:
+    proc = cli("demo", "--help")
+    assert proc.returncode == 0
+    assert "--hold" in proc.stdout and "--keep" in proc.stdout
 
 
 def test_ctrl_c_cancels_the_tree_and_reports_what_stopped(tmp_path: Path) -> None:
@@ -222,21 +271,29 @@ def test_ctrl_c_cancels_the_tree_and_reports_what_stopped(tmp_path: Path) -> Non
         ("frobnicate",),
         ("gc", "--older-than", "soon"),
         ("tree",),
+        # Bad values exit 2 like any other bad argument (issue 12, item 5).
+        ("demo", "--children", "0"),
+        ("demo", "--children", "-3"),
+        ("run", "x", "--max-depth", "-1"),
+        ("run", "x", "--acp", ""),
+        ("run", "x", "--acp", "true", "--prompt-file", "p.txt"),
+        ("run", "", "--acp", "true"),
+        ("gc",),
     ],
 )
-def test_bad_arguments_exit_non_zero_with_one_line(args: tuple[str, ...]) -> None:
+def test_bad_arguments_exit_two_with_one_line(args: tuple[str, ...]) -> None:
     proc = cli(*args)
-    assert proc.returncode == 2
-    one_error_line(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc).endswith("(see --help)")
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ("ls",),
+        ("ls", "root-1"),
         ("log", "../escape"),
-        ("demo", "--children", "0"),
-        ("run", "hello"),
+        ("tree", "nope"),
+        ("send", "nope", "hi"),
     ],
 )
 def test_errors_are_one_line_without_traceback(tmp_path: Path, args: tuple[str, ...]) -> None:
@@ -245,7 +302,7 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, args: tuple[str, 
 
 
 def test_debug_adds_the_traceback(tmp_path: Path) -> None:
-    proc = cli("--debug", "demo", "--children", "0", home=tmp_path)
+    proc = cli("--debug", "log", "nope", home=tmp_path)
     assert proc.returncode == 1 and "Traceback" in proc.stderr
 
 
@@ -263,6 +320,8 @@ def test_run_delegates_to_an_acp_child_and_prints_its_answer(tmp_path: Path) -> 
     assert any("acp task [acp] completed" in line for line in lines)
 
 
-def test_run_with_both_model_and_acp_is_one_error_line(tmp_path: Path) -> None:
-    line = one_error_line(cli("run", "x", "--acp", "true", "--model", "m", home=tmp_path))
-    assert "either --acp or --base-url/--model" in line
+def test_run_with_both_model_and_acp_is_a_usage_error(tmp_path: Path) -> None:
+    proc = cli("run", "x", "--acp", "true", "--model", "m", home=tmp_path)
+    assert "either --acp or --base-url/--model" in one_error_line(proc)
+    assert proc.returncode == 2
+    assert cli("run", "x", home=tmp_path).returncode == 2  # neither

@@ -34,3 +34,10 @@ def test_library_quick_start_runs() -> None:
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 3
     assert all(" completed " in line for line in lines)
+    # Every steer was admitted while its child still worked, and shaped its answer.
+    answers = [line.split(" completed ", 1)[1] for line in lines]
+    assert answers == [
+        "summarise A, in one line",
+        "summarise B, in French",
+        "summarise C, as a haiku",
+    ]

@@ -15,7 +15,15 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from subagent.cli import demo, gc, listing, run, send
-from subagent.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError, Parser
+from subagent.cli.common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    Parser,
+    UsageError,
+)
+from subagent.cli.text import shown
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "CliError", "build_parser", "main"]
 
@@ -23,17 +31,31 @@ __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "CliError", "build_pa
 COMMANDS = (demo, run, listing, send, gc)
 
 
+def _global_options(parser: argparse.ArgumentParser, *, default: object) -> None:
+    parser.add_argument(
+        "--home",
+        default=default,
+        help="store directory (default $SUBAGENT_HOME, else the user data dir)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="tracebacks and library logging on stderr",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="subagent", description="Delegate work to child agents and watch them.")
-    parser.add_argument(
-        "--home", help="store directory (default $SUBAGENT_HOME, else the user data dir)"
-    )
-    parser.add_argument(
-        "--debug", action="store_true", help="tracebacks and library logging on stderr"
-    )
+    _global_options(parser, default=None)
+    parser.set_defaults(debug=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for module in COMMANDS:
         module.register(sub)
+    # The global options are accepted after the subcommand too (`subagent ls --home DIR`):
+    # there they default to SUPPRESS, so an absent one leaves the value given before it.
+    for command in sub.choices.values():
+        _global_options(command, default=argparse.SUPPRESS)
     return parser
 
 
@@ -50,12 +72,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("subagent: interrupted\n")
         return EXIT_INTERRUPTED
+    except UsageError as exc:
+        sys.stderr.write(f"subagent {args.command}: error: {_one_line(str(exc))} (see --help)\n")
+        return EXIT_USAGE
     except Exception as exc:
         if args.debug:
-            traceback.print_exc()
+            # The traceback can quote model text too: it reaches the terminal escaped.
+            sys.stderr.write(shown(traceback.format_exc()))
         message = str(exc) if isinstance(exc, CliError) else f"{type(exc).__name__}: {exc}"
         if isinstance(exc, KeyError) and exc.args:
             message = f"{type(exc).__name__}: {exc.args[0]}"
-        first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-        sys.stderr.write(f"subagent: error: {first}\n")
+        sys.stderr.write(f"subagent: error: {_one_line(message) or type(exc).__name__}\n")
         return EXIT_ERROR
+
+
+def _one_line(message: str) -> str:
+    """The first line of an error message, safe for the terminal (it may quote model text)."""
+    lines = message.strip().splitlines()
+    return shown(lines[0], one_line=True) if lines else ""

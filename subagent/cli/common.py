@@ -8,7 +8,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
+
+from subagent.cli.text import DataConsole
 
 __all__ = [
     "EXIT_ERROR",
@@ -16,13 +18,18 @@ __all__ = [
     "EXIT_USAGE",
     "CliError",
     "Parser",
+    "UsageError",
+    "answer_text",
     "flat_text",
     "home_dir",
     "listing_rows",
     "make_console",
     "model_registry",
+    "non_negative_int",
     "open_store",
+    "positive_int",
     "print_json",
+    "read_prompt",
     "require_session",
     "runtime_over",
     "store_root",
@@ -35,7 +42,77 @@ EXIT_INTERRUPTED = 130
 
 
 class CliError(Exception):
-    """A user-facing failure: printed as one line."""
+    """A user-facing failure: printed as one line, exit 1."""
+
+
+class UsageError(CliError):
+    """A bad argument value found after parsing: printed like argparse's errors, exit 2."""
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1 (a bad value exits 2, like any other bad argument)."""
+    return _bounded_int(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int >= 0."""
+    return _bounded_int(text, 0)
+
+
+def _bounded_int(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    return value
+
+
+def read_prompt(value: str | None, file: str | None, what: str = "prompt") -> str:
+    """The text of a prompt given inline, as `-` (stdin), by `--prompt-file FILE`, or piped.
+
+    Prompts can be longer than the argument-list limit (~128 KiB per argument), so they may come
+    from stdin or a file; the bytes must be UTF-8. Trailing newlines (what `echo` and editors
+    add) are dropped. Giving two sources, or none, or an empty prompt is a usage error.
+    """
+    if value is not None and file is not None:
+        raise UsageError(f"give the {what} inline, as -, or with --{what}-file, not both")
+    if value is not None and value != "-":
+        text = value
+    else:
+        if value is None and file is None and (sys.stdin is None or sys.stdin.isatty()):
+            raise UsageError(f"no {what}: give it inline, as - (stdin), or with --{what}-file")
+        if file is None or file == "-":
+            text = _decode(_read_stdin(), f"the {what} on stdin")
+        else:
+            try:
+                raw = Path(file).read_bytes()
+            except OSError as exc:
+                raise CliError(f"cannot read the {what} file: {exc}") from None
+            text = _decode(raw, f"the {what} file {file}")
+        text = text.rstrip("\r\n")
+    if not text.strip():
+        raise UsageError(f"the {what} is empty")
+    return text
+
+
+def _read_stdin() -> bytes:
+    # Read before the runtime exists: nothing else runs on the hub yet, so a plain read is fine.
+    stream = sys.stdin
+    if stream is None:
+        return b""
+    try:
+        return stream.buffer.read()
+    except OSError as exc:
+        raise CliError(f"cannot read stdin: {exc}") from None
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{where} is not UTF-8 text (byte {exc.start})") from None
 
 
 class Parser(argparse.ArgumentParser):
@@ -44,22 +121,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def make_console(stream: Any = None) -> Any:
-    from rich.console import Console
-
+def make_console(stream: IO[str] | None = None) -> DataConsole:
+    """The one console every command prints through: every str on it is data (cli/text.py)."""
     stream = stream or sys.stdout
-    if stream.isatty():
-        return Console(file=stream)
-    # Scripts and tests: a fixed width and no styling, so captures are stable.
-    return Console(file=stream, width=100, no_color=True, highlight=False, soft_wrap=True)
+    return DataConsole(stream, plain=not stream.isatty())
 
 
 def home_dir(args: argparse.Namespace) -> str | None:
     return args.home or os.environ.get("SUBAGENT_HOME") or None
-
-
-# See docs/performance.md (fanout): freezing the live heap every N starts.
-CLI_GC_FREEZE_EVERY = 1_000
 
 
 def store_root(args: argparse.Namespace) -> Path:
@@ -95,6 +164,20 @@ def flat_text(content: Any, limit: int = 200) -> str:
         )
     out = out.replace("\n", " ")
     return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+def answer_text(content: Any) -> str:
+    """An answer's text blocks, whole: newlines kept, nothing cut (it is what was asked for)."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content or ():
+        if isinstance(block, dict):
+            if block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            else:
+                parts.append(f"[{block.get('type')}]")
+    return "\n".join(parts)
 
 
 def model_registry(args: argparse.Namespace) -> Any:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from subagent.cli.common import EXIT_INTERRUPTED, home_dir, make_console
+from subagent.cli.common import EXIT_INTERRUPTED, home_dir, make_console, positive_int
 from subagent.cli.live import drive, report_stopped
 
 __all__ = ["cmd_demo", "register"]
@@ -20,43 +21,69 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     console = make_console()
     home = home_dir(args)
+    temporary: Path | None = None
     if home:
         root = Path(home) / "sessions"
         where = "--home" if args.home else "$SUBAGENT_HOME"
         note = f"{root} (from {where})"
     else:
-        root = Path(tempfile.mkdtemp(prefix="subagent-demo-")) / "sessions"
-        note = f"{root} (temporary directory; pass --home DIR or set $SUBAGENT_HOME to choose)"
-    SessionStore(root).ensure_root()  # 0700 whatever the umask
-    started = time.monotonic()
-    demo = Demo(str(root), children=args.children, seed=args.seed, hold=args.hold)
-    console.print(f"subagent demo: {args.children} children, seed {args.seed}")
-    console.print(f"store: {note}")
+        # A store of its own, removed at exit unless --keep: runs do not pile up in $TMPDIR.
+        temporary = Path(tempfile.mkdtemp(prefix="subagent-demo-"))
+        root = temporary / "sessions"
+        fate = "kept (--keep)" if args.keep else "deleted at exit unless --keep"
+        note = f"{root} (temporary directory, {fate}; --home DIR or $SUBAGENT_HOME choose one)"
     try:
-        _, stopped = drive(
-            console,
-            demo.tree,
-            demo.run,
-            not args.no_live,
-            lambda: demo.cancel_all("interrupted (Ctrl-C)"),
-        )
-        console.print(demo.tree.render())
-        console.print(demo.tree.summary())
-        counts = ", ".join(f"{n} {s}" for s, n in demo.tree.counts().items())
-        console.print(f"coordinator: {demo.final_text or '(cancelled before its summary)'}")
-        console.print(f"children: {counts}")
-        report_stopped(console, stopped)
+        SessionStore(root).ensure_root()  # 0700 whatever the umask
+        started = time.monotonic()
+        demo = Demo(str(root), children=args.children, seed=args.seed, hold=args.hold)
+        try:
+            grand = demo.grandchildren
+            family = f"{args.children} children" + (
+                f", {grand} grandchild{'ren' if grand != 1 else ''}" if grand else ""
+            )
+            console.print(
+                f"subagent demo: {args.children + grand} agents ({family}), seed {args.seed}"
+            )
+            console.print(f"store: {note}")
+            _, stopped = drive(
+                console,
+                demo.tree,
+                demo.run,
+                not args.no_live,
+                lambda: demo.cancel_all("interrupted (Ctrl-C)"),
+            )
+            console.print(demo.tree.render())
+            console.print(demo.tree.summary())
+            counts = ", ".join(f"{n} {s}" for s, n in demo.tree.counts().items())
+            console.print(f"coordinator: {demo.final_text or '(cancelled before its summary)'}")
+            console.print(f"agents: {counts}")
+            report_stopped(console, stopped)
+        finally:
+            demo.close()
     finally:
-        demo.close()
-    console.print(f"store: {root}")
+        if temporary is not None and not args.keep:
+            shutil.rmtree(temporary, ignore_errors=True)
+    kept = temporary is None or args.keep
+    console.print(f"store: {root}" if kept else "store: deleted (pass --keep to keep it)")
     console.print(f"finished in {time.monotonic() - started:.2f} s")
     return EXIT_INTERRUPTED if stopped is not None else 0
 
 
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="an offline coordinator with N children and a live tree")
-    demo.add_argument("--children", type=int, default=8, metavar="N")
-    demo.add_argument("--seed", type=int, default=0, metavar="S")
+    demo.add_argument(
+        "--children", type=positive_int, default=8, metavar="N", help="children (default 8)"
+    )
+    demo.add_argument("--seed", type=int, default=0, metavar="S", help="the scenario's seed")
     demo.add_argument("--no-live", action="store_true", help="print only the final tree")
-    demo.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary store (without --home the demo deletes it at exit)",
+    )
+    demo.add_argument(
+        "--hold",
+        action="store_true",
+        help="the child the operator would cancel waits until Ctrl-C: try an interrupt",
+    )
     demo.set_defaults(fn=cmd_demo)

@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any
 
-from subagent.cli.common import CliError, make_console, open_store, print_json
+from subagent.cli.common import UsageError, make_console, open_store, print_json
 
 __all__ = ["GC_STATUSES", "cmd_gc", "register"]
 
@@ -57,7 +57,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from agent.store import SessionBusyError
 
     if args.older_than is None and not args.status and not args.all:
-        raise CliError("gc needs --older-than, --status or --all (add --dry-run to preview)")
+        raise UsageError("gc needs --older-than, --status or --all (add --dry-run to preview)")
     store = open_store(args)
     now = time.time()
     rows: list[dict[str, Any]] = []

@@ -15,6 +15,7 @@ from subagent.cli.common import (
     open_store,
     print_json,
     require_session,
+    store_root,
     when,
 )
 
@@ -24,7 +25,9 @@ __all__ = ["cmd_log", "cmd_ls", "cmd_tree", "register"]
 def cmd_ls(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    store = open_store(args)
+    root = store_root(args)
+    # A store nobody wrote yet (no directory) holds no roots: `ls` lists nothing, rc 0.
+    store = open_store(args) if args.parent or root.is_dir() else None
     if args.parent:
         require_session(store, args.parent)
         rows = listing_rows(store, lambda service: service.list_children(args.parent))
@@ -46,11 +49,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "yes" if r.get("has_children") else "",
             )
     else:
-        rows = _root_rows(store)
+        rows = _root_rows(store) if store is not None else []
         if args.json:
             print_json(rows)
             return 0
-        table = Table(title=f"root sessions in {store.root}", title_justify="left")
+        table = Table(title=f"root sessions in {root}", title_justify="left")
         for col in ("id", "status", "created", "children", "cwd"):
             table.add_column(col)
         for r in rows:
@@ -174,7 +177,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         kind, data = event["type"], event["data"]
         line = _log_line(kind, data)
         if line is not None:
-            console.print(line, markup=False)
+            console.print(line)
     return 0
 
 

@@ -9,12 +9,16 @@ from typing import Any
 from subagent.cli.common import (
     EXIT_INTERRUPTED,
     CliError,
-    flat_text,
+    UsageError,
+    answer_text,
     make_console,
     model_registry,
+    non_negative_int,
+    read_prompt,
     store_root,
 )
 from subagent.cli.live import drive, report_stopped
+from subagent.cli.quiet import Quiescence
 
 __all__ = ["CLI_GC_FREEZE_EVERY", "cmd_run", "register"]
 
@@ -31,19 +35,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     from subagent.runtime import Runtime
     from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
 
-    if args.acp and (args.base_url or args.model):
-        raise CliError("use either --acp or --base-url/--model, not both")
-    if not args.acp and not args.model:
-        raise CliError("run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp")
+    if args.acp is not None and (args.base_url or args.model):
+        raise UsageError("use either --acp or --base-url/--model, not both")
+    if args.acp is None and not args.model:
+        raise UsageError(
+            "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp"
+        )
+    words = shlex.split(args.acp) if args.acp is not None else []
+    if args.acp is not None and not words:
+        raise UsageError("--acp needs a command")
+    prompt = read_prompt(args.prompt, args.prompt_file)
     console = make_console()
     root_dir = SessionStore(store_root(args)).ensure_root()  # 0700 whatever the umask
-    relay = {"prompt": args.prompt}
+    # The ACP relay's one delegation: its error, if the child could not answer.
+    relay_failure: list[str] = []
 
     def relay_model(request: Any) -> Any:
         last = request.messages[-1]
         if last.get("role") == "tool":
-            return S.text(flat_text(last.get("content", ()), 100_000))
-        return S.tool_call("subagent", {"description": "acp task", "prompt": relay["prompt"]})
+            text = answer_text(last.get("content", ()))
+            if last.get("is_error"):
+                relay_failure.append(text)
+            return S.text(text)
+        return S.tool_call("subagent", {"description": "acp task", "prompt": prompt})
 
     rt = Runtime(
         store=SessionStore(root_dir),
@@ -54,12 +68,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         gc_freeze_every=CLI_GC_FREEZE_EVERY,
     )
     try:
-        if args.acp:
+        if words:
             from providers.acp import AcpConfig, AcpProvider
 
-            words = shlex.split(args.acp)
-            if not words:
-                raise CliError("--acp needs a command")
             rt.subagents.register(AcpProvider(AcpConfig(command=words[0], args=words[1:])))
             tools = [SubagentToolConfig("acp", name="subagent", max_depth=PROVIDER_MANAGED)]
             options = AgentOptions(model="scripted:relay")
@@ -80,12 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"session: {root.id}  store: {root_dir}")
 
         def work() -> Any:
-            root.send(args.prompt).get()
-            while True:
-                outcome = root.when_idle().get()
-                if root.status == "idle" and all(t.settled for t in rt.tasks.list()):
-                    rt.subagents.providers()
-                    return outcome
+            root.send(prompt).get()
+            return Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
 
         def interrupt() -> list[str]:
             stopped = [tree.label(n) for n in tree.running()]
@@ -100,7 +107,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         outcome, stopped = drive(console, tree, work, not args.no_live, interrupt)
         if tree.descendants():
             console.print(tree.render())
-        reply = flat_text(outcome.output, 100_000) if outcome is not None else ""
+        if relay_failure and stopped is None:
+            # The relay only carries the ACP agent's answer: without one the command failed.
+            raise CliError(relay_failure[0])
+        reply = answer_text(outcome.output) if outcome is not None else ""
         console.print(reply or "(no output)")
         report_stopped(console, stopped)
         if stopped is not None:
@@ -115,7 +125,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     run = sub.add_parser("run", help="a real root agent with the subagent tools")
-    run.add_argument("prompt")
+    run.add_argument(
+        "prompt",
+        nargs="?",
+        help="the task; - reads it from stdin, as does a pipe when PROMPT is left out",
+    )
+    run.add_argument(
+        "--prompt-file", metavar="FILE", help="read the task from FILE (UTF-8; - for stdin)"
+    )
     run.add_argument(
         "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
     )
@@ -123,6 +140,12 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
     )
-    run.add_argument("--max-depth", type=int, default=3, metavar="D")
-    run.add_argument("--no-live", action="store_true")
+    run.add_argument(
+        "--max-depth",
+        type=non_negative_int,
+        default=3,
+        metavar="D",
+        help="how deep delegation may go (default 3)",
+    )
+    run.add_argument("--no-live", action="store_true", help="print only the final tree")
     run.set_defaults(fn=cmd_run)

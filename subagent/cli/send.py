@@ -8,11 +8,13 @@ from typing import Any
 from subagent.cli.common import (
     EXIT_ERROR,
     CliError,
+    answer_text,
     flat_text,
     make_console,
     model_registry,
     open_store,
     print_json,
+    read_prompt,
     require_session,
 )
 
@@ -41,6 +43,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     from subagent.tools import install_subagent_tools
     from subagent.types import MessageSource
 
+    message = read_prompt(args.message, args.message_file, "message")
     store = open_store(args)
     require_session(store, args.child)
     header = store.inspect(args.child).header
@@ -59,7 +62,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         install_subagent_tools(rt)
         options = AgentOptions(model=f"openai:{args.model}") if args.model else None
         parent = rt.resume_agent(header.parent_session, options=options)
-        sent = rt.subagents.send_message(parent, args.child, args.message, MessageSource.user())
+        sent = rt.subagents.send_message(parent, args.child, message, MessageSource.user())
         task = rt.tasks.wait(sent.task_id) if sent.task_id else None
         while True:
             parent.when_idle().get()
@@ -70,7 +73,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             "delivery": sent.kind,
             "task": sent.task_id,
             "status": task.status if task else None,
-            "output": flat_text(task.output, 100_000) if task else "",
+            "output": answer_text(task.output) if task else "",
             "detail": task.detail if task else None,
         }
     finally:
@@ -81,15 +84,20 @@ def cmd_send(args: argparse.Namespace) -> int:
         console = make_console()
         console.print(f"{args.child}: {sent.kind} (task {sent.task_id}): {result['status']}")
         if result["detail"]:
-            console.print(str(result["detail"]), markup=False)
-        console.print(result["output"] or "(no output)", markup=False)
+            console.print(str(result["detail"]))
+        console.print(result["output"] or "(no output)")
     return 0 if result["status"] in (None, "completed") else EXIT_ERROR
 
 
 def register(sub: Any) -> None:
     send = sub.add_parser("send", help="message a stored continuable child (cold resume)")
     send.add_argument("child")
-    send.add_argument("message")
+    send.add_argument(
+        "message", nargs="?", help="- reads it from stdin, as does a pipe when left out"
+    )
+    send.add_argument(
+        "--message-file", metavar="FILE", help="read the message from FILE (UTF-8; - for stdin)"
+    )
     send.add_argument("--base-url")
     send.add_argument("--model", help="the parent's model at --base-url (default: offline)")
     send.add_argument("--json", action="store_true")

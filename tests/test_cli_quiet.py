@@ -1,0 +1,103 @@
+"""`subagent run` (and the demo) wait for background children on events, not by spinning
+(issue 12, item 4): while a child works, the wait does not wake up at all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import gevent
+import pytest
+from gevent.event import Event
+from seam_kit import wait_until
+
+from agent.model import ModelRequest
+from agent.models import scripted as S
+from agent.store import SessionStore
+from providers.inprocess import SpawnProvider
+from subagent.cli.quiet import Quiescence
+from subagent.runtime import Runtime
+from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+
+class Scene:
+    def __init__(self, store: Path) -> None:
+        self.working = Event()  # the child is inside its model call
+        self.release = Event()  # the test lets it answer
+        self.model = S.ScriptedModel(self._child)
+        # Continuable children need a persistent store, as under `subagent run`.
+        self.rt = Runtime(store=SessionStore(store), scripted=self.model)
+        self.rt.subagents.register(SpawnProvider())
+        install_subagent_tools(
+            self.rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
+        )
+
+    def _child(self, request: ModelRequest) -> S.Step:
+        self.working.set()
+        self.release.wait()
+        return S.text("child done")
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> Iterator[Scene]:
+    s = Scene(tmp_path / "sessions")
+    try:
+        yield s
+    finally:
+        s.release.set()
+        s.rt.close()
+
+
+def _start(scene: Scene, children: int) -> tuple[object, Quiescence]:
+    calls = [
+        ("subagent", {"description": f"bg{i}", "prompt": "work", "run_in_background": True})
+        for i in range(children)
+    ]
+    scene.model.script(
+        "root", [S.tool_calls(calls), S.text("started")] + [S.text("noted")] * children
+    )
+    root = scene.rt.agent(session_id="root")
+    root.send("go").get()
+    return root, Quiescence(root, scene.rt.tasks, barrier=scene.rt.subagents.providers)
+
+
+def _let_the_hub_run(cycles: int = 300) -> None:
+    """Give a polling wait every chance to spin: hub cycles, not wall time."""
+    for _ in range(cycles):
+        gevent.sleep(0)
+
+
+def test_the_wait_sleeps_while_a_background_child_works(scene: Scene) -> None:
+    root, quiet = _start(scene, 1)
+    waiter = gevent.spawn(quiet.wait)
+    try:
+        scene.working.wait(timeout=10)
+        wait_until(lambda: root.status == "idle")  # type: ignore[attr-defined]
+        _let_the_hub_run()
+        assert not waiter.ready()
+        assert quiet.wakeups == 0
+        scene.release.set()
+        outcome = waiter.get(timeout=10)
+    finally:
+        waiter.kill()
+    assert outcome.reason == "completed"
+    # One wake-up for the settlement; the notice's turn is waited for, not polled.
+    assert quiet.wakeups == 1
+    assert all(t.settled for t in scene.rt.tasks.list())
+    assert root.status == "idle"  # type: ignore[attr-defined]
+
+
+def test_wake_ups_are_bounded_by_settlements_not_by_time(scene: Scene) -> None:
+    root, quiet = _start(scene, 3)
+    waiter = gevent.spawn(quiet.wait)
+    try:
+        wait_until(lambda: len(scene.rt.tasks.list()) == 3)
+        wait_until(lambda: root.status == "idle")  # type: ignore[attr-defined]
+        _let_the_hub_run()
+        assert quiet.wakeups == 0
+        scene.release.set()
+        waiter.get(timeout=10)
+    finally:
+        waiter.kill()
+    assert 1 <= quiet.wakeups <= 3
+    assert len(scene.rt.tasks.list()) == 3 and all(t.settled for t in scene.rt.tasks.list())
