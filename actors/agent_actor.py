@@ -367,6 +367,8 @@ class Agent:
         self.options = options
         self.created = time.time()
         self._closed = False
+        # Keyed by a token per registration, so each remover removes exactly its own entry.
+        self._progress_listeners: dict[object, Callable[[dict[str, Any]], None]] = {}
         core.agent = self
         # Same process, same thread: the handle reads the actor's state directly for status.
         self._actor, self.ref = start_local(AgentActor, core, on_closed=self._forget)
@@ -447,21 +449,32 @@ class Agent:
         return SubagentError("RUN_DISPOSED", f"agent {self.id} is closed")
 
     def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
-        """Receive this agent's progress events (turn, step, tool, text), tagged with its id."""
-        previous = self.core.on_progress
-        agent_id = self.id
+        """Receive this agent's progress events (turn, step, tool, text), tagged with its id.
 
-        def tagged(event: dict[str, Any]) -> None:
-            if previous is not None:
-                previous(event)
-            fn({**event, "agent_id": agent_id})
-
-        self.core.on_progress = tagged
+        Listeners are a collection: each call adds one entry (the same function twice is two
+        entries), and the returned remover takes out exactly that entry, once; calling it again
+        does nothing. A listener that raises is logged and the others still run."""
+        if not callable(fn):
+            raise TypeError("progress listener must be callable")
+        key = object()
+        self._progress_listeners[key] = fn
+        self.core.on_progress = self._tell_progress
 
         def remove() -> None:
-            self.core.on_progress = previous
+            listeners = self._progress_listeners
+            removed = listeners.pop(key, None) is not None
+            if removed and not listeners and self.core.on_progress == self._tell_progress:
+                self.core.on_progress = None  # no listener: the loop skips building events
 
         return remove
+
+    def _tell_progress(self, event: dict[str, Any]) -> None:
+        agent_id = self.id
+        for fn in list(self._progress_listeners.values()):
+            try:
+                fn({**event, "agent_id": agent_id})  # each its own copy: no cross-talk
+            except Exception:
+                log.exception("agent %s: progress listener raised (ignored)", self.id)
 
     def close(self, cause: Any = None) -> None:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""

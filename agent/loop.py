@@ -195,7 +195,8 @@ class AgentCore:
         except OSError:
             raise
         except Exception as exc:  # a crash in loop or adapter code: contained as `error`
-            log.exception("agent %s: turn %d crashed", self.session_id, turn)
+            # A result, not an incident: the host sees it in the outcome (docs/decisions.md).
+            log.debug("agent %s: turn %d crashed", self.session_id, turn, exc_info=True)
             outcome = TurnOutcome(turn, "error", message=f"{type(exc).__name__}: {exc}")
         finally:
             remove()

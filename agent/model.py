@@ -12,10 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from agent.jsoncheck import repair_surrogates
+from agent.jsoncheck import check_json, repair_surrogates
 from supervision.signal import AbortSignal
 
 __all__ = [
+    "MAX_ARGUMENT_DEPTH",
     "FinishReason",
     "ModelAdapter",
     "ModelError",
@@ -24,6 +25,7 @@ __all__ = [
     "ProgressSink",
     "ToolCall",
     "ToolSpec",
+    "arguments_problem",
     "without_lone_surrogates",
 ]
 
@@ -49,9 +51,69 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
+    """One tool call a model asked for.
+
+    Its arguments come from a model, so they are screened here, where every adapter makes
+    them: arguments nested more than `MAX_ARGUMENT_DEPTH` levels, or not lossless JSON (NaN,
+    an int beyond 64 bits, a tuple, a non-string key...), could not be logged, walked or
+    validated safely. They are the model's mistake, not a crash: `arguments` becomes `{}` and
+    `invalid` says why, so the tool layer answers with an `INVALID_ARGS` error result the model
+    can read and retry, and the turn goes on (docs/decisions.md).
+    """
+
     id: str
     name: str
     arguments: Mapping[str, Any]
+    # Why the model's arguments were refused before anything ran (then `arguments` is {}).
+    invalid: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.invalid is not None:
+            if not isinstance(self.invalid, str):
+                raise TypeError("ToolCall.invalid must be a str or None")
+            object.__setattr__(self, "arguments", {})
+            return
+        problem = arguments_problem(self.arguments)
+        if problem is not None:
+            object.__setattr__(self, "arguments", {})
+            object.__setattr__(self, "invalid", problem)
+
+
+# Deep enough for any real call, and well inside what the log accepts around it
+# (`agent.jsoncheck.MAX_DEPTH` counts the event's own envelope too).
+MAX_ARGUMENT_DEPTH = 128
+# A refusal names the problem without flooding the model's context.
+_MAX_PROBLEM_CHARS = 300
+
+
+def arguments_problem(arguments: Any) -> str | None:
+    """Why `arguments` cannot be a tool call's arguments, or None when they can.
+
+    Never recurses on the value's own depth, so no nesting (nor a cycle) can raise
+    `RecursionError`: the depth is measured level by level, and the lossless-JSON check runs
+    only on what is known to be shallow."""
+    if not isinstance(arguments, Mapping):
+        return f"arguments must be an object, got {type(arguments).__name__}"
+    level: list[Any] = [arguments]
+    for _ in range(MAX_ARGUMENT_DEPTH):
+        level = [
+            x
+            for container in level
+            for x in (container.values() if isinstance(container, Mapping) else container)
+            if isinstance(x, (Mapping, list))
+        ]
+        if not level:
+            break
+    else:
+        return f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    try:
+        check_json(arguments if type(arguments) is dict else dict(arguments), where="arguments")
+    except TypeError as exc:
+        text = str(exc)
+        if len(text) > _MAX_PROBLEM_CHARS:
+            text = text[: _MAX_PROBLEM_CHARS - 3] + "..."
+        return text
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +177,7 @@ def without_lone_surrogates(response: ModelResponse) -> ModelResponse:
     itself when nothing needs repair (the common case).
     """
     calls = response.tool_calls
-    probe = [response.content, [[c.id, c.name, c.arguments] for c in calls]]
+    probe = [response.content, [[c.id, c.name, c.arguments, c.invalid] for c in calls]]
     if _encodes(probe):
         return response
     content = repair_surrogates([dict(block) for block in response.content])
@@ -124,6 +186,7 @@ def without_lone_surrogates(response: ModelResponse) -> ModelResponse:
             repair_surrogates(c.id),
             repair_surrogates(c.name),
             repair_surrogates(dict(c.arguments)),
+            None if c.invalid is None else repair_surrogates(c.invalid),
         )
         for c in calls
     ]

@@ -39,7 +39,9 @@ from jsonschema.exceptions import SchemaError
 from agent.fastcheck import compile_fast_check
 from agent.model import ToolCall, ToolSpec
 from subagent.errors import SubagentError
+from subagent.schema import LARGE_SCHEMA_VALUES, more_values_than
 from subagent.types import ToolRestriction, text_block
+from supervision.offload import offload
 from supervision.signal import AbortError, AbortSignal
 
 __all__ = [
@@ -114,6 +116,7 @@ class Tool:
     # Compiled once: argument validation runs on every call.
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
     _fast_check: Callable[[Any], bool] | None = field(init=False, repr=False, compare=False)
+    _large: bool = field(init=False, repr=False, compare=False)
     _spec: ToolSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,15 +130,30 @@ class Tool:
             raise ValueError(f"tool {self.name!r}: parameters must describe an object")
         if not callable(self.fn):
             raise TypeError("tool fn must be callable")
+        large = more_values_than(self.parameters, LARGE_SCHEMA_VALUES)
         try:
-            Draft202012Validator.check_schema(self.parameters)
+            self._check_parameters()
+            fast_check = None if large else compile_fast_check(self.parameters)
         except SchemaError as exc:
             raise ValueError(
                 f"tool {self.name!r}: invalid parameters schema: {exc.message}"
             ) from exc
+        except RecursionError:
+            raise ValueError(
+                f"tool {self.name!r}: parameters schema nested too deeply to check"
+            ) from None
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
-        object.__setattr__(self, "_fast_check", compile_fast_check(self.parameters))
+        object.__setattr__(self, "_fast_check", fast_check)
+        object.__setattr__(self, "_large", large)
         object.__setattr__(self, "_spec", ToolSpec(self.name, self.description, self.parameters))
+
+    def _check_parameters(self) -> None:
+        """Raise `SchemaError` unless `parameters` is a valid Draft 2020-12 schema.
+
+        The meta-schema check costs ~0.2 ms per property; a subclass whose parameters were
+        already held to a stricter subset (the structured-output capture tool) may replace it
+        with that subset's own, linear check."""
+        Draft202012Validator.check_schema(self.parameters)
 
     def spec(self) -> ToolSpec:
         return self._spec
@@ -145,16 +163,38 @@ class Tool:
         if not isinstance(arguments, Mapping):
             return [f"arguments must be an object, got {type(arguments).__name__}"]
         instance = arguments if isinstance(arguments, dict) else dict(arguments)
-        fast = self._fast_check
-        if fast is not None and fast(instance):
-            return []  # certainly valid; jsonschema is asked only when in doubt
-        errors = sorted(self._validator.iter_errors(instance), key=lambda e: list(e.path))
+        try:
+            fast = self._fast_check
+            if fast is not None and fast(instance):
+                return []  # certainly valid; jsonschema is asked only when in doubt
+        except RecursionError:
+            return ["arguments are nested too deeply to validate"]
+        if self._large:
+            # jsonschema costs ~4-40 us per schema node it visits: on a large schema that is
+            # tens of milliseconds, so it runs in a thread while every other greenlet runs on
+            # (and a large schema has no fast check: compiling one would cost as much).
+            return offload(self._slow_errors, instance)
+        return self._slow_errors(instance)
+
+    def _slow_errors(self, instance: dict[str, Any]) -> list[str]:
+        """jsonschema's verdict: the authority (and the author of the messages)."""
+        try:
+            # Lazily, and no more than are shown: the cost of a wrong call is then bounded by
+            # the first few problems, not by how many properties the schema has.
+            found = list(
+                itertools.islice(self._validator.iter_errors(instance), _MAX_ARG_ERRORS + 1)
+            )
+        except RecursionError:
+            # Model-made arguments checked against a deeply recursive schema: still the
+            # model's problem to fix, never a crash of the turn.
+            return ["arguments are nested too deeply to validate"]
+        errors = sorted(found[:_MAX_ARG_ERRORS], key=lambda e: list(map(str, e.path)))
         out = []
-        for err in errors[:_MAX_ARG_ERRORS]:
+        for err in errors:
             where = "/".join(str(p) for p in err.path)
             out.append(f"at /{where}: {err.message}" if where else err.message)
-        if len(errors) > _MAX_ARG_ERRORS:
-            out.append(f"... and {len(errors) - _MAX_ARG_ERRORS} more")
+        if len(found) > _MAX_ARG_ERRORS:
+            out.append("... and more")
         return out
 
 
@@ -393,6 +433,10 @@ class ToolScope:
         tool = self.resolve(call.name)
         if tool is None:
             return ToolResult.error(UNKNOWN_TOOL, f"unknown tool {call.name!r}")
+        if call.invalid is not None:  # refused when the model made the call (ToolCall)
+            return ToolResult.error(
+                INVALID_ARGS, f"invalid arguments for {tool.name}: {call.invalid}"
+            )
         problems = tool.argument_errors(call.arguments)
         if problems:
             return ToolResult.error(

@@ -6,7 +6,13 @@ no `local_agent`, no start-time capabilities, no inherited context.
 
 Resume is a capability discovered with `isinstance(provider, Resumable)`. `AcpProvider` never has
 it; `ResumableAcpProvider` (built directly when you know the agent advertises `loadSession`, or
-picked by `discover_acp_provider`, which asks the agent) adds `resume` through `session/load`.
+picked by `discover_acp_provider`, which asks the agent) adds continuable children: each gets a
+session log in the parent's store (`providers.acp_log`), so the continuation service lists,
+continues, restarts and cold-resumes it (through `session/load`) like a local child.
+
+Bounded and leak-free: each handshake request has a timeout, the process we started is watched
+(a dead launcher ends the run even if its child holds stdout), the whole process group is reaped
+on every path, and the kernel kills the agent if this process dies (`PR_SET_PDEATHSIG`).
 
 Calls block the calling greenlet cooperatively (the providers-layer idiom); only `run.result` is
 a future.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,13 +30,17 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
+from agent.events import SessionHeader, SessionLogError
+from agent.store import SessionBusyError, SessionNotFoundError
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
+from providers.acp_log import AcpRecord, ChildLog, SessionStoreLike, read_record
 from providers.acp_process import ProcessGroup
 from providers.acp_rpc import (
     ConnectionClosed,
     JsonRpcConnection,
     MethodNotFound,
     RequestAborted,
+    RequestTimedOut,
     RpcError,
     StderrTail,
 )
@@ -42,6 +53,7 @@ from subagent.types import (
     MAX_TOKENS,
     REFUSAL,
     ContentBlock,
+    MessageSource,
     SubagentCapabilities,
     SubagentResult,
     SubagentResumeRequest,
@@ -55,21 +67,31 @@ __all__ = [
     "AcpConfig",
     "AcpProvider",
     "AcpRun",
+    "AgentProcessExited",
     "ResumableAcpProvider",
     "discover_acp_provider",
+    "provider_for_stored_child",
 ]
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 
-# ACP stop reason -> seam stop reason; anything unlisted is an error.
+# ACP stop reason -> seam stop reason; anything unlisted is an error. `cancelled` is `aborted`
+# only when we cancelled (and then the run already settled `aborted`): an agent that ends its
+# turn `cancelled` on its own, e.g. after a refused permission, ends `error` with a diagnostic.
 STOP_REASONS: dict[str, str] = {
     "end_turn": COMPLETED,
     "max_tokens": MAX_TOKENS,
     "refusal": REFUSAL,
     "cancelled": ABORTED,
     "max_turn_requests": ERROR,
+}
+
+# Which `session/request_permission` option each policy picks, in order of preference.
+_PERMISSION_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "allow": ("allow_once", "allow_always"),
+    "reject": ("reject_once", "reject_always"),
 }
 
 PROGRESS_KINDS = frozenset({"tool_call", "tool_call_update", "agent_thought_chunk", "plan"})
@@ -94,6 +116,38 @@ def _parent_cwd(parent: Any) -> str:
         return check_cwd(getattr(parent, "cwd", None), "parent cwd")
     except ValueError as exc:
         raise SubagentError("START_FAILED", str(exc)) from None
+
+
+def _session_params(cwd: str, parent: Any) -> dict[str, Any]:
+    """The params of `session/new` (and, with a `sessionId`, `session/load`): built in one place
+    so per-parent metadata (`_meta`) reaches both."""
+    return {"cwd": cwd, "mcpServers": []}
+
+
+def _choose_permission(policy: str, params: Any) -> dict[str, Any]:
+    """The outcome for a permission request: the policy's preferred option the agent offers.
+
+    `reject` answers with the agent's own reject option (`cancelled` is reserved for a cancelled
+    turn, and an agent may take it as one); only when none is offered does it answer `cancelled`.
+    `allow` falls back to a reject option when the agent offers no allow option.
+    """
+    options = params.get("options") if isinstance(params, dict) else None
+    by_kind: dict[str, Any] = {}
+    for option in options if isinstance(options, list) else []:
+        if isinstance(option, dict) and isinstance(option.get("kind"), str):
+            by_kind.setdefault(option["kind"], option.get("optionId"))
+    preference = _PERMISSION_PREFERENCE[policy]
+    if policy == "allow":
+        preference += _PERMISSION_PREFERENCE["reject"]
+    for kind in preference:
+        if by_kind.get(kind) is not None:
+            return {"outcome": "selected", "optionId": by_kind[kind], "kind": kind}
+    return {"outcome": "cancelled"}
+
+
+class AgentProcessExited(RuntimeError):
+    """A continuable activation lost its agent process mid-turn: an infrastructure fault, which
+    the continuation service answers with a transient restart (cold resume)."""
 
 
 def _parent_scoped_id(parent: Any) -> str:
@@ -121,22 +175,41 @@ class _Child:
         )
         self.agent_capabilities: dict[str, Any] = {}
         self._teardown: gevent.Greenlet | None = None
+        # Watches the process we started: a launcher's death must end the run even when a
+        # descendant it left behind still holds stdout open.
+        self._watcher = gevent.spawn(self._watch_leader)
 
     @staticmethod
     def _no_run_request(method: str, _params: Any) -> Any:
         if method == "session/request_permission":
-            return {"outcome": {"outcome": "cancelled"}}
+            return {"outcome": {"outcome": "cancelled"}}  # no turn is running
         raise MethodNotFound(method)
 
+    def _watch_leader(self) -> None:
+        """When the leader exits: drain what it wrote, close the connection, reap the group."""
+        self.group.wait_leader(None)
+        # The agent's last words (a final update, its answer) may still be in the pipe.
+        self.conn.closed.wait(timeout=self.config.exit_drain)
+        if self.conn.failure is None:
+            self.conn.shutdown("the agent process exited")
+        if self._teardown is None:
+            self._teardown = gevent.spawn(self._do_teardown, False)
+
+    def request(self, method: str, params: Any, signal: AbortSignal) -> Any:
+        """A handshake-phase request, bounded by `handshake_timeout`."""
+        return self.conn.request(
+            method, params, signal=signal, timeout=self.config.handshake_timeout
+        )
+
     def handshake(self, signal: AbortSignal) -> None:
-        result = self.conn.request(
+        result = self.request(
             "initialize",
             {
                 "protocolVersion": PROTOCOL_VERSION,
                 "clientCapabilities": _CLIENT_CAPABILITIES,
                 "clientInfo": {"name": "subagent-runtime", "version": "0.1.0"},
             },
-            signal=signal,
+            signal,
         )
         if not isinstance(result, dict):
             raise _StartFailure(f"initialize returned {result!r}, not an object")
@@ -173,6 +246,8 @@ class _Child:
         self.group.terminate(
             self.config.eof_grace if graceful else None, self.config.terminate_grace
         )
+        if self._watcher is not gevent.getcurrent():
+            self._watcher.kill(block=True)
         self.conn.shutdown("the agent process was torn down")
         self.stderr.greenlet.join(timeout=1.0)
         self.stderr.greenlet.kill(block=True)
@@ -185,7 +260,12 @@ class _StartFailure(Exception):
 
 
 class AcpRun(RemoteRun):
-    """One prompt turn of an external ACP agent. `result` never fails; always `dispose()`."""
+    """One prompt turn of an external ACP agent; always `dispose()`.
+
+    `result` never fails for a one-shot run. A continuable activation (one with a child log)
+    faults with `AgentProcessExited` when its agent dies mid-turn, so the continuation service
+    restarts it; every other ending is a result, recorded in the child's log first.
+    """
 
     def __init__(
         self,
@@ -194,12 +274,18 @@ class AcpRun(RemoteRun):
         session_id: str,
         signal: AbortSignal,
         on_progress: ProgressCallback | None,
+        log: ChildLog | None = None,
     ) -> None:
         super().__init__(run_id)
         self._child = child
         self.acp_session_id = session_id
         self._on_progress = on_progress
+        self._log = log
+        # A continuable activation whose agent process dies is a crash (restarted by the
+        # continuation service); a one-shot run ends `error`.
+        self._crash_is_fault = log is not None
         self._output: list[str] = []
+        self._refused: list[str] = []
         self._prompting = False
         self._disposed = Event()
         self._disposing = False
@@ -225,16 +311,25 @@ class AcpRun(RemoteRun):
             stop = reply.get("stopReason") if isinstance(reply, dict) else None
             mapped = STOP_REASONS.get(stop, ERROR) if isinstance(stop, str) else ERROR
             diagnostic = None
-            if mapped == ERROR:
+            if mapped == ABORTED:  # we did not cancel: we would have settled already
+                mapped = ERROR
+                diagnostic = "the agent ended its turn cancelled, though nobody cancelled it"
+                if self._refused:
+                    diagnostic += f"; it was refused permission for: {', '.join(self._refused)}"
+            elif mapped == ERROR:
                 diagnostic = f"the agent ended its turn with stop reason {stop!r}"
             self._settle(mapped, diagnostic)
         except RpcError as exc:
             self._settle(ERROR, self._child.diagnostic(exc))
         except ConnectionClosed as exc:
             if not self._settled:
-                self._settle(ERROR, self._child.diagnostic(exc))
+                diagnostic = self._child.diagnostic(exc)
+                if self._crash_is_fault and not exc.protocol_error:
+                    self._crash(diagnostic)
+                else:
+                    self._settle(ERROR, diagnostic)
         except Exception as exc:  # a crash here must still resolve the result
-            log.exception("acp run %s: turn failed", self._id)
+            log.debug("acp run %s: turn failed", self._id, exc_info=True)  # a result: debug
             self._settle(ERROR, f"internal error: {exc!r}")
         finally:
             self._prompting = False
@@ -244,7 +339,27 @@ class AcpRun(RemoteRun):
             return
         text = "".join(self._output)
         output = [{"type": "text", "text": text}] if text else []
+        self._record(output, stop_reason, diagnostic)
         self._resolve(SubagentResult(output=output, stop_reason=stop_reason, diagnostic=diagnostic))
+
+    def _crash(self, diagnostic: str) -> None:
+        if self._settled:
+            return
+        text = "".join(self._output)
+        self._record([{"type": "text", "text": text}] if text else [], ERROR, diagnostic)
+        self._fault(AgentProcessExited(f"the ACP agent process died mid-turn: {diagnostic}"))
+
+    def _record(
+        self, output: list[dict[str, Any]], stop_reason: str, diagnostic: str | None
+    ) -> None:
+        """End the activation's turn in the child's log (continuable runs only), before settling:
+        whoever sees the result may resume the child at once."""
+        if self._log is None:
+            return
+        try:
+            self._log.finish(output, stop_reason, diagnostic)
+        except Exception:
+            log.exception("acp run %s: recording the turn's end failed", self._id)
 
     def _cancel(self, why: str) -> None:
         was_prompting = self._prompting and not self._settled
@@ -258,16 +373,16 @@ class AcpRun(RemoteRun):
     def _on_request(self, method: str, params: Any) -> Any:
         if method != "session/request_permission":
             raise MethodNotFound(method)
-        decision: dict[str, Any] = {"outcome": "cancelled"}
-        if self._child.config.permission == "allow" and not self._settled:
-            options = params.get("options") if isinstance(params, dict) else None
-            for option in options if isinstance(options, list) else []:
-                kind = option.get("kind") if isinstance(option, dict) else None
-                if isinstance(kind, str) and kind.startswith("allow"):
-                    decision = {"outcome": "selected", "optionId": option.get("optionId")}
-                    break
+        if self._settled:  # the turn was cancelled: ACP's answer for that is `cancelled`
+            decision: dict[str, Any] = {"outcome": "cancelled"}
+        else:
+            decision = _choose_permission(self._child.config.permission, params)
+        kind = decision.pop("kind", None)
         tool_call = params.get("toolCall") if isinstance(params, dict) else None
-        self._progress("permission", {"toolCall": tool_call, "outcome": decision})
+        if not (isinstance(kind, str) and kind.startswith("allow")):
+            title = tool_call.get("title") if isinstance(tool_call, dict) else None
+            self._refused.append(str(title or "a tool call"))
+        self._progress("permission", {"toolCall": tool_call, "outcome": decision, "kind": kind})
         return {"outcome": decision}
 
     def _on_notification(self, method: str, params: Any) -> None:
@@ -310,6 +425,8 @@ class AcpRun(RemoteRun):
                 if self._turn is not None:
                     self._turn.join()
             finally:
+                if self._log is not None and not self._log.closed:  # never settled normally
+                    self._record([], ABORTED, "the run was disposed")
                 self._disposed.set()
         self._disposed.wait()
 
@@ -344,7 +461,7 @@ class AcpProvider:
                 "UNSUPPORTED_CAPABILITY", "continuable children need ResumableAcpProvider"
             )
         run_id = _parent_scoped_id(request.parent)
-        return self._establish(request.prompt, request.parent, request.signal, run_id, None)
+        return self._establish(request.prompt, request.parent, request.signal, run_id)
 
     def _establish(
         self,
@@ -352,39 +469,51 @@ class AcpProvider:
         parent: Any,
         signal: AbortSignal,
         run_id: str,
-        load_session_id: str | None,
+        *,
+        cwd: str | None = None,
+        load_session_id: str | None = None,
+        record_log: Callable[[str, str, list[dict[str, Any]]], ChildLog] | None = None,
     ) -> AcpRun:
+        """Spawn and handshake, open (`session/new`) or load (`session/load`) the ACP session,
+        let `record_log(cwd, acp session id, prompt)` record the activation, start the turn.
+
+        Every failure reaps the process group before it raises.
+        """
         if signal.aborted:
             raise SubagentError("ABORTED", f"the signal aborted before start: {signal.reason!r}")
         blocks = _text_prompt(prompt)
-        cwd = self.config.cwd or _parent_cwd(parent)
+        cwd = cwd or self.config.cwd or _parent_cwd(parent)
         try:
             child = _Child(self.config, cwd)
         except OSError as exc:
             raise SubagentError(
                 "START_FAILED", f"cannot spawn {self.config.command}: {exc}"
             ) from exc
+        child_log: ChildLog | None = None
         try:
             child.handshake(signal)
+            params = _session_params(cwd, parent)
             if load_session_id is None:
-                reply = child.conn.request(
-                    "session/new", {"cwd": cwd, "mcpServers": []}, signal=signal
-                )
+                reply = child.request("session/new", params, signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None
                 if not isinstance(sid, str) or not sid:
                     raise _StartFailure(f"session/new returned no string sessionId: {reply!r}")
             else:
                 if not child.agent_capabilities.get("loadSession"):
                     raise _StartFailure("the agent does not advertise loadSession")
-                child.conn.request(
-                    "session/load",
-                    {"sessionId": load_session_id, "cwd": cwd, "mcpServers": []},
-                    signal=signal,
-                )
+                child.request("session/load", {**params, "sessionId": load_session_id}, signal)
                 sid = load_session_id
+            if signal.aborted:  # fired as the handshake finished: still before publication
+                raise RequestAborted(signal.reason)
+            if record_log is not None:
+                child_log = record_log(cwd, sid, blocks)
         except RequestAborted as exc:
             child.teardown(graceful=False)
             raise SubagentError("ABORTED", f"aborted during start: {exc.reason!r}") from None
+        except RequestTimedOut as exc:
+            diagnostic = child.diagnostic(_StartFailure(f"{exc} (handshake_timeout)"))
+            child.teardown(graceful=False)
+            raise SubagentError("START_FAILED", diagnostic) from None
         except (_StartFailure, RpcError, ConnectionClosed) as exc:
             diagnostic = child.diagnostic(exc)
             child.teardown(graceful=False)
@@ -392,10 +521,7 @@ class AcpProvider:
         except BaseException:
             child.teardown(graceful=False)
             raise
-        if signal.aborted:  # fired as the handshake finished: still before publication
-            child.teardown(graceful=False)
-            raise SubagentError("ABORTED", f"aborted during start: {signal.reason!r}")
-        run = AcpRun(run_id, child, sid, signal, self.config.on_progress)
+        run = AcpRun(run_id, child, sid, signal, self.config.on_progress, child_log)
         run._begin(blocks)
         return run
 
@@ -403,55 +529,183 @@ class AcpProvider:
 class ResumableAcpProvider(AcpProvider):
     """An `AcpProvider` for an agent that advertises `loadSession`: adds cold `resume`.
 
-    A continuable start publishes the service's child id as `run.id` and records the agent's ACP
-    session id for it in `config.session_index`; `resume` loads that session and drives one turn.
+    A continuable start publishes the service's child id as `run.id` and gives the child a
+    session log in the parent's store (header, descriptor, ACP record, one turn per activation),
+    so the continuation service lists, continues, restarts and cold-resumes it like a local
+    child; the ACP session id is also kept in `config.session_index`. `resume` loads that
+    session (`session/load`) and drives one turn.
     """
 
     def start(self, request: SubagentStartRequest) -> AcpRun:
-        if request.continuation is None:
-            run_id = _parent_scoped_id(request.parent)
-            return self._establish(request.prompt, request.parent, request.signal, run_id, None)
-        run_id = request.continuation.session_id
-        run = self._establish(request.prompt, request.parent, request.signal, run_id, None)
+        continuation = request.continuation
+        parent = request.parent
+        if continuation is None:
+            run_id = _parent_scoped_id(parent)
+            return self._establish(request.prompt, parent, request.signal, run_id)
+        run_id = continuation.session_id
+        store = _store_of(parent)
+        descriptor = continuation.descriptor
+        record_log = None
+        if store is not None and descriptor is not None:
+            data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
+            source = MessageSource.coordinator(parent.id).to_json()
+
+            def record_log(cwd: str, sid: str, blocks: list[dict[str, Any]]) -> ChildLog:
+                header = SessionHeader(
+                    id=run_id,
+                    cwd=cwd,
+                    parent_session=parent.id,
+                    origin="subagent",
+                    delegation_depth=parent.depth + 1,
+                )
+                return ChildLog.create(store, header, blocks, source, data, self._record(sid, cwd))
+
+        run = self._establish(request.prompt, parent, request.signal, run_id, record_log=record_log)
         self.config.session_index[run_id] = run.acp_session_id
         return run
+
+    def _record(self, acp_session_id: str, cwd: str) -> AcpRecord:
+        config = self.config
+        return AcpRecord(
+            provider=config.name,
+            command=config.command,
+            args=tuple(config.args),
+            pass_env=tuple(config.pass_env),
+            acp_session_id=acp_session_id,
+            cwd=cwd,
+        )
 
     def resume(self, request: SubagentResumeRequest) -> AcpRun:
         if request.signal.aborted:
             raise SubagentError(
                 "ABORTED", f"the signal aborted before resume: {request.signal.reason!r}"
             )
-        acp_session_id = self.config.session_index.get(request.session_id)
+        child_id = request.session_id
+        store = _store_of(request.parent)
+        record = _stored_record(store, child_id) if store is not None else None
+        if record is not None:
+            acp_session_id: Any = record.acp_session_id
+            cwd: str | None = record.cwd
+            if not os.path.isdir(record.cwd):
+                raise SubagentError(
+                    "START_FAILED", f"the child's recorded cwd {record.cwd!r} is gone"
+                )
+        else:
+            acp_session_id = self.config.session_index.get(child_id)
+            cwd = None
         if not isinstance(acp_session_id, str):
-            raise SubagentError(
-                "UNKNOWN_CHILD", f"no ACP session is recorded for {request.session_id!r}"
+            raise SubagentError("UNKNOWN_CHILD", f"no ACP session is recorded for {child_id!r}")
+        if record is None or store is None:  # a raw resume without a store: nothing to record
+            return self._establish(
+                request.prompt,
+                request.parent,
+                request.signal,
+                child_id,
+                load_session_id=acp_session_id,
             )
-        return self._establish(
-            request.prompt, request.parent, request.signal, request.session_id, acp_session_id
+        # Held before the agent starts: a second activation (here or in another process) is
+        # refused before it could load the same ACP session twice.
+        try:
+            held = ChildLog.acquire(store, child_id)
+        except SessionBusyError:
+            raise SubagentError(
+                "START_FAILED", f"child {child_id!r} is already active (its log is open)"
+            ) from None
+        source = request.source.to_json()
+
+        def record_log(_cwd: str, _sid: str, blocks: list[dict[str, Any]]) -> ChildLog:
+            held.begin(blocks, source)
+            return held
+
+        try:
+            return self._establish(
+                request.prompt,
+                request.parent,
+                request.signal,
+                child_id,
+                cwd=cwd,
+                load_session_id=acp_session_id,
+                record_log=record_log,
+            )
+        except BaseException:
+            held.release()
+            raise
+
+
+def _store_of(parent: Any) -> SessionStoreLike | None:
+    """The parent's session store when it is a real agent (a bare test parent has none)."""
+    ctx = getattr(parent, "ctx", None)
+    store = getattr(ctx, "store", None)
+    return store if callable(getattr(store, "create", None)) else None
+
+
+def _stored_record(store: SessionStoreLike, child_id: str) -> AcpRecord | None:
+    try:
+        return read_record(store, child_id)
+    except (SessionNotFoundError, KeyError):
+        return None
+    except (SessionLogError, OSError, ValueError) as exc:
+        raise SubagentError(
+            "NOT_RESUMABLE", f"the ACP record of child {child_id!r} cannot be read: {exc}"
+        ) from exc
+
+
+def provider_for_stored_child(
+    store: SessionStoreLike,
+    child_id: str,
+    *,
+    pass_env: Sequence[str] = (),
+    **overrides: Any,
+) -> ResumableAcpProvider | None:
+    """A provider that reaches a stored continuable ACP child again, from its ACP record: same
+    name, command, arguments and passed-through variable names (plus `pass_env`). None when the
+    child is not an ACP child. For a process that did not start the child (`subagent send`)."""
+    record = _stored_record(store, child_id)
+    if record is None:
+        return None
+    try:
+        config = AcpConfig(
+            name=record.provider,
+            command=record.command,
+            args=record.args,
+            pass_env=tuple(dict.fromkeys((*record.pass_env, *pass_env))),
+            **overrides,
         )
+    except ValueError as exc:
+        raise SubagentError(
+            "NOT_RESUMABLE", f"child {child_id!r}: the recorded ACP agent cannot run: {exc}"
+        ) from exc
+    return ResumableAcpProvider(config)
 
 
-def discover_acp_provider(config: AcpConfig, *, cwd: str | None = None) -> AcpProvider:
+def discover_acp_provider(
+    config: AcpConfig, *, cwd: str | None = None, signal: AbortSignal | None = None
+) -> AcpProvider:
     """Ask the agent (spawned once, then reaped) whether it advertises `loadSession`, and return a
-    `ResumableAcpProvider` if it does, else a plain `AcpProvider`."""
+    `ResumableAcpProvider` if it does, else a plain `AcpProvider`.
+
+    Bounded by `config.handshake_timeout` (`START_FAILED`) and by `signal` (`ABORTED`).
+    """
+    signal = signal or AbortSignal.never()
+    if signal.aborted:
+        raise SubagentError("ABORTED", f"the signal aborted before discovery: {signal.reason!r}")
     provider = AcpProvider(config)
-    where = check_cwd(cwd or config.cwd or _process_cwd(), "cwd")
+    where = check_cwd(cwd or config.cwd or os.getcwd(), "cwd")
     try:
         child = _Child(config, where)
     except OSError as exc:
         raise SubagentError("START_FAILED", f"cannot spawn {config.command}: {exc}") from exc
     try:
-        child.handshake(AbortSignal.never())
+        child.handshake(signal)
+    except RequestAborted as exc:
+        raise SubagentError("ABORTED", f"aborted during discovery: {exc.reason!r}") from None
+    except RequestTimedOut as exc:
+        failure = _StartFailure(f"{exc} (handshake_timeout)")
+        raise SubagentError("START_FAILED", child.diagnostic(failure)) from None
     except (_StartFailure, RpcError, ConnectionClosed) as exc:
         raise SubagentError("START_FAILED", child.diagnostic(exc)) from None
     finally:
-        child.teardown(graceful=True)
+        child.teardown(graceful=not signal.aborted)
     if child.agent_capabilities.get("loadSession") is True:
         return ResumableAcpProvider(config)
     return provider
-
-
-def _process_cwd() -> str:
-    import os
-
-    return os.getcwd()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,11 +15,12 @@ from types import MappingProxyType
 from typing import Any
 
 __all__ = [
+    "DEFAULT_ENV_ALLOWLIST",
     "PERMISSION_POLICIES",
     "AcpConfig",
     "ProgressCallback",
     "check_cwd",
-    "is_credential_name",
+    "is_default_allowed",
     "scrubbed_environment",
 ]
 
@@ -28,29 +28,68 @@ ProgressCallback = Callable[[dict[str, Any]], None]
 
 PERMISSION_POLICIES = frozenset({"reject", "allow"})
 
-# Name segments that mark a variable as a credential (matched per `_`-separated segment, so
-# KEYBOARD or MONKEY stay). SSH_AUTH_SOCK goes too: it grants the child the user's keys.
-_CREDENTIAL_SEGMENT = re.compile(
-    r"(?:^|_)(?:[A-Z0-9]*(?:KEY|KEYS|TOKEN|TOKENS|SECRET|SECRETS|PASSWORD|PASSWD|CREDENTIAL|"
-    r"CREDENTIALS)|PASS|PWD_HASH|AUTH|COOKIE|COOKIES|PRIVATE|SIGNATURE|SESSIONKEY)(?:_|$)"
+# What a third-party agent gets from the host environment by default: what a program needs to
+# run (search path, home, user, shell), locale, terminal, temp dirs, XDG dirs, proxy settings and
+# CA bundles. Everything else (every token, password, webhook, DSN...) stays home unless the
+# `AcpConfig` names it in `pass_env` or sets it in `env`: a denylist can never list every shape
+# a secret takes, an allowlist fails safe.
+DEFAULT_ENV_ALLOWLIST: frozenset[str] = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TERM",
+        "COLORTERM",
+        "NO_COLOR",
+        "TMPDIR",
+        "TMP",
+        "TEMP",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "all_proxy",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "SYSTEMROOT",
+        "COMSPEC",
+        "PATHEXT",
+    }
 )
+# Locale variables come as a family.
+_ALLOWED_PREFIXES = ("LC_",)
 
 
-def is_credential_name(name: str) -> bool:
-    """Whether an environment variable name looks like it carries a credential."""
-    return _CREDENTIAL_SEGMENT.search(name.upper()) is not None
+def is_default_allowed(name: str) -> bool:
+    """Whether the host variable `name` reaches an agent without being named in `pass_env`."""
+    return name in DEFAULT_ENV_ALLOWLIST or name.startswith(_ALLOWED_PREFIXES)
 
 
 def scrubbed_environment(
     parent: Mapping[str, str], keep: Sequence[str] = (), overrides: Mapping[str, str] = {}
 ) -> dict[str, str]:
-    """The parent's environment without credential-like variables (unless kept), then overrides.
+    """The allowlisted part of the parent's environment, the variables in `keep`, then overrides.
 
     A child agent is third-party code: it should see only the credentials the deployment hands it
     on purpose, never every token the host process happens to hold.
     """
     allowed = set(keep)
-    env = {k: v for k, v in parent.items() if k in allowed or not is_credential_name(k)}
+    env = {k: v for k, v in parent.items() if k in allowed or is_default_allowed(k)}
     env.update(overrides)
     return env
 
@@ -89,10 +128,13 @@ class AcpConfig:
     """How to launch and talk to one external ACP agent.
 
     `command` is an absolute executable or a name found on the (merged) PATH. `cwd` overrides the
-    parent's session cwd. `env` is merged over the parent's environment after credential-like
-    variables are dropped; `pass_env` names ones to keep. `permission` answers the agent's
-    `session/request_permission`: `reject` (default) or `allow`. `eof_grace` and
-    `terminate_grace` bound the teardown steps (close stdin, then SIGTERM, then SIGKILL).
+    parent's session cwd. The agent's environment is the allowlisted part of the host's
+    (`DEFAULT_ENV_ALLOWLIST`), plus the host variables `pass_env` names, with `env` on top.
+    `permission` answers the agent's `session/request_permission`: `reject` (default: the
+    agent's reject option) or `allow`. `handshake_timeout` bounds each of `initialize`,
+    `session/new` and `session/load`; `exit_drain` is how long the output of an agent whose
+    process exited is still read before the run settles. `eof_grace` and `terminate_grace`
+    bound the teardown steps (close stdin, then SIGTERM, then SIGKILL).
     `on_progress` receives tool-call, thought and plan updates tagged with the run id.
     `session_index` maps continuable child ids to the agent's ACP session ids; pass a persistent
     mapping for cold resume across processes.
@@ -104,6 +146,8 @@ class AcpConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     pass_env: Sequence[str] = ()
     permission: str = "reject"
+    handshake_timeout: float = 30.0
+    exit_drain: float = 0.5
     eof_grace: float = 2.0
     terminate_grace: float = 3.0
     max_line_bytes: int = 8 * 1024 * 1024
@@ -137,6 +181,10 @@ class AcpConfig:
             check_cwd(self.cwd, "cwd")
         if self.permission not in PERMISSION_POLICIES:
             raise ValueError(f"permission must be 'reject' or 'allow', got {self.permission!r}")
+        setattr_(
+            self, "handshake_timeout", _check_grace(self.handshake_timeout, "handshake_timeout")
+        )
+        setattr_(self, "exit_drain", _check_grace(self.exit_drain, "exit_drain"))
         setattr_(self, "eof_grace", _check_grace(self.eof_grace, "eof_grace"))
         setattr_(self, "terminate_grace", _check_grace(self.terminate_grace, "terminate_grace"))
         if (
@@ -170,7 +218,7 @@ class AcpConfig:
         return found
 
     def environment(self, parent: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The child's environment: the scrubbed parent environment with `env` on top."""
+        """The child's environment: the allowlisted and `pass_env` host variables, `env` on top."""
         return scrubbed_environment(
             os.environ if parent is None else parent, self.pass_env, self.env
         )

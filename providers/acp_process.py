@@ -9,19 +9,77 @@ gevent's child watcher and the group is polled with `gevent.sleep`, never a bloc
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gevent
 import gevent.subprocess
 
-__all__ = ["ProcessGroup", "group_has_live_member"]
+__all__ = ["ProcessGroup", "group_has_live_member", "kill_all_groups", "live_groups"]
 
 log = logging.getLogger(__name__)
+
+# Every group spawned by this process and not yet reaped: what an exiting CLI kills first.
+_LIVE: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Any:
+    """libc's `prctl` on Linux (loaded in the parent: nothing is imported after `fork`)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel SIGKILL the child when its parent dies.
+
+    Linux delivers `PR_SET_PDEATHSIG` when the *thread* that forked the child exits, not the
+    process: every spawn here runs on the gevent hub's thread (the main one), which lives as long
+    as the process. If the parent already died between fork and prctl, the child exits at once.
+    """
+    prctl = _prctl
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+def live_groups() -> list[ProcessGroup]:
+    """The process groups spawned here and not yet torn down."""
+    return list(_LIVE)
+
+
+def kill_all_groups() -> int:
+    """SIGKILL every live group spawned by this process; returns how many were signalled.
+
+    For an exiting process (a CLI's second Ctrl-C or SIGTERM): synchronous, no greenlet needed.
+    """
+    count = 0
+    for group in list(_LIVE):
+        group.signal(signal.SIGKILL)
+        count += 1
+    return count
+
 
 _POLL_MIN = 0.002
 _POLL_MAX = 0.05
@@ -61,7 +119,11 @@ def group_has_live_member(pgid: int) -> bool:
 
 
 class ProcessGroup:
-    """One spawned leader with a fresh process group (pgid == leader pid)."""
+    """One spawned leader with a fresh process group (pgid == leader pid).
+
+    The leader is SIGKILLed by the kernel if this process dies (Linux `PR_SET_PDEATHSIG`), even
+    on SIGKILL; its own descendants are reached by group signals on every other path.
+    """
 
     def __init__(
         self,
@@ -79,9 +141,11 @@ class ProcessGroup:
             env=dict(env),
             close_fds=True,
             start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
         self.pid: int = self.popen.pid
         self.pgid: int = self.pid
+        _LIVE.add(self)
 
     @property
     def returncode(self) -> int | None:
@@ -126,17 +190,21 @@ class ProcessGroup:
     def terminate(self, eof_grace: float | None, terminate_grace: float) -> None:
         """Escalate until nothing of the group is left: (caller closed stdin) wait the EOF grace,
         SIGTERM the group, wait the terminate grace, then SIGKILL until it is gone."""
-        if eof_grace is not None and self.wait_gone(eof_grace):
-            return
-        self.signal(signal.SIGTERM)
-        if self.wait_gone(terminate_grace):
-            return
-        log.debug("process group %d outlived SIGTERM; killing it", self.pgid)
-        while True:
-            self.signal(signal.SIGKILL)
-            if self.wait_gone(1.0):
-                break
-        self.wait_leader(None)
+        try:
+            if eof_grace is not None and self.wait_gone(eof_grace):
+                return
+            self.signal(signal.SIGTERM)
+            if self.wait_gone(terminate_grace):
+                return
+            log.debug("process group %d outlived SIGTERM; killing it", self.pgid)
+            while True:
+                self.signal(signal.SIGKILL)
+                if self.wait_gone(1.0):
+                    break
+            self.wait_leader(None)
+        finally:
+            if not self.alive():
+                _LIVE.discard(self)
 
 
 def _now() -> float:

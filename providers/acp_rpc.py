@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +28,11 @@ __all__ = [
     "JsonRpcConnection",
     "MethodNotFound",
     "RequestAborted",
+    "RequestTimedOut",
     "RpcError",
     "StderrTail",
+    "clean_text",
+    "describe_data",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,11 +44,59 @@ RequestHandler = Callable[[str, Any], Any]
 NotificationHandler = Callable[[str, Any], None]
 
 
+# Terminal control sequences an agent's text may carry (colours, cursor moves, OSC titles and
+# hyperlinks), then any other C0/C1 control character but newline and tab: agent text is data.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, BEL- or ST-terminated
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
+    r"|\x1b[@-Z\\-_]"  # other two-byte escapes
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+MAX_DATA_CHARS = 2000
+
+
+def clean_text(text: str) -> str:
+    """`text` without terminal escape sequences or control characters (newline, tab kept)."""
+    return _ESCAPES.sub("", text)
+
+
+def describe_data(data: Any, limit: int = MAX_DATA_CHARS) -> str:
+    """A JSON-RPC error's `data` as one clean, bounded string."""
+    if isinstance(data, str):
+        text = clean_text(data)
+    else:
+        try:
+            text = json.dumps(_clean_strings(data), ensure_ascii=False, sort_keys=True)
+        except (TypeError, ValueError, RecursionError):
+            text = clean_text(repr(data))
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clean_strings(value: Any) -> Any:
+    """`value` with every string in it cleaned (before JSON would escape the escapes)."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): _clean_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_strings(v) for v in value]
+    return value
+
+
 class RpcError(Exception):
     """The peer answered our request with a JSON-RPC error object."""
 
     def __init__(self, method: str, code: Any, message: Any, data: Any = None) -> None:
-        super().__init__(f"{method} failed: {message} (code {code})")
+        text = f"{method} failed: {clean_text(str(message))} (code {code})"
+        if data is not None:
+            # The agent's own reason usually lives here (the message is often just
+            # "Internal error"), so it is part of every diagnostic.
+            text += f": {describe_data(data)}"
+        super().__init__(text)
         self.method = method
         self.code = code
         self.message = message
@@ -58,6 +110,15 @@ class ConnectionClosed(Exception):
         super().__init__(reason)
         self.reason = reason
         self.protocol_error = protocol_error
+
+
+class RequestTimedOut(Exception):
+    """`request` got no answer within its `timeout`."""
+
+    def __init__(self, method: str, timeout: float) -> None:
+        super().__init__(f"{method} got no answer within {timeout:g} s")
+        self.method = method
+        self.timeout = timeout
 
 
 class RequestAborted(Exception):
@@ -94,7 +155,8 @@ class StderrTail:
             return
 
     def text(self) -> str:
-        return bytes(self._buf[-self._keep :]).decode("utf-8", "replace")
+        """The kept tail, decoded, with terminal escapes stripped."""
+        return clean_text(bytes(self._buf[-self._keep :]).decode("utf-8", "replace"))
 
 
 class JsonRpcConnection:
@@ -129,10 +191,18 @@ class JsonRpcConnection:
         """Why the connection ended, once it has."""
         return self._closed
 
-    def request(self, method: str, params: Any, *, signal: AbortSignal | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        params: Any,
+        *,
+        signal: AbortSignal | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Send a request and wait cooperatively for its result.
 
-        Raises `RpcError`, `ConnectionClosed`, or `RequestAborted` when `signal` fires first.
+        Raises `RpcError`, `ConnectionClosed`, `RequestAborted` when `signal` fires first, or
+        `RequestTimedOut` when no answer came within `timeout` seconds.
         """
         if self._closed is not None:
             raise self._closed
@@ -148,7 +218,10 @@ class JsonRpcConnection:
         try:
             if not waiter.ready():
                 self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-            return waiter.get()
+            try:
+                return waiter.get(timeout=timeout)
+            except gevent.Timeout:
+                raise RequestTimedOut(method, timeout or 0.0) from None
         finally:
             self._pending.pop(rid, None)
             if remove is not None:

@@ -350,7 +350,14 @@ class ContinuationManager:
             row["mode"] = mode
             row["label"] = label
             if agent is None:
-                row["activity"] = "running elsewhere" if self._held(child_id) else "stored"
+                # A remote child (ACP) has no local agent: its live activation says it runs.
+                handle = record.handle if record is not None else None
+                if handle is not None and not handle.settled:
+                    row["activity"] = "running"
+                elif self._held(child_id):
+                    row["activity"] = "running elsewhere"  # another process holds its log
+                else:
+                    row["activity"] = "stored"
             else:
                 row["activity"] = "running" if agent.status == "running" else "idle"
             rows.append(row)

@@ -16,15 +16,21 @@ Rules:
   `enum`. Annotations: `description`, `title` (strings), `default`, `examples` (a list).
 - Everything is plain JSON: dicts with string keys, lists, strings, finite numbers, bools,
   None. Tuples, sets, NaN and cycles are rejected; nesting is capped at `MAX_DEPTH`.
+- Size is bounded, so that checking a schema, building the child's capture tool and validating
+  a capture stay short on the hub (docs/decisions.md): at most `MAX_PROPERTIES` property
+  declarations in all, `MAX_NODES` JSON values in all (every member and element counts), and
+  `MAX_TEXT` characters of keys and strings. The walk stops as soon as a bound is passed, so an
+  oversized schema is refused in time proportional to the bound, not to its size.
 
 Paths in messages are JSON pointers rooted at `#`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -32,9 +38,14 @@ from jsonschema import Draft202012Validator
 from subagent.errors import SubagentError
 
 __all__ = [
+    "LARGE_SCHEMA_VALUES",
     "MAX_DEPTH",
+    "MAX_NODES",
+    "MAX_PROPERTIES",
+    "MAX_TEXT",
     "UnsupportedSchemaError",
     "check_output_schema",
+    "more_values_than",
     "schema_violations",
     "validate_output",
 ]
@@ -42,6 +53,15 @@ __all__ = [
 # Deep enough for any real result shape, shallow enough that validation never nears the
 # interpreter's recursion limit.
 MAX_DEPTH = 32
+# Property declarations in the whole schema (every `properties` member, at any depth): the
+# strictest provider cap we know of (OpenAI structured outputs) is the same 5,000.
+MAX_PROPERTIES = 5_000
+# JSON values in the whole schema, enum/const/default/examples included.
+MAX_NODES = 50_000
+# Characters of all keys and strings together (descriptions included).
+MAX_TEXT = 1_000_000
+# A refusal lists this many violations in its message (`violations` keeps them all).
+_MAX_LISTED = 50
 
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 ANNOTATIONS = frozenset({"description", "title", "default", "examples"})
@@ -55,10 +75,16 @@ class UnsupportedSchemaError(SubagentError):
 
     def __init__(self, violations: list[str]) -> None:
         self.violations = list(violations)
+        listed = "; ".join(self.violations[:_MAX_LISTED])
+        if len(self.violations) > _MAX_LISTED:
+            listed += f"; ... and {len(self.violations) - _MAX_LISTED} more"
         super().__init__(
-            "UNSUPPORTED_SCHEMA",
-            "output schema is outside the supported subset: " + "; ".join(self.violations),
+            "UNSUPPORTED_SCHEMA", "output schema is outside the supported subset: " + listed
         )
+
+
+class _TooLarge(Exception):
+    """Ends the walk the moment a size bound is passed (the violation is already recorded)."""
 
 
 def _ptr(path: tuple[str, ...]) -> str:
@@ -98,16 +124,42 @@ class _Checker:
     def __init__(self) -> None:
         self.violations: list[str] = []
         self._stack: set[int] = set()
+        self._nodes = 1  # the root
+        self._properties = 0
+        self._text = 0
 
     def add(self, path: tuple[str, ...], message: str) -> None:
         self.violations.append(f"{_ptr(path)}: {message}")
+
+    def _members(self, container: dict[Any, Any] | list[Any]) -> None:
+        """Count a container's members (and a dict's keys as text) before walking them."""
+        self._nodes += len(container)
+        if isinstance(container, dict):
+            self._text += sum(len(k) for k in container if isinstance(k, str))
+        self._bound()
+
+    def _bound(self) -> None:
+        if self._nodes > MAX_NODES:
+            self._too_large(f"more than {MAX_NODES:,} JSON values")
+        if self._properties > MAX_PROPERTIES:
+            self._too_large(f"more than {MAX_PROPERTIES:,} properties")
+        if self._text > MAX_TEXT:
+            self._too_large(f"more than {MAX_TEXT:,} characters of keys and strings")
+
+    def _too_large(self, what: str) -> None:
+        self.add((), f"the schema is too large: {what} (see docs/seam.md for the limits)")
+        raise _TooLarge
 
     def json_value(self, value: Any, path: tuple[str, ...], depth: int) -> bool:
         """Record why `value` is not plain JSON; True when it is."""
         if depth > MAX_DEPTH:
             self.add(path, f"nested deeper than {MAX_DEPTH} levels")
             return False
-        if value is None or isinstance(value, str | bool | int):
+        if isinstance(value, str):
+            self._text += len(value)
+            self._bound()
+            return True
+        if value is None or isinstance(value, bool | int):
             return True
         if isinstance(value, float):
             if math.isfinite(value):
@@ -119,6 +171,7 @@ class _Checker:
                 self.add(path, "cycle: this value contains itself")
                 return False
             self._stack.add(id(value))
+            self._members(value)
             try:
                 ok = True
                 if isinstance(value, dict):
@@ -149,6 +202,7 @@ class _Checker:
             self.add(path, "cycle: this schema contains itself")
             return
         self._stack.add(id(schema))
+        self._members(schema)
         try:
             self._node_body(schema, path, depth)
         finally:
@@ -162,8 +216,12 @@ class _Checker:
                 self.add((*path, key), f"unsupported keyword {key!r}")
 
         for key in ("description", "title"):
-            if key in schema and not isinstance(schema[key], str):
-                self.add((*path, key), f"{key} must be a string")
+            if key in schema:
+                if isinstance(schema[key], str):
+                    self._text += len(schema[key])
+                    self._bound()
+                else:
+                    self.add((*path, key), f"{key} must be a string")
         if "default" in schema:
             self.json_value(schema["default"], (*path, "default"), depth + 1)
         if "examples" in schema:
@@ -230,6 +288,7 @@ class _Checker:
             self.add((*path, "oneOf"), "cycle: this list contains itself")
             return
         self._stack.add(id(options))
+        self._members(options)
         try:
             for i, option in enumerate(options):
                 self.node(option, (*path, "oneOf", str(i)), depth + 1)
@@ -241,6 +300,8 @@ class _Checker:
         declared: set[str] = set()
         if "properties" in schema:
             if isinstance(props, dict):
+                self._properties += len(props)
+                self._members(props)
                 for name, sub in props.items():
                     if not isinstance(name, str):
                         self.add((*path, "properties"), f"non-string property name {name!r}")
@@ -254,6 +315,7 @@ class _Checker:
             if not isinstance(required, list):
                 self.add((*path, "required"), "required must be a list of property names")
             else:
+                self._members(required)
                 seen: set[str] = set()
                 for i, name in enumerate(required):
                     where = (*path, "required", str(i))
@@ -306,13 +368,65 @@ def schema_violations(schema: Any) -> list[str]:
         return checker.violations
     if schema.get("type") != "object":
         checker.add((), 'the output schema root must have type "object"')
-    checker.node(schema, (), 0)
+    # A size bound ends the walk; it is recorded, beside what was found before it.
+    with contextlib.suppress(_TooLarge):
+        checker.node(schema, (), 0)
     return checker.violations
 
 
-def check_output_schema(schema: Any) -> None:
-    """Raise `UnsupportedSchemaError` (code `UNSUPPORTED_SCHEMA`) listing every violation."""
-    violations = schema_violations(schema)
+# Above this many JSON values a schema is "large": walking it, or validating against it, costs
+# milliseconds. Tools validate against a large schema in a thread (agent/tools.py); the service
+# checks a large output schema in a thread before admission (subagent/service.py).
+LARGE_SCHEMA_VALUES = 1_000
+
+Runner = Callable[[Callable[[Any], list[str]], Any], list[str]]
+
+
+def more_values_than(value: Any, limit: int) -> bool:
+    """Whether `value` holds more than `limit` JSON values (members and elements count, and
+    the value itself). Iterative, and stops counting past `limit`: cheap on any input, a
+    cyclic one included."""
+    count = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        count += 1
+        if count > limit:
+            return True
+        if isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+# Verdicts on large schemas, by id() and kept alive (so an id is not reused while cached): a
+# start checks its schema before admission (in a thread), at admission and when it builds
+# the capture tool, and only the first walks it.
+_verdicts: OrderedDict[int, tuple[Any, list[str]]] = OrderedDict()
+
+
+def check_output_schema(schema: Any, run: Runner | None = None) -> None:
+    """Raise `UnsupportedSchemaError` (code `UNSUPPORTED_SCHEMA`) listing every violation.
+
+    A large schema's verdict is remembered: like a validated one, a schema is treated as
+    immutable once checked. `run(schema_violations, schema)`, when given, performs the walk of
+    a large schema not seen before (`supervision.offload.offload`, to keep it off the hub)."""
+    if not more_values_than(schema, LARGE_SCHEMA_VALUES):
+        violations = schema_violations(schema)
+    else:
+        key = id(schema)
+        hit = _verdicts.get(key)
+        if hit is not None and hit[0] is schema:
+            _verdicts.move_to_end(key)
+            violations = hit[1]
+        else:
+            violations = (
+                schema_violations(schema) if run is None else run(schema_violations, schema)
+            )
+            _verdicts[key] = (schema, violations)
+            if len(_verdicts) > _CACHE_SIZE:
+                _verdicts.popitem(last=False)
     if violations:
         raise UnsupportedSchemaError(violations)
 

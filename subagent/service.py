@@ -27,6 +27,7 @@ from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
+from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     MessageSource,
     SubagentProvider,
@@ -35,6 +36,7 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.offload import offload
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
 __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
@@ -259,6 +261,11 @@ class SubagentService:
             raise TypeError("request must be a SubagentStartRequest")
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
+        if request.output_schema is not None:
+            # Walk a large schema in a thread now; admission (which reports problems in the
+            # seam's order) then finds the verdict remembered instead of walking on the hub.
+            with contextlib.suppress(UnsupportedSchemaError):
+                check_output_schema(request.output_schema, run=offload)
         parent_id = _parent_id(request.parent)
         ticket = next(self._tickets)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)

@@ -14,10 +14,12 @@ import pytest
 from acp_peers.support import (
     Notifier,
     Parent,
+    fake_config,
     group_alive,
     peer_config,
     pid_alive,
     text_prompt,
+    wait_until,
 )
 
 import providers.acp as acp_module
@@ -129,7 +131,7 @@ def test_configured_cwd_overrides_the_parent_cwd(parent: Parent, tmp_path: Path)
     [
         ("max_tokens", "max-tokens"),
         ("refusal", "refusal"),
-        ("cancelled", "aborted"),
+        ("cancelled", "error"),  # nobody cancelled it: not an abort
         ("max_turn_requests", "error"),
         ("something_new", "error"),
     ],
@@ -138,16 +140,20 @@ def test_stop_reason_mapping(parent: Parent, acp_reason: str, stop_reason: str) 
     result = finish(start(AcpProvider(peer_config("normal")), parent, f"stop:{acp_reason}"))
     assert result.stop_reason == stop_reason
     assert result.output == [{"type": "text", "text": "partial"}]
-    if stop_reason == "error":
+    if acp_reason == "cancelled":
+        assert "nobody cancelled it" in (result.diagnostic or "")
+    elif stop_reason == "error":
         assert acp_reason in (result.diagnostic or "")
 
 
-def test_environment_is_scrubbed_of_credentials(
+def test_environment_is_an_allowlist_plus_what_the_config_names(
     parent: Parent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACP_TEST_API_KEY", "sk-secret")
+    monkeypatch.setenv("SENTRY_DSN", "https://key@sentry.example/1")
     monkeypatch.setenv("ACP_TEST_KEPT_TOKEN", "kept")
     monkeypatch.setenv("ACP_TEST_PLAIN", "plain")
+    monkeypatch.setenv("LC_ACP_TEST", "locale")
     provider = AcpProvider(
         peer_config("normal", pass_env=["ACP_TEST_KEPT_TOKEN"], env={"ACP_TEST_SET": "set"})
     )
@@ -157,16 +163,19 @@ def test_environment_is_scrubbed_of_credentials(
         return text
 
     assert ask("ACP_TEST_API_KEY") == "<unset>"
+    assert ask("SENTRY_DSN") == "<unset>"
+    assert ask("ACP_TEST_PLAIN") == "<unset>"  # not a secret by its name, but not allowlisted
     assert ask("ACP_TEST_KEPT_TOKEN") == "kept"
-    assert ask("ACP_TEST_PLAIN") == "plain"
     assert ask("ACP_TEST_SET") == "set"
+    assert ask("LC_ACP_TEST") == "locale"
+    assert ask("PATH") == os.environ["PATH"]
 
 
 # -- agent-to-client requests -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("policy", "answer"), [("allow", "selected:yes"), ("reject", "cancelled:")]
+    ("policy", "answer"), [("allow", "selected:yes"), ("reject", "selected:no")]
 )
 def test_permission_requests_follow_the_policy(parent: Parent, policy: str, answer: str) -> None:
     events: list[dict[str, Any]] = []
@@ -443,3 +452,120 @@ def test_discovery_offers_resume_only_when_the_agent_advertises_load_session() -
     plain = discover_acp_provider(peer_config("permission"))
     assert isinstance(plain, AcpProvider)
     assert not isinstance(plain, Resumable)
+
+
+# -- bounded handshakes (stdlib fake agent) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "step"), [("silent", "initialize"), ("silent_new", "session/new")]
+)
+def test_a_silent_handshake_fails_start_naming_the_step(
+    parent: Parent, notifier: Notifier, mode: str, step: str
+) -> None:
+    provider = AcpProvider(fake_config(mode, env=notifier.env, handshake_timeout=0.3))
+    starting = gevent.spawn(start, provider, parent)
+    pid = int(notifier.expect("pid"))
+    starting.join()
+    assert isinstance(starting.exception, SubagentError)
+    assert starting.exception.code == "START_FAILED"
+    assert f"{step} got no answer within 0.3 s" in starting.exception.detail
+    assert not group_alive(pid)  # reaped before start rejected
+
+
+def test_a_silent_session_load_fails_resume_naming_the_step(
+    parent: Parent, notifier: Notifier
+) -> None:
+    config = fake_config(
+        "silent_new", env=notifier.env, handshake_timeout=0.3, session_index={"c": "s1"}
+    )
+    resuming = gevent.spawn(
+        ResumableAcpProvider(config).resume,
+        SubagentResumeRequest(
+            session_id="c",
+            prompt=text_prompt("again"),
+            source=MessageSource.user(),
+            parent=parent,
+            signal=AbortSignal.never(),
+            descriptor=None,
+        ),
+    )
+    pid = int(notifier.expect("pid"))
+    resuming.join()
+    assert isinstance(resuming.exception, SubagentError)
+    assert resuming.exception.code == "START_FAILED"
+    assert "session/load got no answer within 0.3 s" in resuming.exception.detail
+    assert not group_alive(pid)
+
+
+def test_discovery_is_bounded_by_the_timeout_and_the_signal(notifier: Notifier) -> None:
+    with pytest.raises(SubagentError) as info:
+        discover_acp_provider(fake_config("silent", handshake_timeout=0.3))
+    assert info.value.code == "START_FAILED"
+    assert "initialize got no answer" in info.value.detail
+
+    controller = AbortController()
+    discovering = gevent.spawn(
+        discover_acp_provider, fake_config("silent", env=notifier.env), signal=controller.signal
+    )
+    pid = int(notifier.expect("pid"))
+    controller.abort("no more waiting")
+    discovering.join()
+    assert isinstance(discovering.exception, SubagentError)
+    assert discovering.exception.code == "ABORTED"
+    assert not group_alive(pid)
+
+
+# -- a dying launcher ---------------------------------------------------------------------------
+
+
+def test_a_killed_launcher_ends_the_run_error_and_its_group_is_reaped(
+    parent: Parent, notifier: Notifier
+) -> None:
+    run = start(AcpProvider(fake_config("launcher", env=notifier.env)), parent)
+    launcher = int(notifier.expect("pid"))
+    agent = int(notifier.expect_all("agent", "prompt")["agent"])  # the turn is in flight
+    assert launcher == run.pid
+    os.kill(launcher, 9)  # the real agent still holds stdout open
+    result = run.result.get(timeout=RESULT_TIMEOUT)
+    assert result.stop_reason == "error"
+    assert "the agent process exited" in (result.diagnostic or "")
+    assert "exit code -9" in (result.diagnostic or "")
+    wait_until(lambda: not pid_alive(agent))  # reaped without anyone disposing the run
+    assert not group_alive(run.pid)
+    run.dispose()
+
+
+# -- permissions --------------------------------------------------------------------------------
+
+
+def test_a_refused_permission_is_the_agents_reject_option_and_not_an_abort(
+    parent: Parent,
+) -> None:
+    events: list[dict[str, Any]] = []
+    provider = AcpProvider(fake_config("refusing", on_progress=events.append))
+    result = finish(start(provider, parent))
+    assert result.output == [{"type": "text", "text": "permission: reject_once"}]
+    assert result.stop_reason == "error"  # the agent ended `cancelled`, nobody aborted it
+    assert "refused permission for: rm -rf build" in (result.diagnostic or "")
+    assert events[0]["update"]["kind"] == "reject_once"
+
+
+def test_allow_prefers_allow_once(parent: Parent) -> None:
+    provider = AcpProvider(fake_config("refusing", permission="allow"))
+    result = finish(start(provider, parent))
+    assert result.output == [{"type": "text", "text": "permission: allow_once"}]
+    assert result.stop_reason == "completed"
+
+
+# -- diagnostics --------------------------------------------------------------------------------
+
+
+def test_a_json_rpc_error_carries_its_data_and_stderr_is_clean(parent: Parent) -> None:
+    result = finish(start(AcpProvider(fake_config("rpc_error")), parent))
+    assert result.stop_reason == "error"
+    diagnostic = result.diagnostic or ""
+    assert "Internal error (code -32603)" in diagnostic
+    assert "quota exhausted for model m-1" in diagnostic  # the agent's reason, from `data`
+    assert "fatal: model quota exhausted" in diagnostic  # the stderr tail
+    assert "\x1b" not in diagnostic and "\x07" not in diagnostic

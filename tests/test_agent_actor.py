@@ -92,6 +92,51 @@ def test_progress_listeners_are_tagged_and_removable() -> None:
         assert len(seen) == count
 
 
+def test_progress_listeners_are_a_collection_each_remover_removes_its_own() -> None:
+    """Issue 12 item 10: removing the first listener used to silently remove the second."""
+    with kit() as k:
+        a = k.agent()
+        first: list[str] = []
+        second: list[str] = []
+        twice: list[str] = []
+
+        def turn_count(seen: list[str]) -> int:
+            return sum(1 for kind in seen if kind == "turn/end")
+
+        remove_first = a.add_progress_listener(lambda e: first.append(e["kind"]))
+        remove_second = a.add_progress_listener(lambda e: second.append(e["kind"]))
+
+        def bad(event: dict[str, Any]) -> None:
+            raise RuntimeError("observer bug")
+
+        remove_bad = a.add_progress_listener(bad)  # a raising listener never starves the rest
+
+        def on_twice(event: dict[str, Any]) -> None:
+            twice.append(event["kind"])
+
+        remove_twice_a = a.add_progress_listener(on_twice)
+        a.add_progress_listener(on_twice)  # the same function twice is two entries
+        k.model.script(a.id, [S.text("one"), S.text("two"), S.text("three")])
+        a.send("go").get()
+        a.when_idle().get()
+        assert (turn_count(first), turn_count(second), turn_count(twice)) == (1, 1, 2)
+
+        remove_first()
+        remove_first()  # removing twice is harmless: it must not take anyone else's entry
+        remove_bad()
+        remove_twice_a()
+        a.send("again").get()
+        a.when_idle().get()
+        assert (turn_count(first), turn_count(second), turn_count(twice)) == (1, 2, 3)
+
+        remove_second()
+        a.send("last").get()
+        a.when_idle().get()
+        assert (turn_count(first), turn_count(second), turn_count(twice)) == (1, 2, 4)
+        with pytest.raises(TypeError):
+            a.add_progress_listener("not callable")  # type: ignore[arg-type]
+
+
 def test_context_hooks_fire_on_publish_cancel_and_close() -> None:
     with kit() as k:
         calls: list[str] = []

@@ -22,7 +22,7 @@ from agent.events import TURN_END_REASONS
 from agent.events import Event as LogEvent
 from agent.log import validate_log
 from agent.loop import TurnBlocked, TurnOutcome
-from agent.model import ModelRequest
+from agent.model import MAX_ARGUMENT_DEPTH, ModelRequest
 from agent.models import ModelRegistry
 from agent.models import scripted as S
 from agent.models.scripted import ScriptedModel
@@ -774,3 +774,89 @@ def test_a_failing_log_is_an_infrastructure_fault_not_a_turn_end() -> None:
         assert isinstance(outcome.fault, OSError)
         assert faults == [outcome]
         del a.core.log.checkpoint
+
+
+# ----------------------------------------------------------------------------------------------
+# model-provided JSON is data: no shape of it ends the turn
+# ----------------------------------------------------------------------------------------------
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    """Arguments `depth` levels deep: that many objects, each inside the one before."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+RECURSIVE = {
+    "$defs": {"node": {"type": "object", "properties": {"a": {"$ref": "#/$defs/node"}}}},
+    "$ref": "#/$defs/node",
+}
+PLAIN_NESTED = {"type": "object", "properties": {"a": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("depth", [MAX_ARGUMENT_DEPTH, MAX_ARGUMENT_DEPTH + 1, 300, 5_000, 20_000])
+@pytest.mark.parametrize(
+    "parameters", [OBJECT, PLAIN_NESTED, RECURSIVE], ids=["any", "fast", "ref"]
+)
+def test_deeply_nested_tool_arguments_are_an_error_result_the_model_can_retry(
+    depth: int, parameters: Mapping[str, Any]
+) -> None:
+    """Issue 12 item 11: arguments nested > 200 levels ended the whole turn `error` with a
+    TypeError (the log refused them). They are the model's mistake: it gets an error result it
+    can read, and the turn goes on."""
+    with kit() as k:
+        ran: list[Mapping[str, Any]] = []
+        k.tool("deep", lambda args, ctx: (ran.append(args), "ok")[1], parameters=parameters)
+        a = k.agent()
+        deep = _nested(depth)
+        k.model.script(a.id, [S.tool_call("deep", deep), S.tool_call("deep", {}), S.text("done")])
+        a.send("go").get()
+        outcome = a.when_idle().get()
+        assert (outcome.reason, outcome.output) == ("completed", [{"type": "text", "text": "done"}])
+        events = k.events(a)
+        results = [e["data"] for e in of_type(events, "tool/result")]
+        assert [(r["is_error"], r.get("code")) for r in results[1:]] == [(False, None)]
+        # A retry must be possible after every depth: the turn went on to the third step.
+        assert len(k.model.requests_for(a.id)) == 3
+        if depth <= MAX_ARGUMENT_DEPTH:  # within the limit: an ordinary call that ran
+            assert not results[0]["is_error"] and len(ran) == 2
+            return
+        assert results[0]["code"] == "INVALID_ARGS" and ran == [{}]
+        text = results[0]["content"][0]["text"]
+        assert f"nested deeper than {MAX_ARGUMENT_DEPTH} levels" in text and len(text) < 1_000
+        # The model sees its call (arguments replaced by {}) and the error, in order.
+        second = k.model.requests_for(a.id)[1].messages
+        call = next(m for m in second if m["role"] == "assistant" and m.get("tool_calls"))
+        assert call["tool_calls"][0]["arguments"] == {}
+        (tool_message,) = [m for m in second if m["role"] == "tool"]
+        assert tool_message["is_error"] and "nested deeper" in tool_message["content"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"x": float("nan")},
+        {"x": float("inf")},
+        {"x": 2**70},
+        {"x": ("a", "tuple")},
+        {1: "key"},
+        ["not", "an", "object"],
+    ],
+    ids=["nan", "inf", "big-int", "tuple", "int-key", "list"],
+)
+def test_tool_arguments_that_are_not_json_are_an_error_result_too(arguments: Any) -> None:
+    """`json.loads` accepts NaN and huge ints; an adapter may hand over anything. None of it
+    may end the turn: the log could not hold it, so the model is told and retries."""
+    with kit() as k:
+        k.tool("t", lambda args, ctx: "ok")
+        a = k.agent()
+        # Built by hand: the scripted constructors refuse a non-mapping up front.
+        call = S.Step("tool_calls", calls=(("t", arguments, None),))  # type: ignore[arg-type]
+        k.model.script(a.id, [call, S.text("done")])
+        a.send("go").get()
+        assert a.when_idle().get().reason == "completed"
+        (result,) = [e["data"] for e in of_type(k.events(a), "tool/result")]
+        assert result["is_error"] and result["code"] == "INVALID_ARGS"
+        assert "invalid arguments for t" in result["content"][0]["text"]

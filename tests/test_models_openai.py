@@ -271,6 +271,22 @@ def test_malformed_tool_arguments_are_a_model_error(stub: OpenAIStub, args: str)
         make(stub).complete(req())
 
 
+def test_tool_arguments_too_deep_to_parse_are_an_invalid_call_not_a_crash(
+    stub: OpenAIStub,
+) -> None:
+    """Issue 12 item 11: valid JSON nested past the parser's recursion limit raised
+    RecursionError out of the adapter (the turn ended `error`). It is the model's mistake: the
+    call comes back refused, with a reason the tool layer turns into an error result."""
+    deep = '{"a": ' * 50_000 + "1" + "}" * 50_000
+    stub.enqueue(st.sse(st.tool_call_events([("c", "read", [deep]), ("d", "now", ["{}"])])))
+    r = make(stub).complete(req())
+    assert r.finish == "tool_calls"
+    first, second = r.tool_calls
+    assert (first.id, first.name, first.arguments) == ("c", "read", {})
+    assert first.invalid is not None and "nested deeper than" in first.invalid
+    assert second == ToolCall("d", "now", {})
+
+
 def test_truncated_tool_call_at_max_tokens_is_dropped(stub: OpenAIStub) -> None:
     stub.enqueue(st.sse(st.tool_call_events([("c", "read", ['{"pa'])], finish="length")))
     r = make(stub).complete(req())

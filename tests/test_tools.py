@@ -498,3 +498,53 @@ def test_greenlet_kill_propagates() -> None:
     g.kill()  # raises GreenletExit inside fn; it must not become a TOOL_FAILED result
     assert g.dead and outcome == []
     assert isinstance(g.value, gevent.GreenletExit)
+
+
+def _deep(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_a_call_refused_at_construction_is_invalid_args_and_never_runs() -> None:
+    """Issue 12 item 11: `ToolCall` screens what a model sent; execute answers the refusal."""
+    ran: list[Any] = []
+    scope = ToolScope(ToolRegistry())
+    scope.add(Tool("t", "", {"type": "object"}, lambda args, c: (ran.append(args), "ok")[1]))
+    call = ToolCall("c", "t", _deep(20_000))
+    assert call.arguments == {} and call.invalid is not None
+    result = scope.execute(call, ctx())
+    assert result.is_error and result.code == INVALID_ARGS and ran == []
+    assert "invalid arguments for t: arguments nested deeper than" in result.content[0]["text"]
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic  # a cycle is infinitely deep: refused, never walked for ever
+    assert ToolCall("c", "t", cyclic).invalid is not None
+    # An unknown tool is still reported as unknown first.
+    assert scope.execute(ToolCall("c", "nope", _deep(500)), ctx()).code == UNKNOWN_TOOL
+
+
+def _properties_chain(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+RECURSIVE_REF = {
+    "$defs": {"n": {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}}},
+    "$ref": "#/$defs/n",
+}
+
+
+def test_argument_validation_never_raises_recursion_error() -> None:
+    """Arguments that reach validation unscreened (a direct call) against a recursive schema
+    are reported as invalid, never a RecursionError out of the tool layer."""
+    tool = Tool("t", "", RECURSIVE_REF, lambda args, c: "ok")
+    assert tool.argument_errors(_deep(1_000)) == ["arguments are nested too deeply to validate"]
+    assert tool.argument_errors(_deep(10)) == []
+
+
+def test_a_parameters_schema_too_deep_to_check_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="nested too deeply"):
+        Tool("t", "", _properties_chain(2_000), lambda args, c: "ok")

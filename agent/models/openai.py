@@ -23,6 +23,7 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError
 
 from agent.model import (
+    MAX_ARGUMENT_DEPTH,
     FinishReason,
     ModelError,
     ModelRequest,
@@ -237,6 +238,11 @@ class _Answer:
                 args = json.loads(args_text) if args_text.strip() else {}
                 if not isinstance(args, dict):
                     raise ValueError(f"arguments are a {type(args).__name__}, not an object")
+            except RecursionError:
+                # Valid JSON nested too deep for the parser: the model's mistake to retry.
+                invalid = f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+                calls.append(ToolCall(cid or f"call_{index}", name, {}, invalid=invalid))
+                continue
             except ValueError as e:
                 if finish == "max-tokens":
                     continue  # cut off by the token limit: the call was never complete
@@ -512,7 +518,7 @@ class OpenAIModel:
             raise ModelError("openai: connection closed before the JSON answer ended")
         try:
             obj = json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise ModelError(f"openai: malformed JSON answer ({e}): {raw[:200]!r}") from None
         answer = _Answer()
         try:
@@ -548,7 +554,7 @@ class OpenAIModel:
                     break
                 try:
                     chunk = json.loads(event.data)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     raise ModelError(
                         f"openai stream: malformed SSE data ({e}): {event.data[:200]!r}"
                     ) from None

@@ -3,13 +3,15 @@
 The CLI never monkey-patches: everything it does is cooperative already (gevent-native HTTP,
 `gevent.subprocess`, the store's thread pool). Errors are one line on stderr and a non-zero
 exit; `--debug` adds the traceback and library logging. Ctrl-C cancels the whole tree and
-reports what it stopped; a second Ctrl-C exits at once.
+reports what it stopped; a second Ctrl-C, or SIGTERM, kills the ACP agents' process groups and
+exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -23,6 +25,7 @@ from subagent.cli.common import (
     Parser,
     UsageError,
 )
+from subagent.cli.live import on_sigterm, reap_external_children
 from subagent.cli.text import shown
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "CliError", "build_parser", "main"]
@@ -67,9 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Library logging would tear the live view; a NullHandler also silences lastResort.
         logging.getLogger().addHandler(logging.NullHandler())
     fn: Callable[[argparse.Namespace], int] = args.fn
+    import gevent
+
+    # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
+    terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
     try:
         return fn(args)
     except KeyboardInterrupt:
+        reap_external_children()
         sys.stderr.write("subagent: interrupted\n")
         return EXIT_INTERRUPTED
     except UsageError as exc:
@@ -84,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = f"{type(exc).__name__}: {exc.args[0]}"
         sys.stderr.write(f"subagent: error: {_one_line(message) or type(exc).__name__}\n")
         return EXIT_ERROR
+    finally:
+        terminate.cancel()
 
 
 def _one_line(message: str) -> str:

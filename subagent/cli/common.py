@@ -15,6 +15,7 @@ from subagent.cli.text import DataConsole
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "CliError",
     "Parser",
@@ -39,6 +40,7 @@ __all__ = [
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class CliError(Exception):

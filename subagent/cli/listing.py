@@ -202,6 +202,9 @@ def _log_line(kind: str, data: Mapping[str, Any]) -> str | None:
         return f"    tool result {data['name']}{flag}: {flat_text(data['content'])}"
     if kind == "subagent/descriptor":
         return "    (descriptor recorded)"
+    if kind == "acp/session":  # a continuable ACP child's record (providers/acp_log.py)
+        argv = " ".join([str(data.get("command")), *map(str, data.get("args") or [])])
+        return f"    (ACP agent: {argv}; ACP session {data.get('acp_session_id')})"
     if kind == "inbox/accepted":
         return f"  inbox: accepted {data['kind']} {data['message_id']}"
     if kind == "inbox/discarded":

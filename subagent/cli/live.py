@@ -8,9 +8,25 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from subagent.cli.common import EXIT_INTERRUPTED
+from subagent.cli.common import EXIT_INTERRUPTED, EXIT_TERMINATED
 
-__all__ = ["Interrupts", "drive", "report_stopped"]
+__all__ = ["Interrupts", "drive", "on_sigterm", "reap_external_children", "report_stopped"]
+
+
+def reap_external_children() -> None:
+    """SIGKILL every external agent's process group (ACP children) before the CLI exits at once:
+    they run in sessions of their own, so nothing else would stop them."""
+    from providers.acp_process import kill_all_groups
+
+    kill_all_groups()
+
+
+def on_sigterm() -> None:
+    """SIGTERM: reap the external agents first, then exit (143)."""
+    reap_external_children()
+    sys.stderr.write("subagent: terminated\n")
+    sys.stderr.flush()
+    os._exit(EXIT_TERMINATED)
 
 
 class Interrupts:
@@ -25,6 +41,7 @@ class Interrupts:
 
         def handler(*_args: Any) -> None:
             if self.stopped is not None:
+                reap_external_children()
                 sys.stderr.write("subagent: interrupted again; exiting now\n")
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)

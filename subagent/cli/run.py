@@ -37,6 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.acp is not None and (args.base_url or args.model):
         raise UsageError("use either --acp or --base-url/--model, not both")
+    if args.acp_env and args.acp is None:
+        raise UsageError("--acp-env needs --acp")
     if args.acp is None and not args.model:
         raise UsageError(
             "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp"
@@ -71,7 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if words:
             from providers.acp import AcpConfig, AcpProvider
 
-            rt.subagents.register(AcpProvider(AcpConfig(command=words[0], args=words[1:])))
+            config = AcpConfig(command=words[0], args=words[1:], pass_env=args.acp_env or ())
+            rt.subagents.register(AcpProvider(config))
             tools = [SubagentToolConfig("acp", name="subagent", max_depth=PROVIDER_MANAGED)]
             options = AgentOptions(model="scripted:relay")
         else:
@@ -139,6 +142,12 @@ def register(sub: Any) -> None:
     run.add_argument("--model", help="the model name at that endpoint")
     run.add_argument(
         "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
+    )
+    run.add_argument(
+        "--acp-env",
+        action="append",
+        metavar="NAME",
+        help="pass this environment variable to the ACP agent (repeatable; e.g. its API key)",
     )
     run.add_argument(
         "--max-depth",

@@ -8,6 +8,7 @@ from typing import Any
 from subagent.cli.common import (
     EXIT_ERROR,
     CliError,
+    UsageError,
     answer_text,
     flat_text,
     make_console,
@@ -37,6 +38,7 @@ def _offline(request: Any) -> Any:
 def cmd_send(args: argparse.Namespace) -> int:
     from agent.models import scripted as S
     from agent.options import AgentOptions
+    from providers.acp import provider_for_stored_child
     from providers.inprocess import ForkProvider, SpawnProvider
     from subagent.errors import SubagentError
     from subagent.runtime import Runtime
@@ -60,6 +62,14 @@ def cmd_send(args: argparse.Namespace) -> int:
         rt.subagents.register(SpawnProvider())
         rt.subagents.register(ForkProvider())
         install_subagent_tools(rt)
+        # An ACP child is reached again through the agent its log records (command, arguments,
+        # names of passed variables), plus the variables named here. Registered after the tools:
+        # it serves this resume, not new delegations.
+        acp = provider_for_stored_child(store, args.child, pass_env=args.acp_env or ())
+        if acp is not None:
+            rt.subagents.register(acp)
+        elif args.acp_env:
+            raise UsageError(f"{args.child} is not an ACP child (--acp-env is for ACP children)")
         options = AgentOptions(model=f"openai:{args.model}") if args.model else None
         parent = rt.resume_agent(header.parent_session, options=options)
         sent = rt.subagents.send_message(parent, args.child, message, MessageSource.user())
@@ -100,5 +110,11 @@ def register(sub: Any) -> None:
     )
     send.add_argument("--base-url")
     send.add_argument("--model", help="the parent's model at --base-url (default: offline)")
+    send.add_argument(
+        "--acp-env",
+        action="append",
+        metavar="NAME",
+        help="also pass this variable to an ACP child's agent (repeatable)",
+    )
     send.add_argument("--json", action="store_true")
     send.set_defaults(fn=cmd_send)

@@ -4,7 +4,10 @@
 
 - normal: thought, plan, tool call, then `echo: <prompt>`; a prompt `stop:<reason>` ends the turn
   with that ACP stop reason instead, `env:<NAME>` answers that variable's value. Advertises
-  `loadSession`; `session/load` replays history first.
+  `loadSession`; `session/load` replays history first. With $ACP_PEER_STATE naming a directory,
+  sessions persist there (as a real agent's do), so another process can `session/load` them:
+  `recall` answers `recalled: <earlier prompts, joined by " | ">`, `crash` exits 3 mid-turn,
+  `hang` reports `hanging` and never ends its turn.
 
 When $ACP_PEER_NOTIFY names a unix socket, the peer connects at start-up and reports lines there
 (`pid <pid>`, `new_session`, `grandchild <pid>`) so tests synchronise on events, not sleeps.
@@ -25,6 +28,8 @@ When $ACP_PEER_NOTIFY names a unix socket, the peer connects at start-up and rep
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import signal
 import socket
@@ -65,6 +70,30 @@ def report(line: str) -> None:
     _notify.sendall(line.encode() + b"\n")
 
 
+def _state_file(session_id: str) -> str | None:
+    state = os.environ.get("ACP_PEER_STATE")
+    if not state:
+        return None
+    return os.path.join(state, hashlib.sha256(session_id.encode()).hexdigest()[:16] + ".json")
+
+
+def load_history(session_id: str) -> list[str] | None:
+    """The session's earlier prompts, or None when it was never stored."""
+    path = _state_file(session_id)
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        history: list[str] = json.load(f)
+    return history
+
+
+def save_history(session_id: str, history: list[str]) -> None:
+    path = _state_file(session_id)
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(history, f)
+
+
 class PeerAgent:
     def __init__(self) -> None:
         self.conn: Any = None
@@ -98,11 +127,22 @@ class PeerAgent:
                 stderr=subprocess.DEVNULL,
             )
             report(f"grandchild {self.grandchild.pid}")
-        return NewSessionResponse(session_id=f"sess-{uuid.uuid4().hex[:8]}:{cwd}")
+        session_id = f"sess-{uuid.uuid4().hex[:8]}:{cwd}"
+        save_history(session_id, [])
+        return NewSessionResponse(session_id=session_id)
 
     async def load_session(self, cwd: str, session_id: str, **kwargs: Any) -> LoadSessionResponse:
-        await self.conn.session_update(session_id, update_user_message_text("old prompt"))
-        await self.conn.session_update(session_id, update_agent_message_text("old answer"))
+        report(f"load_session {session_id}")
+        if _state_file(session_id) is None:
+            history = ["old prompt"]
+        else:
+            stored = load_history(session_id)
+            if stored is None:
+                raise acp.RequestError.invalid_params({"sessionId": "unknown session"})
+            history = stored
+        for said in history:
+            await self.conn.session_update(session_id, update_user_message_text(said))
+            await self.conn.session_update(session_id, update_agent_message_text("old answer"))
         return LoadSessionResponse()
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
@@ -116,6 +156,19 @@ class PeerAgent:
         text = "".join(getattr(block, "text", "") for block in prompt)
         say = self.say(session_id)
         if MODE == "normal":
+            history = load_history(session_id)
+            if history is not None:
+                save_history(session_id, [*history, text])
+            if text == "recall":
+                await say(f"recalled: {' | '.join(history or [])}")
+                return PromptResponse(stop_reason="end_turn")
+            if text == "crash":
+                await say("about to crash")
+                os._exit(3)
+            if text == "hang":
+                await say("hanging")
+                report("hanging")
+                await asyncio.sleep(3600)
             if text.startswith("stop:"):
                 await say("partial")
                 if text[5:] not in KNOWN_STOP_REASONS:

@@ -7,6 +7,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from providers.acp import AcpConfig
 from providers.acp_process import group_has_live_member
 
 PEER = str(Path(__file__).parent / "sdk_agent.py")
+FAKE = str(Path(__file__).parent / "fake_agent.py")
 
 
 @dataclass
@@ -33,6 +35,24 @@ def peer_config(mode: str, **overrides: Any) -> AcpConfig:
     options: dict[str, Any] = {"eof_grace": 2.0, "terminate_grace": 2.0}
     options.update(overrides)
     return AcpConfig(command=sys.executable, args=[PEER, mode], **options)
+
+
+def fake_config(mode: str, **overrides: Any) -> AcpConfig:
+    """The stdlib fake agent (launcher, silent, refusing... behaviours)."""
+    options: dict[str, Any] = {"eof_grace": 1.0, "terminate_grace": 1.0}
+    options.update(overrides)
+    return AcpConfig(command=sys.executable, args=[FAKE, mode], **options)
+
+
+def wait_until(condition: Any, timeout: float = 30.0) -> None:
+    """Poll a process-state condition cooperatively (the kernel offers no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout} s")
+        gevent.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 def text_prompt(text: str) -> list[dict[str, Any]]:
@@ -85,6 +105,18 @@ class Notifier:
             line: str = self.lines.get(timeout=timeout)
             if line.startswith(prefix):
                 return line[len(prefix) :].strip()
+
+    def expect_all(self, *prefixes: str, timeout: float = 30.0) -> dict[str, str]:
+        """The rest of the first line for each prefix, whatever order they arrive in (lines from
+        different processes are not ordered)."""
+        found: dict[str, str] = {}
+        while len(found) < len(prefixes):
+            line: str = self.lines.get(timeout=timeout)
+            for prefix in prefixes:
+                if prefix not in found and line.startswith(prefix):
+                    found[prefix] = line[len(prefix) :].strip()
+                    break
+        return found
 
     def close(self) -> None:
         gevent.killall(self._greenlets, block=True)
