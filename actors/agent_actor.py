@@ -36,6 +36,7 @@ from actors import gevent_actor
 from actors.deferred import Deferred, rejected
 from actors.gevent_actor import GeventActor, GeventFuture
 from actors.local import start_local
+from agent import tracing
 from agent.context import AgentContext
 from agent.log import SessionLog
 from agent.loop import AgentCore, PendingSteer, TurnOutcome
@@ -69,6 +70,8 @@ class Send:
     content: Sequence[Mapping[str, Any]]
     source: MessageSource
     message_id: str | None = None
+    # Where the turn hangs in a trace (agent.tracing), carried across the mailbox explicitly.
+    trace: tracing.TraceParent | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,10 @@ class AgentActor(GeventActor):
             "inbox/accepted",
             {"message_id": message_id, "kind": "send", "content": content, "source": source},
         )
-        self._queue.append({"id": message_id, "content": content, "source": source})
+        entry: dict[str, Any] = {"id": message_id, "content": content, "source": source}
+        if message.trace is not None:
+            entry["trace"] = self.core.trace = message.trace
+        self._queue.append(entry)
         self._held = False
         if self._worker is None:
             self._worker = gevent.spawn(self._work)
@@ -414,11 +420,20 @@ class Agent:
         return self._actor
 
     def send(
-        self, content: Any, source: MessageSource | None = None, *, message_id: str | None = None
+        self,
+        content: Any,
+        source: MessageSource | None = None,
+        *,
+        message_id: str | None = None,
+        trace: tracing.TraceParent | None = None,
     ) -> Any:
         """Queue a turn; the future gives the accepted message id (`message_id` if given: it
-        must be unique in this session)."""
-        return self._ask(Send(check_content(content), source or MessageSource.user(), message_id))
+        must be unique in this session). The turn's spans hang under `trace`, else under the
+        caller's current span, else under the agent's previous parent."""
+        trace = trace or tracing.ambient()
+        return self._ask(
+            Send(check_content(content), source or MessageSource.user(), message_id, trace)
+        )
 
     def steer(self, content: Any, source: MessageSource | None = None) -> Any:
         return self._ask(Steer(check_content(content), source or MessageSource.user()))

@@ -28,6 +28,7 @@ from typing import Any
 import gevent
 from gevent.event import Event as GEvent
 
+from agent import tracing
 from agent.history import history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import (
@@ -142,6 +143,9 @@ class AgentCore:
         self.turn = last_turn_number(log.events)
         self._last_header: tuple[str, list[Any]] | None = None
         self._capture: _Conclude | None = None
+        # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
+        self.trace: tracing.TraceParent | None = None
+        self._trace: tracing.TurnTrace | None = None
 
     # -- hooks for tools -------------------------------------------------------------------
 
@@ -178,6 +182,7 @@ class AgentCore:
         self.log.append("turn/start", {"turn": turn})
         self.turn = turn
         self._progress({"kind": "turn/start", "turn": turn})
+        self._trace = tracing.begin_turn(self, message, turn)
         self._log_user_message(message)
         capture = self._capture = _Conclude()
         state = _TurnState(gevent.getcurrent())
@@ -192,7 +197,9 @@ class AgentCore:
             outcome = TurnOutcome(turn, "blocked", message=str(exc) or "the turn was blocked")
         except (ModelError, ToolCrash) as exc:
             outcome = TurnOutcome(turn, "error", message=str(exc) or type(exc).__name__)
-        except OSError:
+        except OSError as exc:
+            if self._trace is not None:
+                self._trace.fault(exc)
             raise
         except Exception as exc:  # a crash in loop or adapter code: contained as `error`
             # A result, not an incident: the host sees it in the outcome (docs/decisions.md).
@@ -204,6 +211,10 @@ class AgentCore:
         if signal.aborted and outcome.reason not in ("completed", "aborted"):
             outcome = TurnOutcome(turn, "aborted", cause=_cause(signal.reason))
         self._close_turn(turn, state, outcome)
+        trace = self._trace
+        if trace is not None:
+            self._trace = None
+            trace.end(outcome)
         outcome.output = state.output()
         outcome.structured = capture.value if capture.concluded else None
         return outcome
@@ -236,7 +247,13 @@ class AgentCore:
             request = self._request(turn, step, signal)
             self.log.checkpoint("step")
             state.partial.clear()
-            response = without_lone_surrogates(self.model.complete(request, sink))
+            tt = self._trace
+            response = (
+                self.model.complete(request, sink)
+                if tt is None
+                else tt.chat(self.model.complete, request, sink)
+            )
+            response = without_lone_surrogates(response)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)
@@ -263,6 +280,8 @@ class AgentCore:
             )
         for steer in steers:
             self.log.append("inbox/claimed", {"message_id": steer.message_id})
+        if self._trace is not None:
+            self._trace.steers(steers)
         for steer in steers:
             steer.on_admitted()
 
@@ -398,9 +417,15 @@ class AgentCore:
             exc = crash[0]
             raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
 
-    def _context(self, call: ToolCall, signal: AbortSignal) -> ToolContext:
+    def _context(
+        self, call: ToolCall, signal: AbortSignal, trace: tracing.TraceParent | None = None
+    ) -> ToolContext:
         return ToolContext(
-            agent=self.agent, session_id=self.session_id, call_id=call.id, signal=signal
+            agent=self.agent,
+            session_id=self.session_id,
+            call_id=call.id,
+            signal=signal,
+            trace=trace,
         )
 
     def _execute(
@@ -412,7 +437,13 @@ class AgentCore:
         signal: AbortSignal,
     ) -> None:
         try:
-            results[i] = self.tools.execute(call, self._context(call, signal))
+            tt = self._trace
+            if tt is None:
+                results[i] = self.tools.execute(call, self._context(call, signal))
+            else:
+                results[i] = tt.tool(
+                    self.tools.execute, call, lambda trace: self._context(call, signal, trace)
+                )
         except AbortError:
             pass
         except Exception as exc:  # execute() must contain tool errors: this is a defect

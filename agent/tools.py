@@ -75,6 +75,8 @@ class ToolContext:
     session_id: str
     call_id: str
     signal: AbortSignal
+    # The call's `execute_tool` span (agent.tracing.TraceParent) while tracing is on, else None.
+    trace: Any = None
 
 
 ToolFn = Callable[[Mapping[str, Any], ToolContext], "str | list[dict[str, Any]]"]

@@ -30,6 +30,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
+from agent import tracing
 from agent.events import SessionHeader, SessionLogError
 from agent.store import SessionBusyError, SessionNotFoundError
 from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
@@ -118,10 +119,15 @@ def _parent_cwd(parent: Any) -> str:
         raise SubagentError("START_FAILED", str(exc)) from None
 
 
-def _session_params(cwd: str, parent: Any) -> dict[str, Any]:
+def _session_params(cwd: str, parent: Any, trace: Any = None) -> dict[str, Any]:
     """The params of `session/new` (and, with a `sessionId`, `session/load`): built in one place
     so per-parent metadata (`_meta`) reaches both."""
-    return {"cwd": cwd, "mcpServers": []}
+    params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}
+    # The W3C trace context of this activation (docs/tracing.md): the agent's spans join it.
+    meta = tracing.carrier(trace)
+    if meta:
+        params["_meta"] = {**params.get("_meta", {}), **meta}
+    return params
 
 
 def _choose_permission(policy: str, params: Any) -> dict[str, Any]:
@@ -461,7 +467,9 @@ class AcpProvider:
                 "UNSUPPORTED_CAPABILITY", "continuable children need ResumableAcpProvider"
             )
         run_id = _parent_scoped_id(request.parent)
-        return self._establish(request.prompt, request.parent, request.signal, run_id)
+        return self._establish(
+            request.prompt, request.parent, request.signal, run_id, trace=request.trace
+        )
 
     def _establish(
         self,
@@ -473,6 +481,7 @@ class AcpProvider:
         cwd: str | None = None,
         load_session_id: str | None = None,
         record_log: Callable[[str, str, list[dict[str, Any]]], ChildLog] | None = None,
+        trace: Any = None,
     ) -> AcpRun:
         """Spawn and handshake, open (`session/new`) or load (`session/load`) the ACP session,
         let `record_log(cwd, acp session id, prompt)` record the activation, start the turn.
@@ -492,7 +501,7 @@ class AcpProvider:
         child_log: ChildLog | None = None
         try:
             child.handshake(signal)
-            params = _session_params(cwd, parent)
+            params = _session_params(cwd, parent, trace)
             if load_session_id is None:
                 reply = child.request("session/new", params, signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None
@@ -541,7 +550,9 @@ class ResumableAcpProvider(AcpProvider):
         parent = request.parent
         if continuation is None:
             run_id = _parent_scoped_id(parent)
-            return self._establish(request.prompt, parent, request.signal, run_id)
+            return self._establish(
+                request.prompt, parent, request.signal, run_id, trace=request.trace
+            )
         run_id = continuation.session_id
         store = _store_of(parent)
         descriptor = continuation.descriptor
@@ -560,7 +571,14 @@ class ResumableAcpProvider(AcpProvider):
                 )
                 return ChildLog.create(store, header, blocks, source, data, self._record(sid, cwd))
 
-        run = self._establish(request.prompt, parent, request.signal, run_id, record_log=record_log)
+        run = self._establish(
+            request.prompt,
+            parent,
+            request.signal,
+            run_id,
+            record_log=record_log,
+            trace=request.trace,
+        )
         self.config.session_index[run_id] = run.acp_session_id
         return run
 
@@ -602,6 +620,7 @@ class ResumableAcpProvider(AcpProvider):
                 request.signal,
                 child_id,
                 load_session_id=acp_session_id,
+                trace=request.trace,
             )
         # Held before the agent starts: a second activation (here or in another process) is
         # refused before it could load the same ACP session twice.
@@ -626,6 +645,7 @@ class ResumableAcpProvider(AcpProvider):
                 cwd=cwd,
                 load_session_id=acp_session_id,
                 record_log=record_log,
+                trace=request.trace,
             )
         except BaseException:
             held.release()

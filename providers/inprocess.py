@@ -14,6 +14,7 @@ from typing import Any
 
 from actors.agent_actor import Agent
 from actors.agents import create_agent, resume_agent
+from agent import tracing
 from agent.log import completed_turn_prefix
 from agent.options import AgentOptions
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
@@ -104,13 +105,15 @@ class InProcessProvider:
             if continuation is not None:
                 descriptor = continuation.descriptor
                 data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
+                # The first activation's traceparent rides along: a resumed one links to it.
+                event = {"descriptor": data, **tracing.carrier(request.trace)}
                 agent.actor.before_first_request = lambda: agent.core.add_event(
-                    "subagent/descriptor", {"descriptor": data}
+                    "subagent/descriptor", event
                 )
             run = LocalRun(
                 agent, request.signal, wants_structured=request.output_schema is not None
             )
-            run.begin(request.prompt, MessageSource.coordinator(parent.id))
+            run.begin(request.prompt, MessageSource.coordinator(parent.id), request.trace)
         except BaseException:
             _discard(agent)
             raise
@@ -128,7 +131,7 @@ class InProcessProvider:
         try:
             _raise_if_aborted(request.signal)
             run = LocalRun(agent, request.signal)
-            run.begin(request.prompt, request.source)
+            run.begin(request.prompt, request.source, request.trace)
         except BaseException:
             agent.close("resume failed")
             raise

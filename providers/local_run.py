@@ -94,12 +94,16 @@ class LocalRun:
     def settled(self) -> bool:
         return self._settled
 
-    def begin(self, prompt: Sequence[Mapping[str, Any]], source: MessageSource) -> str:
-        """Queue the activation's turn; returns the accepted message id."""
+    def begin(
+        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: Any = None
+    ) -> str:
+        """Queue the activation's turn (its spans under `trace`); returns the message id."""
         # Chosen here, before the send, so the turn that answers it is recognised even if it
         # ends before the send's reply arrives, or after restored messages queued before it.
         self.message_id = "p" + os.urandom(6).hex()
-        message_id: str = self._agent.send(list(prompt), source, message_id=self.message_id).get()
+        message_id: str = self._agent.send(
+            list(prompt), source, message_id=self.message_id, trace=trace
+        ).get()
         return message_id
 
     def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:

@@ -41,6 +41,7 @@ from gevent.event import Event as GEvent
 from gevent.lock import Semaphore
 
 from actors.gevent_actor import GeventFuture
+from agent import tracing
 from providers.local_run import clip_diagnostic
 from providers.ray_host import ChildHost, HostConfig, HostSetup, result_from_json
 from providers.remote_run import RemoteRun
@@ -637,6 +638,8 @@ class RayProvider:
             "tool_filter": request.tool_filter,
             "persona": request.persona,
             "continuation": cont_json,
+            "trace": tracing.carrier(request.trace),  # W3C traceparent: the host joins the trace
+            "trace_name": getattr(request.trace, "name", None),
         }
         recovery = None
         if cont_json is not None:
@@ -662,6 +665,8 @@ class RayProvider:
             "source": request.source.to_json(),
             "parent": parent_spec,
             "descriptor": descriptor_json,
+            "trace": tracing.carrier(request.trace),
+            "trace_name": getattr(request.trace, "name", None),
         }
         recovery = {
             "session_id": request.session_id,

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import gevent
 from gevent.event import Event as GEvent
 
+from agent import tracing
 from agent.models.scripted import DEFAULT, Step
 from agent.options import AgentOptions
 from agent.store import SessionStore
@@ -437,6 +438,7 @@ class ChildHost:
             tool_filter=spec.get("tool_filter"),
             persona=spec.get("persona"),
             continuation=continuation,
+            trace=tracing.extract(spec.get("trace"), spec.get("trace_name")),
         )
         run = self._provider.start(request)
         entry.run = run
@@ -450,6 +452,7 @@ class ChildHost:
             parent=self._parent(spec),
             signal=entry.controller.signal,
             descriptor=_descriptor(spec["descriptor"]),
+            trace=tracing.extract(spec.get("trace"), spec.get("trace_name")),
         )
         run = self._provider.resume(request)
         entry.run = run

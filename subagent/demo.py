@@ -24,6 +24,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
+from agent import tracing
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.store import SessionStore
@@ -154,10 +155,14 @@ class Demo:
 
     def run(self) -> None:
         """Drive the coordinator until it and every child it started are settled."""
-        self.root.send(f"Coordinate {len(self.plans)} workers.").get()
-        # Wakes on events only; the barrier (a registry round trip) delivers every lifecycle
-        # event told so far before the tree is read.
-        Quiescence(self.root, self.runtime.tasks, barrier=self.runtime.subagents.providers).wait()
+        with tracing.root_span("subagent demo", {"subagent.children": len(self.plans)}):
+            coordinator = tracing.ambient("coordinator")  # the trace's root: every turn under it
+            self.root.send(f"Coordinate {len(self.plans)} workers.", trace=coordinator).get()
+            # Wakes on events only; the barrier (a registry round trip) delivers every lifecycle
+            # event told so far before the tree is read.
+            Quiescence(
+                self.root, self.runtime.tasks, barrier=self.runtime.subagents.providers
+            ).wait()
 
     def cancel_all(self, reason: str) -> list[str]:
         """Ctrl-C: cancel the coordinator's turn (which cancels its children) and every task."""

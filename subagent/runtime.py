@@ -19,6 +19,7 @@ from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
+from subagent import telemetry
 from subagent.errors import SubagentError
 from subagent.service import SubagentService
 from subagent.tasks import TaskService
@@ -50,6 +51,8 @@ class Runtime:
             store = SessionStore(Path(store), durability=durability)  # type: ignore[arg-type]
         elif not isinstance(store, (SessionStore, MemoryStore)):
             raise TypeError("store must be a SessionStore, a MemoryStore, a path or None")
+        # OTEL_* set and no tracer provider yet: install one (a host's own is never replaced).
+        telemetry.configure_from_env()
         if models is None:
             models = ModelRegistry()
         # The embedded default model echoes the last user message: no network, no keys.

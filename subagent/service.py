@@ -25,6 +25,7 @@ from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.schema import UnsupportedSchemaError, check_output_schema
@@ -72,6 +73,7 @@ class RunHandle:
         self._ended = False
         self._disposed = False
         self.ref: Any = None
+        self._trace: Any = None  # the activation's span (agent.tracing.Activation), if tracing
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} provider={self.provider} run_id={self.run_id}>"
@@ -122,6 +124,8 @@ class RunHandle:
         if self._ended:
             return
         self._ended = True
+        if self._trace is not None:
+            self._trace.end(outcome)
         self._service._emit_end(self, outcome)
         if isinstance(outcome, BaseException):
             self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
@@ -270,7 +274,9 @@ class SubagentService:
         ticket = next(self._tickets)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
         provider, run_id = admitted
-        return self._launch(provider, run_id, ticket, parent_id, lambda: provider.start(request))
+        request, trace = telemetry.begin_start(request, name, run_id, parent_id)
+        start = provider.start
+        return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
     def resume(self, request: SubagentResumeRequest, name: str | None = None) -> RunHandle:
         """The raw resume operation: dispatch a resolved request to the provider's `resume`.
@@ -292,8 +298,10 @@ class SubagentService:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
         provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        store = self._ctx.store
+        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store)
         resume = provider.resume
-        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request))
+        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 
     def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
         future = self._ref.ask(message, block=False)
@@ -323,17 +331,23 @@ class SubagentService:
         ticket: int,
         parent_id: str,
         start: Callable[[], SubagentRun],
+        trace: Any = None,
     ) -> RunHandle:
         try:
             run = start()
-        except BaseException:
+        except BaseException as exc:
             self._release(ticket)
+            if trace is not None:
+                trace.failed(exc)
             raise
         # Method presence is the capability (the seed's narrowing); a direct attribute check is
         # exact and far cheaper than a runtime-checkable Protocol `isinstance` on every start.
         cls = SteerableRunHandle if callable(getattr(run, "steer", None)) else RunHandle
         handle = cls(self, run, run_id, provider.name, parent_id)
         handle._ticket = ticket
+        if trace is not None:
+            handle._trace = trace
+            trace.published(run.id)
         try:
             supervisor = self._supervisor_for(parent_id)
             handle.ref = RunActor.start(run, handle._on_settled)
@@ -352,7 +366,10 @@ class SubagentService:
             else:
                 run.dispose()
             self._release(ticket)
-            raise SubagentError("START_FAILED", "the parent is shutting down") from None
+            failure = SubagentError("START_FAILED", "the parent is shutting down")
+            if trace is not None:
+                trace.failed(failure)
+            raise failure from None
         self._live[run_id] = handle
         self._by_parent.setdefault(parent_id, {})[run_id] = handle
         agent = run.local_agent

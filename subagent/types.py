@@ -166,6 +166,10 @@ class SubagentStartRequest:
     tool_filter: ToolRestriction | None = None
     persona: str | None = None
     continuation: SubagentContinuation | None = None
+    # Tracing (an `agent.tracing.TraceParent`, None while tracing is off): from the tool layer,
+    # where the child hangs (its call's `execute_tool` span, named with the child's label); as
+    # the provider receives it, the context of the child's own activation span.
+    trace: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +182,7 @@ class SubagentResumeRequest:
     parent: Any  # the live parent agent recorded in the child's header
     signal: AbortSignal
     descriptor: Any  # subagent.descriptor.SubagentDescriptor
+    trace: Any = None  # as `SubagentStartRequest.trace`
 
 
 @dataclass(frozen=True, slots=True)

@@ -332,3 +332,69 @@ def test_abort_racing_publication_leaves_nothing_behind(parent: Parent) -> None:
         assert run.result.get(timeout=30).stop_reason == "aborted"
         run.dispose()
     wait_for(lambda: sum(h["live"] for h in parent.provider.hosts()) == 0, "the disposal")
+
+
+class TraceToFile:
+    """A host setup: the host process exports its spans as JSON lines to `path` (shared disk)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, runtime: Runtime) -> None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            SimpleSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+
+        path = self.path
+
+        class ToFile(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                with open(path, "a") as f:
+                    for s in spans:
+                        parent = s.parent.span_id if s.parent else None
+                        row = {"name": s.name, "trace_id": s.context.trace_id}
+                        row.update(span_id=s.context.span_id, parent_id=parent)
+                        f.write(json.dumps(row) + "\n")
+                return SpanExportResult.SUCCESS
+
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):
+            provider = TracerProvider()
+            trace.set_tracer_provider(provider)
+        provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+
+
+def test_a_ray_childs_spans_join_the_trace_through_the_request(
+    parent: Parent, tmp_path: Path
+) -> None:
+    from opentelemetry import trace
+    from tracing_support import installed
+
+    from agent.tracing import TraceParent
+
+    path = tmp_path / "host-spans.jsonl"
+    parent.provider.run_setup(TraceToFile(str(path)))
+    with installed() as exporter:
+        caller = trace.get_tracer("test").start_span("the delegating call")
+        where = TraceParent(trace.set_span_in_context(caller), name="ray worker")
+        run = parent.start("hello", trace=where)
+        try:
+            assert run.result.get(timeout=30).stop_reason == "completed"
+        finally:
+            run.dispose()
+        caller.end()
+        (activation,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke")]
+    assert activation.name == "invoke_agent ray worker"
+    assert activation.parent is not None
+    assert activation.parent.span_id == caller.get_span_context().span_id
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    (host_turn,) = [r for r in rows if r["name"].startswith("invoke_agent")]
+    assert host_turn["name"] == "invoke_agent ray worker"
+    assert host_turn["trace_id"] == activation.context.trace_id
+    assert host_turn["parent_id"] == activation.context.span_id
+    chats = [r for r in rows if r["name"].startswith("chat")]
+    assert chats and all(r["parent_id"] == host_turn["span_id"] for r in chats)

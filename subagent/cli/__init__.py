@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from subagent import telemetry
 from subagent.cli import demo, gc, listing, run, send
 from subagent.cli.common import (
     EXIT_ERROR,
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
     terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
     try:
+        telemetry.configure_from_env()  # OTEL_TRACES_EXPORTER etc. (docs/tracing.md)
         return fn(args)
     except KeyboardInterrupt:
         reap_external_children()
@@ -94,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     finally:
         terminate.cancel()
+        telemetry.flush()
 
 
 def _one_line(message: str) -> str:

@@ -27,6 +27,7 @@ CLI_GC_FREEZE_EVERY = 1_000
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from agent import tracing
     from agent.models import scripted as S
     from agent.options import AgentOptions
     from agent.store import SessionStore
@@ -94,8 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"session: {root.id}  store: {root_dir}")
 
         def work() -> Any:
-            root.send(prompt).get()
-            return Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
+            with tracing.root_span("subagent run"):  # the trace's root (docs/tracing.md)
+                root.send(prompt, trace=tracing.ambient("root")).get()
+                return Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
 
         def interrupt() -> list[str]:
             stopped = [tree.label(n) for n in tree.running()]

@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 
 import gevent
 
+from agent import tracing
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
@@ -250,10 +251,12 @@ class _Delegate:
         if background and self.config.background == "continuable":
             return self._continuable(agent, description, prompt, ctx)
         if background:
-            return self._one_shot(agent, description, prompt)
+            return self._one_shot(agent, description, prompt, ctx)
         return self._foreground(agent, description, prompt, ctx)
 
-    def _request(self, agent: Any, prompt: list[dict[str, Any]], signal: Any) -> Any:
+    def _request(
+        self, agent: Any, prompt: list[dict[str, Any]], signal: Any, trace: Any = None
+    ) -> Any:
         c = self.config
         return SubagentStartRequest(
             prompt=prompt,
@@ -263,6 +266,7 @@ class _Delegate:
             max_depth=c.depth_cap,
             tool_filter=c.tool_filter,
             persona=c.persona,
+            trace=trace,
         )
 
     def _start(self, request: Any, description: str) -> Any:
@@ -276,7 +280,8 @@ class _Delegate:
     def _foreground(
         self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
-        handle = self._start(self._request(agent, prompt, ctx.signal), description)
+        trace = tracing.named(ctx.trace, description)
+        handle = self._start(self._request(agent, prompt, ctx.signal, trace), description)
         try:
             result: SubagentResult = handle.result.get()
         finally:
@@ -287,13 +292,16 @@ class _Delegate:
             )
         return output_text(result)
 
-    def _one_shot(self, agent: Any, description: str, prompt: list[dict[str, Any]]) -> str:
+    def _one_shot(
+        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+    ) -> str:
         tasks = agent.ctx.tasks
         if tasks is None:
             raise ToolError("background subagents need ctx.tasks", code="CONTINUATION_UNAVAILABLE")
         # The child outlives this call, so it gets its own signal; the task's kill aborts it.
         controller = AbortController()
-        handle = self._start(self._request(agent, prompt, controller.signal), description)
+        trace = tracing.named(ctx.trace, description)
+        handle = self._start(self._request(agent, prompt, controller.signal, trace), description)
         task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
         gevent.spawn(self._watch, agent, handle, task.id, description)
         return (
@@ -331,7 +339,7 @@ class _Delegate:
     def _continuable(
         self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
-        request = self._request(agent, prompt, ctx.signal)
+        request = self._request(agent, prompt, ctx.signal, tracing.named(ctx.trace, description))
         try:
             started = self.service.start_continuable(
                 self.config.provider, request, label=description

@@ -1,0 +1,438 @@
+"""OpenTelemetry spans for agents, model calls and tool calls (the optional `otel` extra).
+
+Without the OpenTelemetry API installed every hook is one constant check (`_trace is None`).
+With it installed but no tracer provider set (the API's proxy default), a turn costs one
+provider look-up and nothing else. With a provider, the loop emits the GenAI semantic
+conventions: `invoke_agent` for an activation, `chat` for each model call, `execute_tool` for
+each tool call.
+
+Greenlets: gevent starts every greenlet with an empty `contextvars` context, so OpenTelemetry's
+ambient context does not follow work from the greenlet that asked for it to the worker greenlet
+that does it. Parentage therefore travels explicitly, as a `TraceParent` value: in the actor's
+`Send` message, in a `ToolContext`, in a start or resume request, and (as a W3C `traceparent`)
+in the ACP `_meta` and the Ray request. Ambient context is read only in the caller's own
+greenlet (`ambient()`), and attached only around a tool call in the greenlet running it, so a
+tool's own instrumented calls nest under its `execute_tool` span.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from supervision.signal import AbortError
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer
+
+    from agent.model import ModelRequest, ModelResponse, ProgressSink, ToolCall
+    from agent.tools import ToolContext, ToolResult
+
+try:
+    from opentelemetry import context as _context
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace import Link, SpanKind, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR: Any = TraceContextTextMapPropagator()
+    _OFF_PROVIDERS: tuple[type, ...] = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+except ImportError:  # the `otel` extra is not installed: tracing is off for good
+    _trace = None  # type: ignore[assignment]
+
+__all__ = [
+    "Activation",
+    "TraceParent",
+    "TurnTrace",
+    "ambient",
+    "begin_turn",
+    "carrier",
+    "extract",
+    "named",
+    "root_span",
+    "start_activation",
+    "tracer",
+]
+
+log = logging.getLogger(__name__)
+
+INSTRUMENTATION = "subagent-runtime"
+
+# The runtime's own attributes, next to the gen_ai.* ones.
+PROVIDER = "subagent.provider"
+RUN_ID = "subagent.run_id"
+PARENT_ID = "subagent.parent_id"
+DEPTH = "subagent.depth"
+STOP_REASON = "subagent.stop_reason"
+CANCEL_CAUSE = "subagent.cancel.cause"
+DIAGNOSTIC = "subagent.diagnostic"
+RESUMED = "subagent.resumed"
+TURN = "subagent.turn"
+TURN_REASON = "subagent.turn.reason"
+STEER_EVENT = "subagent.steer.admitted"
+
+_cached: list[Any] = [None, None]  # [provider, tracer]
+
+
+def tracer() -> Tracer | None:
+    """The runtime's tracer, or None while tracing is off (no API, or no provider set yet).
+
+    Never cached while off, so a host that sets its provider later is picked up at the next
+    activation or turn.
+    """
+    if _trace is None:
+        return None
+    provider = _trace.get_tracer_provider()
+    if provider is _cached[0]:
+        found: Tracer = _cached[1]
+        return found
+    if isinstance(provider, _OFF_PROVIDERS):
+        return None
+    found = provider.get_tracer(INSTRUMENTATION)
+    _cached[0], _cached[1] = provider, found
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class TraceParent:
+    """Where an agent's work hangs in a trace; a value that crosses greenlets and mailboxes.
+
+    `activation=True`: the span in `context` is this agent's activation span (made by the run
+    layer), so the agent's model and tool spans hang directly under it. Otherwise the agent
+    opens its own `invoke_agent` span per turn under `context`. `name` is the agent's display
+    name (a child's label) for span names and `gen_ai.agent.name`.
+    """
+
+    context: Context
+    activation: bool = False
+    name: str | None = None
+
+
+def ambient(name: str | None = None) -> TraceParent | None:
+    """The calling greenlet's current span as a parent, if tracing is on and one is active."""
+    if _trace is None or tracer() is None:
+        return None
+    ctx = _context.get_current()
+    if not _trace.get_current_span(ctx).get_span_context().is_valid:
+        return None
+    return TraceParent(ctx, name=name)
+
+
+def named(parent: TraceParent | None, name: str | None) -> TraceParent | None:
+    """`parent` for a child called `name` (None stays None: tracing is off)."""
+    if parent is None:
+        return None
+    return TraceParent(parent.context, name=name)
+
+
+def carrier(parent: TraceParent | None) -> dict[str, str]:
+    """The W3C `traceparent` (and `tracestate`) of `parent`, for a request to another process."""
+    out: dict[str, str] = {}
+    if parent is not None and _trace is not None:
+        _PROPAGATOR.inject(out, context=parent.context)
+    return out
+
+
+def extract(data: Any, name: str | None = None) -> TraceParent | None:
+    """A `TraceParent` from a carrier received from another process; None if absent/invalid."""
+    if (
+        _trace is None
+        or not isinstance(data, Mapping)
+        or not isinstance(data.get("traceparent"), str)
+    ):
+        return None
+    ctx = _PROPAGATOR.extract({k: v for k, v in data.items() if isinstance(v, str)})
+    if not _trace.get_current_span(ctx).get_span_context().is_valid:
+        return None
+    return TraceParent(ctx, name=name)
+
+
+def link_to(data: Any) -> Any:
+    """A span link to the span named by a stored `traceparent` carrier, or None."""
+    parent = extract(data)
+    if parent is None:
+        return None
+    return Link(_trace.get_current_span(parent.context).get_span_context())
+
+
+@contextlib.contextmanager
+def root_span(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """A span made current in the calling greenlet (e.g. around a CLI command); free when off."""
+    found = tracer()
+    if found is None:
+        yield
+        return
+    with found.start_as_current_span(name, attributes=dict(attributes or {})):
+        yield
+
+
+# -- activations (the run layer) ---------------------------------------------------------------
+
+
+class Activation:
+    """One `invoke_agent` span for a child activation, from start to settlement."""
+
+    __slots__ = ("parent", "span")
+
+    def __init__(self, span: Span, parent: TraceParent) -> None:
+        self.span = span
+        # What the provider passes on: the child's work hangs under this span.
+        self.parent = parent
+
+    def published(self, child_id: str) -> None:
+        self.span.set_attribute("gen_ai.agent.id", child_id)
+        self.span.set_attribute("gen_ai.conversation.id", child_id)
+
+    def failed(self, exc: BaseException) -> None:
+        """The start failed before publication: nothing ran."""
+        self.span.record_exception(exc)
+        self.span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+        self.span.set_attribute("error.type", getattr(exc, "code", None) or type(exc).__name__)
+        self.span.end()
+
+    def end(self, outcome: Any) -> None:
+        """Settled: a `SubagentResult`, or an infrastructure fault (an exception)."""
+        span = self.span
+        if isinstance(outcome, BaseException):
+            span.record_exception(outcome)
+            span.set_attribute(STOP_REASON, "error")
+            span.set_attribute("error.type", type(outcome).__name__)
+            span.set_status(StatusCode.ERROR, f"{type(outcome).__name__}: {outcome}")
+            span.end()
+            return
+        stop = str(outcome.stop_reason)
+        span.set_attribute(STOP_REASON, stop)
+        diagnostic = outcome.diagnostic
+        if stop == "aborted":
+            if diagnostic:
+                span.set_attribute(CANCEL_CAUSE, diagnostic)
+        elif stop != "completed":
+            span.set_attribute("error.type", stop)
+            if diagnostic:
+                span.set_attribute(DIAGNOSTIC, diagnostic)
+            span.set_status(StatusCode.ERROR, diagnostic or stop)
+        span.end()
+
+
+def start_activation(
+    parent: TraceParent | None,
+    *,
+    provider: str,
+    run_id: str,
+    parent_id: str,
+    depth: int | None,
+    child_id: str | None = None,
+    link: Any = None,
+    resumed: bool = False,
+) -> Activation | None:
+    """Open a child activation's `invoke_agent` span under `parent` (None: tracing is off)."""
+    found = tracer()
+    if found is None:
+        return None
+    name = parent.name if parent is not None else None
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        PROVIDER: provider,
+        RUN_ID: run_id,
+        PARENT_ID: parent_id,
+    }
+    if name:
+        attributes["gen_ai.agent.name"] = name
+    if depth is not None:
+        attributes[DEPTH] = depth
+    if child_id is not None:
+        attributes["gen_ai.agent.id"] = child_id
+        attributes["gen_ai.conversation.id"] = child_id
+    if resumed:
+        attributes[RESUMED] = True
+    span = found.start_span(
+        f"invoke_agent {name}" if name else "invoke_agent",
+        context=None if parent is None else parent.context,
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        links=None if link is None else [link],
+    )
+    ctx = _trace.set_span_in_context(span, None if parent is None else parent.context)
+    return Activation(span, TraceParent(ctx, activation=True, name=name))
+
+
+# -- turns (the loop) --------------------------------------------------------------------------
+
+
+class TurnTrace:
+    """The spans of one running turn: its `invoke_agent` (own or the activation's) and below."""
+
+    __slots__ = ("_here", "_own", "_provider", "context", "recording", "span", "tracer")
+
+    def __init__(self, found: Tracer, span: Span, context: Context, own: bool, provider: str):
+        self.tracer = found
+        self.span = span
+        self.context = context
+        self._own = own
+        self._provider = provider
+        # An agent span the sampler dropped: its model and tool spans would be dropped too
+        # (parent-based sampling, the default), so they are not made at all; the context still
+        # travels, so the children it starts stay out of the sample with it.
+        self.recording = span.is_recording()
+        self._here = TraceParent(context)
+
+    def chat(
+        self,
+        complete: Callable[[ModelRequest, ProgressSink | None], ModelResponse],
+        request: ModelRequest,
+        sink: ProgressSink | None,
+    ) -> ModelResponse:
+        """Run one model call inside a `chat` span."""
+        if not self.recording:
+            return complete(request, sink)
+        span = self.tracer.start_span(
+            f"chat {request.model}",
+            context=self.context,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": self._provider,
+                "gen_ai.request.model": request.model,
+            },
+        )
+        try:
+            response = complete(request, sink)
+        except BaseException as exc:
+            _fail(span, exc)
+            raise
+        usage = response.usage
+        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (response.finish,)}
+        if usage:
+            for key in ("input_tokens", "output_tokens"):
+                value = usage.get(key)
+                if isinstance(value, int):
+                    attributes[f"gen_ai.usage.{key}"] = value
+        span.set_attributes(attributes)
+        span.end()
+        return response
+
+    def tool(
+        self,
+        execute: Callable[[ToolCall, ToolContext], ToolResult],
+        call: ToolCall,
+        make_context: Callable[[TraceParent], ToolContext],
+    ) -> ToolResult:
+        """Run one tool call inside an `execute_tool` span, current in this greenlet."""
+        if not self.recording:
+            token = _context.attach(self.context)
+            try:
+                return execute(call, make_context(self._here))
+            finally:
+                _context.detach(token)
+        span = self.tracer.start_span(
+            f"execute_tool {call.name}",
+            context=self.context,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id,
+            },
+        )
+        ctx = _trace.set_span_in_context(span, self.context)
+        token = _context.attach(ctx)
+        try:
+            result = execute(call, make_context(TraceParent(ctx)))
+        except BaseException as exc:  # abandoned (_Abandon, GreenletExit) or a tool-layer bug
+            _fail(span, exc)
+            raise
+        finally:
+            _context.detach(token)
+        if result.is_error:
+            span.set_attribute("error.type", result.code or "tool_error")
+            span.set_status(StatusCode.ERROR, result.code or "tool error")
+        span.end()
+        return result
+
+    def steers(self, steers: Sequence[Any]) -> None:
+        """Steering messages admitted at a step boundary: one span event each."""
+        for steer in steers:
+            source = steer.source.get("kind") if isinstance(steer.source, Mapping) else None
+            self.span.add_event(
+                STEER_EVENT,
+                {"subagent.message_id": steer.message_id, "subagent.source": str(source)},
+            )
+
+    def end(self, outcome: Any) -> None:
+        """The turn ended: close its own span (an activation span is the run layer's)."""
+        span = self.span
+        if not self.recording:
+            if self._own:
+                span.end()
+            return
+        if not self._own:
+            span.add_event("subagent.turn.end", {TURN: outcome.turn, TURN_REASON: outcome.reason})
+            return
+        span.set_attribute(TURN_REASON, outcome.reason)
+        if outcome.reason == "aborted":
+            if outcome.cause:
+                span.set_attribute(CANCEL_CAUSE, str(outcome.cause))
+        elif outcome.reason != "completed":
+            span.set_attribute("error.type", outcome.reason)
+            span.set_status(StatusCode.ERROR, outcome.message or outcome.reason)
+        span.end()
+
+    def fault(self, exc: BaseException) -> None:
+        """The turn failed outside the loop (its log failed)."""
+        if self._own:
+            _fail(self.span, exc)
+
+
+def begin_turn(core: Any, message: Mapping[str, Any], turn: int) -> TurnTrace | None:
+    """The spans for `core`'s turn `turn`, parented as its message says (None: tracing off)."""
+    if _trace is None:
+        return None
+    found = tracer()
+    if found is None:
+        return None
+    parent: TraceParent | None = message.get("trace") or core.trace
+    provider = str(core.options.model).split(":", 1)[0]
+    if parent is not None and parent.activation:
+        span = _trace.get_current_span(parent.context)
+        return TurnTrace(found, span, parent.context, False, provider)
+    name = parent.name if parent is not None else None
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.id": core.session_id,
+        "gen_ai.conversation.id": core.session_id,
+        "gen_ai.request.model": core.model_name,
+        TURN: turn,
+    }
+    if name:
+        attributes["gen_ai.agent.name"] = name
+    span = found.start_span(
+        f"invoke_agent {name}" if name else "invoke_agent",
+        context=None if parent is None else parent.context,
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+    )
+    ctx = _trace.set_span_in_context(span, None if parent is None else parent.context)
+    return TurnTrace(found, span, ctx, True, provider)
+
+
+def _fail(span: Span, exc: BaseException) -> None:
+    """End `span` for an exception: an abort is `aborted`, a killed greenlet `abandoned`."""
+    if isinstance(exc, AbortError):
+        kind, text = "aborted", f"aborted: {exc}"
+    elif not isinstance(exc, Exception):  # thrown in to abandon the call (kill, _Abandon)
+        kind, text = "abandoned", "abandoned: the turn was aborted while it ran"
+    else:
+        span.record_exception(exc)
+        kind = type(exc).__name__
+        text = f"{kind}: {exc}" if str(exc) else kind
+    span.set_attribute("error.type", kind)
+    span.set_status(StatusCode.ERROR, text)
+    span.end()
+
+
+def with_name(parent: TraceParent | None, name: str | None) -> TraceParent | None:
+    """`parent` renamed, keeping its kind."""
+    return None if parent is None else replace(parent, name=name)

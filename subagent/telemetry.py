@@ -1,0 +1,191 @@
+"""Tracing for the face: activation spans around starts and resumes, and set-up from `OTEL_*`.
+
+The spans themselves are `agent.tracing`'s; this module decides where a child activation's
+`invoke_agent` span opens (the service, before the provider's `start`, so the provider can pass
+its context on to the child, in-process or across a process boundary) and how a process gets
+a tracer provider when its host has not set one (`configure_from_env`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from agent import tracing
+from subagent.types import SubagentResumeRequest, SubagentStartRequest
+
+__all__ = ["begin_resume", "begin_start", "configure_from_env", "first_activation", "flush"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "subagent"
+
+# The provider this module installed (never a host's): flushed by `flush()`.
+_installed: list[Any] = []
+
+
+def begin_start(
+    request: SubagentStartRequest, provider: str, run_id: str, parent_id: str
+) -> tuple[SubagentStartRequest, tracing.Activation | None]:
+    """Open the child's activation span; the provider gets a request carrying its context."""
+    if tracing.tracer() is None:
+        return request, None
+    parent = request.trace or tracing.ambient()
+    continuation = request.continuation
+    activation = tracing.start_activation(
+        parent,
+        provider=provider,
+        run_id=run_id,
+        parent_id=parent_id,
+        depth=_child_depth(request.parent),
+        child_id=None if continuation is None else continuation.session_id,
+    )
+    if activation is None:
+        return request, None
+    return replace(request, trace=activation.parent), activation
+
+
+def begin_resume(
+    request: SubagentResumeRequest, provider: str, run_id: str, parent_id: str, store: Any
+) -> tuple[SubagentResumeRequest, tracing.Activation | None]:
+    """A resumed activation's span: under the caller's span, linked to the child's first."""
+    if tracing.tracer() is None:
+        return request, None
+    parent = tracing.with_name(
+        request.trace or tracing.ambient(), getattr(request.descriptor, "label", None)
+    )
+    if parent is None:
+        label = getattr(request.descriptor, "label", None)
+        parent = None if label is None else _unparented(label)
+    activation = tracing.start_activation(
+        parent,
+        provider=provider,
+        run_id=run_id,
+        parent_id=parent_id,
+        depth=_child_depth(request.parent),
+        child_id=request.session_id,
+        link=tracing.link_to(first_activation(store, request.session_id)),
+        resumed=True,
+    )
+    if activation is None:
+        return request, None
+    return replace(request, trace=activation.parent), activation
+
+
+def first_activation(store: Any, child_id: str) -> Mapping[str, Any] | None:
+    """The traceparent carrier recorded with a continuable child's descriptor, if any."""
+    try:
+        header = store.header(child_id)
+        for event in store.scan(child_id, start=header.seed_length):
+            if event.get("type") == "subagent/descriptor":
+                data = event.get("data")
+                return data if isinstance(data, Mapping) else None
+    except Exception:  # a link is a nicety: an unreadable log only loses it
+        log.debug("no first activation for %s", child_id, exc_info=True)
+    return None
+
+
+def _unparented(name: str) -> tracing.TraceParent | None:
+    """A parent-less `TraceParent` carrying only a name (a root span of its own)."""
+    from opentelemetry.context import Context
+
+    return tracing.TraceParent(Context(), name=name)
+
+
+def _child_depth(parent: Any) -> int | None:
+    depth = getattr(parent, "depth", None)
+    return depth + 1 if isinstance(depth, int) else None
+
+
+# -- set-up from the environment ---------------------------------------------------------------
+
+
+def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Install an SDK tracer provider from the standard `OTEL_*` variables, if asked to.
+
+    Only when `OTEL_TRACES_EXPORTER` (`console`, `otlp`, or a comma list) or an OTLP endpoint
+    is set, `OTEL_SDK_DISABLED` is not true, and no tracer provider is set yet: a host's own
+    provider is never replaced. Returns whether this call installed one. Raises `ValueError`
+    for an exporter it does not know, and `RuntimeError` when the `otel` extra is missing.
+    """
+    env = os.environ if environ is None else environ
+    names_text = env.get("OTEL_TRACES_EXPORTER", "").strip()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if not names_text and not endpoint:
+        return False
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    names = [n.strip().lower() for n in (names_text or "otlp").split(",") if n.strip()]
+    names = [n for n in names if n != "none"]
+    if not names:
+        return False
+    for name in names:
+        if name not in ("console", "otlp"):
+            raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {name!r}")
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError as exc:
+        raise RuntimeError(
+            "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
+            "pip install 'subagent-runtime[otel]'"
+        ) from exc
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return False  # the host (or an earlier call) set one: never replaced
+    attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": DEFAULT_SERVICE_NAME}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    for name in names:
+        exporter: Any = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
+        provider.shutdown()
+        return False
+    _installed.append(provider)
+    return True
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> Any:
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter,
+            )
+        except ImportError as exc:
+            raise RuntimeError(
+                "OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc; the `otel` extra "
+                "ships http/protobuf (the default protocol)"
+            ) from exc
+        return OTLPSpanExporter()
+    if protocol != "http/protobuf":
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: unsupported protocol {protocol!r}")
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+    except ImportError as exc:
+        raise RuntimeError(
+            "the otlp exporter needs the `otel` extra: pip install 'subagent-runtime[otel]'"
+        ) from exc
+    return HttpExporter()
+
+
+def flush(timeout_s: float = 30.0) -> None:
+    """Export what the provider this module installed still holds (e.g. before a CLI exits)."""
+    for provider in _installed:
+        try:
+            provider.force_flush(int(timeout_s * 1000))
+        except Exception:
+            log.exception("flushing spans failed")

@@ -1,0 +1,542 @@
+"""Tracing: the child tree comes out as one OpenTelemetry trace (SDK in-memory exporter).
+
+Every test installs its own SDK tracer provider for its duration (`tracing_support.installed`)
+and leaves the process with none, so the rest of the suite runs with tracing off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+from acp_peers.support import Parent as AcpParent
+from gevent import subprocess as gsub
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from tracing_support import ancestors, installed, no_provider, parent_of
+
+from agent import tracing
+from agent.model import ModelRequest, ModelResponse, ProgressSink
+from agent.models import ModelRegistry
+from agent.models import scripted as S
+from agent.options import AgentOptions
+from agent.store import MemoryStore
+from agent.tools import Tool, ToolContext
+from providers.acp import AcpConfig, AcpProvider
+from providers.inprocess import SpawnProvider
+from subagent import telemetry
+from subagent.demo import Demo
+from subagent.runtime import Runtime
+from subagent.tools import SubagentToolConfig, install_subagent_tools
+from subagent.types import SubagentStartRequest, text_block
+from supervision.signal import AbortController
+
+REPO = Path(__file__).resolve().parent.parent
+TRACED_PEER = str(Path(__file__).parent / "acp_peers" / "traced_agent.py")
+
+
+def named(spans: Sequence[ReadableSpan], prefix: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == prefix or s.name.startswith(prefix + " ")]
+
+
+def attr(span: ReadableSpan, key: str) -> Any:
+    assert span.attributes is not None
+    return span.attributes.get(key)
+
+
+# -- the demo's tree ----------------------------------------------------------------------------
+
+
+def run_demo(tmp_path: Path, children: int = 8, seed: int = 0) -> tuple[Demo, list[ReadableSpan]]:
+    with installed() as exporter:
+        demo = Demo(str(tmp_path / "sessions"), children=children, seed=seed)
+        try:
+            demo.run()
+        finally:
+            demo.close()
+        return demo, list(exporter.get_finished_spans())
+
+
+def test_the_demo_tree_is_one_trace_with_the_right_parentage(tmp_path: Path) -> None:
+    demo, spans = run_demo(tmp_path)
+    assert len({s.context.trace_id for s in spans}) == 1
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "subagent demo"
+
+    # The coordinator: one invoke_agent per turn, all under the demo's span.
+    coordinator = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.depth") is None]
+    assert [attr(s, "subagent.turn") for s in coordinator] == [1, 2, 3]
+    assert all(parent_of(s, spans) is root for s in coordinator)
+    assert {s.name for s in coordinator} == {"invoke_agent coordinator"}
+    assert {attr(s, "gen_ai.agent.id") for s in coordinator} == {demo.root.id}
+    first_turn = next(s for s in coordinator if attr(s, "subagent.turn") == 1)
+
+    # Every child activation hangs under the execute_tool span of the call that started it.
+    activations = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.depth")]
+    by_label: dict[str, list[ReadableSpan]] = {}
+    for span in activations:
+        by_label.setdefault(str(attr(span, "gen_ai.agent.name")), []).append(span)
+    plans = {p.label: p for p in demo.plans}
+    assert set(plans) <= set(by_label)
+    for label, plan in plans.items():
+        first = by_label[label][0]
+        tool = parent_of(first, spans)
+        assert tool is not None and tool.name == f"execute_tool {plan.tool_name}"
+        assert parent_of(tool, spans) is first_turn
+        assert attr(first, "subagent.depth") == 1
+        assert attr(first, "subagent.provider") == plan.provider
+        assert attr(first, "subagent.parent_id") == demo.root.id
+        assert str(attr(first, "subagent.run_id")).startswith("r")
+        assert first.name == f"invoke_agent {label}"
+
+    # The grandchild: depth 2, under the lead's own execute_tool span.
+    lead = next(p for p in demo.plans if p.role == "lead")
+    assert lead.grandchild is not None
+    (grandchild,) = by_label[lead.grandchild.label]
+    assert attr(grandchild, "subagent.depth") == 2
+    assert [s.name for s in ancestors(grandchild, spans)[:2]] == [
+        "execute_tool subagent",
+        f"invoke_agent {lead.label}",
+    ]
+
+    roles = {p.role: by_label[p.label] for p in demo.plans}
+    # The steer: admitted at a step boundary, an event on the child's activation span.
+    steered = roles["steer"][0]
+    assert [e.name for e in steered.events if e.name == tracing.STEER_EVENT] == [
+        tracing.STEER_EVENT
+    ]
+    assert attr(steered, "subagent.stop_reason") == "completed"
+    # The crash: contained as the child's error; the failing chat span records the exception.
+    crashed = roles["crash"][0]
+    assert attr(crashed, "subagent.stop_reason") == "error"
+    assert crashed.status.status_code == trace.StatusCode.ERROR
+    failed_chat = [
+        s for s in named(spans, "chat") if parent_of(s, spans) is crashed and not s.status.is_ok
+    ]
+    assert [attr(s, "error.type") for s in failed_chat] == ["RuntimeError"]
+    # The cancel: aborted, with the operator's cause.
+    cancelled = roles["cancel"][0]
+    assert attr(cancelled, "subagent.stop_reason") == "aborted"
+    assert attr(cancelled, "subagent.cancel.cause") == "cancelled by the operator"
+    waits = [
+        s for s in named(spans, "execute_tool await_guidance") if parent_of(s, spans) is cancelled
+    ]
+    assert [attr(s, "error.type") for s in waits] in (["abandoned"], ["aborted"])
+    # The continuable child: interrupted, then resumed by send_message; the resumed activation
+    # hangs under that call and links to the first.
+    first, resumed = roles["continuable"]
+    assert attr(first, "subagent.stop_reason") == "aborted"
+    assert attr(resumed, "subagent.resumed") is True
+    assert attr(resumed, "gen_ai.agent.id") == attr(first, "gen_ai.agent.id")
+    tool = parent_of(resumed, spans)
+    assert tool is not None and tool.name == "execute_tool send_message"
+    assert [link.context.span_id for link in resumed.links] == [first.context.span_id]
+    assert attr(resumed, "subagent.stop_reason") == "completed"
+
+    # Model and tool spans: the GenAI conventions, each under an agent span.
+    for span in named(spans, "chat"):
+        owner = parent_of(span, spans)
+        assert owner is not None and owner.name.startswith("invoke_agent")
+        assert attr(span, "gen_ai.operation.name") == "chat"
+        assert attr(span, "gen_ai.request.model") == "default"
+        assert attr(span, "gen_ai.provider.name") == "scripted"
+        if span.status.is_ok:
+            assert attr(span, "gen_ai.response.finish_reasons") in (("stop",), ("tool_calls",))
+    for span in named(spans, "execute_tool"):
+        owner = parent_of(span, spans)
+        assert owner is not None and owner.name.startswith("invoke_agent")
+        assert attr(span, "gen_ai.tool.name") == span.name.split(" ", 1)[1]
+        assert attr(span, "gen_ai.tool.call.id")
+    for span in named(spans, "invoke_agent"):
+        assert attr(span, "gen_ai.operation.name") == "invoke_agent"
+
+
+def test_tracing_off_without_a_provider_passes_no_context() -> None:
+    seen: list[Any] = []
+    requests: list[Any] = []
+
+    class Recording(SpawnProvider):
+        def start(self, request: SubagentStartRequest) -> Any:
+            requests.append(request.trace)
+            return super().start(request)
+
+    with no_provider():
+        assert tracing.tracer() is None
+        assert tracing.ambient() is None
+        rt = Runtime(store=MemoryStore())
+        try:
+            rt.subagents.register(Recording())
+            install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
+            rt.ctx.tools.register(
+                Tool("probe", "probe", {"type": "object"}, lambda a, c: seen.append(c.trace) or "")
+            )
+            agent = rt.agent()
+            call = ("subagent", {"description": "w", "prompt": "p"})
+            rt.scripted.script(agent.id, [S.tool_calls([("probe", {}), call]), S.text("done")])
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+            assert agent.core.trace is None
+        finally:
+            rt.close()
+    assert seen == [None]
+    assert requests == [None]
+
+
+# -- loop spans: usage, tool context, ambient parents --------------------------------------------
+
+
+class UsageModel:
+    """A model adapter that reports token usage, as the OpenAI adapter does."""
+
+    def complete(self, request: ModelRequest, on_progress: ProgressSink | None = None) -> Any:
+        if request.step == 1:
+            call = S.tool_call("inner", {})
+            assert call.calls
+            name, args, _ = call.calls[0]
+            from agent.model import ToolCall
+
+            return ModelResponse(
+                content=[], tool_calls=(ToolCall("c1", name, args),), finish="tool_calls",
+                usage={"input_tokens": 11, "output_tokens": 3},
+            )  # fmt: skip
+        return ModelResponse(
+            content=[text_block("ok")], usage={"input_tokens": 20, "output_tokens": 5}
+        )
+
+
+def test_chat_spans_carry_usage_and_tools_see_their_span_as_current() -> None:
+    models = ModelRegistry()
+    models.register("usage", UsageModel())
+    inner: list[Any] = []
+
+    def tool_fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        # A tool's own instrumented work nests under its execute_tool span.
+        with trace.get_tracer("tool").start_as_current_span("inside the tool") as span:
+            inner.append((span, ctx.trace))
+        return "done"
+
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore(), models=models)
+        try:
+            rt.ctx.tools.register(Tool("inner", "inner", {"type": "object"}, tool_fn))
+            agent = rt.agent(options=AgentOptions(model="usage:m-1"))
+            with trace.get_tracer("host").start_as_current_span("host request") as host:
+                agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    (turn,) = named(spans, "invoke_agent")
+    # The host's current span at send time is the turn's parent (captured in the caller's
+    # greenlet, carried with the message to the agent's worker greenlet).
+    assert turn.parent is not None and turn.parent.span_id == host.get_span_context().span_id
+    chats = named(spans, "chat")
+    assert [s.name for s in chats] == ["chat m-1", "chat m-1"]
+    assert [attr(s, "gen_ai.usage.input_tokens") for s in chats] == [11, 20]
+    assert [attr(s, "gen_ai.usage.output_tokens") for s in chats] == [3, 5]
+    assert [attr(s, "gen_ai.response.finish_reasons") for s in chats] == [
+        ("tool_calls",),
+        ("stop",),
+    ]
+    assert [attr(s, "gen_ai.provider.name") for s in chats] == ["usage", "usage"]
+    (tool,) = named(spans, "execute_tool")
+    assert attr(tool, "gen_ai.tool.call.id") == "c1"
+    (inside,) = [s for s in spans if s.name == "inside the tool"]
+    assert inside.parent is not None and inside.parent.span_id == tool.context.span_id
+    (_, trace_parent), = inner  # fmt: skip
+    span_in_ctx = trace.get_current_span(trace_parent.context)
+    assert span_in_ctx.get_span_context().span_id == tool.context.span_id
+
+
+def test_a_later_turn_with_no_parent_keeps_the_agents_previous_one() -> None:
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            agent = rt.agent()
+            with trace.get_tracer("host").start_as_current_span("session") as host:
+                agent.send("one").get()
+            agent.when_idle().get()
+            # From a greenlet with no current span (as a settlement notice is sent).
+            gevent.spawn(lambda: agent.send("two").get()).get()
+            agent.when_idle().get()
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    turns = named(spans, "invoke_agent")
+    assert [attr(s, "subagent.turn") for s in turns] == [1, 2]
+    assert {s.parent.span_id for s in turns if s.parent} == {host.get_span_context().span_id}
+
+
+def test_aborted_parallel_children_end_every_span(tmp_path: Path) -> None:
+    """A cancelled parent turn kills its running delegations; no span is left open."""
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            rt.subagents.register(SpawnProvider())
+            install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
+            root = rt.agent()
+            calls = [("subagent", {"description": f"w{i}", "prompt": f"p{i}"}) for i in range(3)]
+            rt.scripted.script(root.id, [S.tool_calls(calls), S.text("never")])
+            rt.scripted.script("*", [S.hang()])
+            root.send("fan out").get()
+            for _ in range(1000):
+                if len(rt.subagents.runs()) == 3:
+                    break
+                gevent.sleep(0.005)
+            assert root.cancel("stop").get().reason == "aborted"
+        finally:
+            rt.close()
+        provider = trace.get_tracer_provider()
+        assert isinstance(provider, TracerProvider)
+        spans = list(exporter.get_finished_spans())
+    children = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.depth") == 1]
+    assert len(children) == 3
+    assert {attr(s, "subagent.stop_reason") for s in children} == {"aborted"}
+    tools = named(spans, "execute_tool subagent")
+    assert len(tools) == 3
+    # Every started span ended: each child's chat and each tool call were exported.
+    assert len(named(spans, "chat")) == 1 + 3
+
+
+# -- across processes ----------------------------------------------------------------------------
+
+
+def test_an_acp_childs_spans_join_the_trace_through_meta(tmp_path: Path) -> None:
+    config = AcpConfig(command=sys.executable, args=[TRACED_PEER], eof_grace=2.0)
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            rt.subagents.register(AcpProvider(config))
+            parent = rt.agent()
+            request = SubagentStartRequest(
+                prompt=[text_block("hi")],
+                parent=parent,
+                signal=AbortController().signal,
+                trace=tracing.TraceParent(
+                    trace.set_span_in_context(trace.get_tracer("t").start_span("call")),
+                    name="acp worker",
+                ),
+            )
+            handle = rt.subagents.start("acp", request)
+            try:
+                result = handle.result.get(timeout=30)
+            finally:
+                handle.dispose()
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    (activation,) = named(spans, "invoke_agent")
+    assert activation.name == "invoke_agent acp worker"
+    assert attr(activation, "subagent.provider") == "acp"
+    assert attr(activation, "subagent.stop_reason") == "completed"
+    reply = json.loads(result.output[0]["text"])
+    traceparent = reply["meta"]["traceparent"]
+    assert traceparent.startswith(
+        f"00-{activation.context.trace_id:032x}-{activation.context.span_id:016x}-"
+    )
+    remote = {s["name"]: s for s in reply["spans"]}
+    assert remote["invoke_agent peer"]["trace_id"] == activation.context.trace_id
+    assert remote["invoke_agent peer"]["parent_id"] == activation.context.span_id
+    assert remote["chat peer-model"]["parent_id"] == remote["invoke_agent peer"]["span_id"]
+
+
+def test_without_tracing_the_acp_child_gets_no_meta(tmp_path: Path) -> None:
+    config = AcpConfig(command=sys.executable, args=[TRACED_PEER], eof_grace=2.0)
+    with no_provider():
+        provider = AcpProvider(config)
+        parent = AcpParent(cwd=str(tmp_path))
+        run = provider.start(
+            SubagentStartRequest(
+                prompt=[text_block("hi")], parent=parent, signal=AbortController().signal
+            )
+        )
+        try:
+            result = run.result.get(timeout=30)
+        finally:
+            run.dispose()
+    assert json.loads(result.output[0]["text"])["meta"] == {}
+
+
+def test_otel_traces_exporter_console_prints_the_demo_spans(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRACES_EXPORTER"] = "console"
+    env["OTEL_SERVICE_NAME"] = "demo-under-test"
+    proc = gsub.run(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    decoder = json.JSONDecoder()
+    text = proc.stdout
+    spans = []
+    index = text.find("{\n")
+    while index != -1:
+        span, end = decoder.raw_decode(text, index)
+        spans.append(span)
+        index = text.find("{\n", end)
+    names = {s["name"] for s in spans}
+    assert {"subagent demo", "invoke_agent coordinator", "execute_tool subagent"} <= names
+    assert len({s["context"]["trace_id"] for s in spans}) == 1
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"demo-under-test"}
+
+
+# -- set-up from the environment -----------------------------------------------------------------
+
+
+def test_configure_from_env_installs_only_when_asked_and_never_over_a_host() -> None:
+    with no_provider():
+        assert telemetry.configure_from_env({}) is False
+        assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "none"}) is False
+        disabled = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}
+        assert telemetry.configure_from_env(disabled) is False
+        assert tracing.tracer() is None
+        with pytest.raises(ValueError, match="zipkin"):
+            telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "zipkin"})
+        with pytest.raises(ValueError, match="protocol"):
+            telemetry.configure_from_env(
+                {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+            )
+        assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "otlp"}) is True
+        ours = trace.get_tracer_provider()
+        assert isinstance(ours, TracerProvider)
+        assert ours.resource.attributes["service.name"] == telemetry.DEFAULT_SERVICE_NAME
+        ours.shutdown()
+    host = TracerProvider()
+    with installed(host):
+        assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}) is False
+        assert trace.get_tracer_provider() is host
+        assert tracing.tracer() is not None
+
+
+def test_a_sampled_out_trace_records_nothing_but_still_travels() -> None:
+    """Parent-based sampling: a dropped agent span makes no model or tool spans, and the
+    children it starts inherit the decision (their context is the dropped trace's)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    seen: list[Any] = []
+    with installed(TracerProvider(sampler=ALWAYS_OFF)) as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            rt.subagents.register(SpawnProvider())
+            install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
+            rt.ctx.tools.register(
+                Tool("probe", "probe", {"type": "object"}, lambda a, c: seen.append(c.trace) or "")
+            )
+            agent = rt.agent()
+            call = ("subagent", {"description": "w", "prompt": "p"})
+            rt.scripted.script(agent.id, [S.tool_calls([("probe", {}), call]), S.text("done")])
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+        finally:
+            rt.close()
+        assert exporter.get_finished_spans() == ()
+    (where,) = seen
+    context = trace.get_current_span(where.context).get_span_context()
+    assert context.is_valid and not context.trace_flags.sampled
+
+
+def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> None:
+    """The `otlp` exporter, configured by OTEL_EXPORTER_OTLP_ENDPOINT alone, posts the demo's
+    trace to a collector (here a real HTTP server on 127.0.0.1 that decodes OTLP/protobuf)."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra")
+    from gevent.pywsgi import WSGIServer
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[Any] = []
+
+    def collector(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length)
+        if environ["PATH_INFO"] == "/v1/traces":
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.append(request)
+        start_response("200 OK", [("Content-Type", "application/x-protobuf")])
+        return [b""]
+
+    server = WSGIServer(("127.0.0.1", 0), collector, log=None)
+    server.start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{server.server_port}"
+        proc = gsub.run(
+            [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr
+    services = set()
+    scopes = set()
+    spans = []
+    for request in received:
+        for resource_spans in request.resource_spans:
+            for kv in resource_spans.resource.attributes:
+                if kv.key == "service.name":
+                    services.add(kv.value.string_value)
+            for scope in resource_spans.scope_spans:
+                scopes.add(scope.scope.name)
+                spans.extend(scope.spans)
+    assert services == {"subagent"}
+    assert scopes == {tracing.INSTRUMENTATION}
+    names = {s.name for s in spans}
+    assert {"subagent demo", "invoke_agent coordinator", "execute_tool send_message"} <= names
+    assert len({s.trace_id for s in spans}) == 1
+
+
+NO_OTEL_SCRIPT = """
+import sys
+sys.modules["opentelemetry"] = None  # as without the otel extra: every import of it fails
+from agent import tracing
+from agent.models import scripted as S
+from agent.store import MemoryStore
+from providers.inprocess import SpawnProvider
+from subagent import telemetry
+from subagent.runtime import Runtime
+from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+assert tracing.tracer() is None and tracing.ambient() is None
+assert tracing.carrier(None) == {} and tracing.extract({"traceparent": "00-x"}) is None
+rt = Runtime(store=MemoryStore())
+rt.subagents.register(SpawnProvider())
+install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
+agent = rt.agent()
+rt.scripted.script(agent.id, [S.tool_call("subagent", {"description": "w", "prompt": "p"}),
+                              S.text("done")])
+agent.send("go").get()
+assert agent.when_idle().get().reason == "completed"
+rt.close()
+try:
+    telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"})
+except RuntimeError as exc:
+    assert "otel" in str(exc)
+    print("ok")
+"""
+
+
+def test_without_the_otel_packages_everything_runs_untraced() -> None:
+    proc = gsub.run(
+        [sys.executable, "-c", NO_OTEL_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
