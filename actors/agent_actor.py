@@ -43,6 +43,7 @@ from agent.loop import AgentCore, PendingSteer, TurnOutcome
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import ToolScope
+from agent.usage import UsageAccount
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
 from supervision.signal import AbortController
@@ -396,6 +397,11 @@ class Agent:
     @property
     def log(self) -> SessionLog:
         return self.core.log
+
+    @property
+    def usage(self) -> UsageAccount:
+        """This session's token spend, its subtree's, and its budget (see `agent.usage`)."""
+        return self.core.usage
 
     @property
     def depth(self) -> int:

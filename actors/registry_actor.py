@@ -239,6 +239,7 @@ class RegistryActor(GeventActor):
             ("max_depth", "depth_limit", request.max_depth is not None),
             ("tool_filter", "tool_filter", request.tool_filter is not None),
             ("persona", "persona", request.persona is not None),
+            ("token_budget", "token_budget", request.token_budget is not None),
         ):
             if present and not getattr(caps, flag):
                 raise SubagentError(
@@ -264,6 +265,7 @@ class RegistryActor(GeventActor):
             raise SubagentDepthError(attempted, MAX_SAFE_INTEGER)
         if max_depth is not None and attempted > max_depth:
             raise SubagentDepthError(attempted, max_depth)
+        _check_budget(request)
         return self._enqueue(message.ticket, message.parent_id, provider)
 
     def _admit_resume(self, message: AdmitResume) -> Deferred:
@@ -372,3 +374,23 @@ class RegistryActor(GeventActor):
                 listener(event)
             except Exception:
                 log.exception("subagent lifecycle listener raised; the others still run")
+
+
+def _check_budget(request: SubagentStartRequest) -> None:
+    """A budget is a positive int, and a parent with no tokens left starts no child."""
+    budget = request.token_budget
+    if budget is not None and (
+        not isinstance(budget, int)
+        or isinstance(budget, bool)
+        or not 0 < budget <= MAX_SAFE_INTEGER
+    ):
+        raise TypeError(f"token_budget must be a positive int, got {budget!r}")
+    account = getattr(request.parent, "usage", None)
+    if account is None:
+        return
+    left = account.remaining()
+    if left is not None and left <= 0:
+        over = account.exceeded()
+        raise SubagentError(
+            "BUDGET_EXCEEDED", over.describe_exhausted() if over is not None else None
+        )

@@ -49,7 +49,9 @@ TURN_END: Final = "turn/end"  # {turn, reason, cause?, message?}
 STEP_START: Final = "step/start"  # {turn, step}
 STEP_END: Final = "step/end"  # {turn, step}
 USER_MESSAGE: Final = "user/message"  # {message: {id, role: "user", content, source}}
-ASSISTANT_MESSAGE: Final = "assistant/message"  # {message: {...tool_calls}, finish, usage?}
+# {message: {...tool_calls}, finish, usage?}: one per model response; `usage` is that response's
+# token usage (agent.usage.USAGE_KEYS), the record that per-session and subtree sums read.
+ASSISTANT_MESSAGE: Final = "assistant/message"
 TOOL_CALL: Final = "tool/call"  # {call_id, name, arguments}, logged before dispatch
 TOOL_RESULT: Final = "tool/result"  # {call_id, name, content, is_error, code?}
 REQUEST_HEADER: Final = "request/header"  # {system, tools: [{name, description, parameters}]}
@@ -79,10 +81,26 @@ EVENT_TYPES: Final = frozenset(
 )
 
 TurnEndReason = Literal[
-    "completed", "aborted", "error", "max-tokens", "blocked", "refusal", "interrupted"
+    "completed",
+    "aborted",
+    "error",
+    "max-tokens",
+    "blocked",
+    "refusal",
+    "interrupted",
+    "budget-exceeded",
 ]
 TURN_END_REASONS: Final = frozenset(
-    {"completed", "aborted", "error", "max-tokens", "blocked", "refusal", "interrupted"}
+    {
+        "completed",
+        "aborted",
+        "error",
+        "max-tokens",
+        "blocked",
+        "refusal",
+        "interrupted",
+        "budget-exceeded",
+    }
 )
 
 HEADER_VERSION: Final = 1

@@ -42,9 +42,18 @@ from agent.model import (
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
+from agent.usage import UsageAccount, usage_of_events
 from supervision.signal import AbortError, AbortSignal
 
-__all__ = ["AgentCore", "PendingSteer", "ToolCrash", "TurnBlocked", "TurnOutcome", "new_message_id"]
+__all__ = [
+    "BUDGET_EXCEEDED",
+    "AgentCore",
+    "PendingSteer",
+    "ToolCrash",
+    "TurnBlocked",
+    "TurnOutcome",
+    "new_message_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,9 @@ _message_ids = itertools.count(1)
 _KILL_GRACE = 1.0
 
 _NO_STEERS: list[PendingSteer] = []
+
+# The turn/end reason (and the run's stop reason) when a token budget on the chain is used up.
+BUDGET_EXCEEDED = "budget-exceeded"
 
 
 def new_message_id(prefix: str = "m") -> str:
@@ -141,6 +153,13 @@ class AgentCore:
         self.on_progress: ProgressFn | None = None
         self.history: list[dict[str, Any]] = history_from_events(log.events)
         self.turn = last_turn_number(log.events)
+        # This session's token spend (from its log) and budget; the subagent layer links it to
+        # the parent's account so a subtree's spend counts against every ancestor's budget.
+        self.usage = UsageAccount(
+            owner=session_id,
+            own=usage_of_events(log.events, log.header.seed_length),
+            limit=options.token_budget,
+        )
         self._last_header: tuple[str, list[Any]] | None = None
         self._capture: _Conclude | None = None
         # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
@@ -236,6 +255,9 @@ class AgentCore:
                 raise AbortError(reason=signal.reason)
             if step >= max_steps:
                 return TurnOutcome(turn, "error", message=f"max_steps ({max_steps}) reached")
+            over = self.usage.exceeded()
+            if over is not None:
+                return TurnOutcome(turn, BUDGET_EXCEEDED, message=over.describe_exhausted())
             step += 1
             state.step = step
             log_append("step/start", {"turn": turn, "step": step})
@@ -349,15 +371,22 @@ class AgentCore:
             },
             "finish": response.finish,
         }
-        if response.usage:
-            data["usage"] = dict(response.usage)
+        usage = response.usage
+        if usage:
+            # The log encodes it at once and keeps no reference: no copy needed for a dict.
+            data["usage"] = usage if type(usage) is dict else dict(usage)
         self.log.append("assistant/message", data)
+        if usage:
+            self.usage.charge(usage)
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             entry["tool_calls"] = tool_calls
         self.history.append(entry)
         if self.on_progress is not None:
-            self._progress({"kind": "assistant/message", "content": content})
+            event: dict[str, Any] = {"kind": "assistant/message", "content": content}
+            if usage:
+                event["usage"] = dict(usage)
+            self._progress(event)
 
     # -- tools ---------------------------------------------------------------------------------
 

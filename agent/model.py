@@ -141,6 +141,10 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
+    """One model answer. `usage` is its token usage in `agent.usage`'s shape (`input_tokens`,
+    `output_tokens`, `cache_creation_input_tokens`, `cache_read_input_tokens`; any may be
+    absent); the loop logs it on the `assistant/message` event and charges the agent's account."""
+
     content: Sequence[Mapping[str, Any]]
     tool_calls: Sequence[ToolCall] = ()
     finish: FinishReason = "stop"

@@ -22,6 +22,9 @@ class AgentOptions:
     max_tokens: int | None = None
     max_steps: int = 50
     subagent_depth: int | None = None
+    # The most tokens (agent.usage.total_tokens) this agent and its descendants may spend; the
+    # loop checks it at every step boundary and ends the turn `budget-exceeded`.
+    token_budget: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -43,6 +46,12 @@ class AgentOptions:
             or self.subagent_depth < 0
         ):
             raise ValueError("subagent_depth must be a non-negative int or None")
+        if self.token_budget is not None and (
+            not isinstance(self.token_budget, int)
+            or isinstance(self.token_budget, bool)
+            or self.token_budget < 0
+        ):
+            raise ValueError("token_budget must be a non-negative int or None")
 
     def with_(self, **changes: Any) -> AgentOptions:
         return replace(self, **changes)

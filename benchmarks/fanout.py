@@ -115,13 +115,19 @@ def _noop_tool() -> Tool:
     return Tool(name="noop", description="does nothing", parameters={"type": "object"}, fn=fn)
 
 
+# What each scripted reply reports when usage accounting is on (benchmarks/usage.py).
+USAGE = {"input_tokens": 1200, "output_tokens": 80}
+
+
 def _runtime(
-    responder: Callable[[ModelRequest], S.Step | str], gc_freeze_every: int | None = None
+    responder: Callable[[ModelRequest], S.Step | str],
+    gc_freeze_every: int | None = None,
+    usage: bool = False,
 ) -> Runtime:
     # record=False: the scripted model keeps no request history (it would hold every message).
     rt = Runtime(
         store=MemoryStore(),
-        scripted=S.ScriptedModel(responder, record=False),
+        scripted=S.ScriptedModel(responder, record=False, usage=USAGE if usage else None),
         gc_freeze_every=gc_freeze_every,
     )
     rt.subagents.register(SpawnProvider())
@@ -188,11 +194,12 @@ def _fanout_responder(request: ModelRequest) -> S.Step:
     return _TOOL_STEP if request.step < STEPS else _FINAL_STEP
 
 
-def _fanout(n: int, gc_mode: str = "default") -> dict[str, Any]:
+def _fanout(n: int, gc_mode: str = "default", usage: bool = False) -> dict[str, Any]:
     """`gc_mode`: "default" (CPython's thresholds), "off" (gc.disable() for the run, one full
     collection after it, counted), "frozen" (freeze_gc() right after the start burst), or
-    "freeze-every" (the runtime's opt-in `gc_freeze_every=500`)."""
-    rt = _runtime(_fanout_responder, 500 if gc_mode == "freeze-every" else None)
+    "freeze-every" (the runtime's opt-in `gc_freeze_every=500`). `usage`: every model reply
+    reports token usage (logged, charged up the account chain) or none."""
+    rt = _runtime(_fanout_responder, 500 if gc_mode == "freeze-every" else None, usage)
     parent = rt.agent()
     ends = [0]
     rt.subagents.subscribe(lambda e: _count_end(e, ends))
@@ -226,6 +233,7 @@ def _fanout(n: int, gc_mode: str = "default") -> dict[str, Any]:
     return {
         "n": n,
         "gc_mode": gc_mode,
+        "usage": usage,
         "wall_s": round(wall, 4),
         "start_calls_s": round(started_s, 4),
         "dispose_all_s": round(dispose_s, 4),

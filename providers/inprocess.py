@@ -19,6 +19,7 @@ from agent.log import completed_turn_prefix
 from agent.options import AgentOptions
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
 from agent.tools import Tool, ToolContext, ToolScope
+from agent.usage import child_budget
 from providers.local_run import LocalRun
 from subagent.errors import SubagentError
 from subagent.schema import check_output_schema
@@ -99,6 +100,7 @@ class InProcessProvider:
             session_id=None if continuation is None else continuation.session_id,
             seed=self.seed_for(parent),
             depth=parent.depth + 1,
+            token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
         )
         try:
             _raise_if_aborted(request.signal)
@@ -125,7 +127,11 @@ class InProcessProvider:
         parent: Agent = request.parent
         descriptor = request.descriptor
         ctx = parent.ctx
-        options = _options_for(parent, None, descriptor.model)
+        options = _options_for(parent, None, descriptor.model).with_(
+            token_budget=child_budget(
+                getattr(parent, "usage", None), getattr(descriptor, "token_budget", None)
+            )
+        )
         tools, prompt = self._scopes(parent, descriptor.tool_filter, descriptor.persona, None)
         agent = resume_agent(ctx, request.session_id, options=options, tools=tools, prompt=prompt)
         try:
@@ -175,11 +181,14 @@ class InProcessProvider:
         session_id: str | None,
         seed: list[Mapping[str, Any]],
         depth: int,
+        token_budget: int | None = None,
     ) -> Agent:
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
-            options=_options_for(parent, options, None).with_(subagent_depth=depth),
+            options=_options_for(parent, options, None).with_(
+                subagent_depth=depth, token_budget=token_budget
+            ),
             cwd=parent.cwd,
             session_id=session_id,
             parent_session=parent.id,

@@ -20,6 +20,7 @@ from agent.loop import TurnOutcome
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
+    BUDGET_EXCEEDED,
     COMPLETED,
     ERROR,
     MAX_TOKENS,
@@ -39,6 +40,7 @@ _TURN_END_TO_STOP = {
     "aborted": ABORTED,
     "blocked": REFUSAL,
     "refusal": REFUSAL,
+    BUDGET_EXCEEDED: BUDGET_EXCEEDED,
 }
 
 
@@ -178,11 +180,13 @@ class LocalRun:
                 diagnostic = "the child finished without a valid structured_output capture"
         if self._cancel_requested and stop != COMPLETED:
             stop = ABORTED
+        usage = dict(self._agent.usage.subtree)  # the child's and its descendants' tokens
         return SubagentResult(
             output=outcome.output,
             stop_reason=stop,
             structured=structured,
             diagnostic=None if diagnostic is None else clip_diagnostic(diagnostic),
+            extra={"usage": usage} if usage else {},
         )
 
     def _settle(self, result: SubagentResult) -> None:

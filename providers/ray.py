@@ -27,6 +27,7 @@ the least-loaded healthy host (transparently: the run's `result` keeps pending).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -43,7 +44,7 @@ from gevent.lock import Semaphore
 from actors.gevent_actor import GeventFuture
 from agent import tracing
 from providers.local_run import clip_diagnostic
-from providers.ray_host import ChildHost, HostConfig, HostSetup, result_from_json
+from providers.ray_host import ChildHost, HostConfig, HostSetup, RuntimeFactory, result_from_json
 from providers.remote_run import RemoteRun
 from subagent.errors import SubagentError
 from subagent.types import (
@@ -135,7 +136,9 @@ class RayConfig:
     e.g. `{"num_cpus": 2}`); `"auto"` joins the cluster this machine belongs to; `"ray://host:
     10001"` connects through Ray Client. `store_dir` must be one directory every host reaches
     (a shared mount on a real cluster); give the parent's runtime the same directory when it
-    uses continuable children.
+    uses continuable children. `runtime_factory` builds each host's runtime; the provider sits
+    below the runtime in the layers, so the face supplies it: build the config as
+    `subagent.RayConfig`, whose default is `subagent.Runtime`.
     """
 
     store_dir: str
@@ -152,6 +155,7 @@ class RayConfig:
     relay_progress: bool = True
     on_progress: ProgressCallback | None = None
     poll_timeout: float = 0.5
+    runtime_factory: RuntimeFactory | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.store_dir, (str, os.PathLike)) or not str(self.store_dir):
@@ -166,6 +170,8 @@ class RayConfig:
             raise ValueError("host_max_concurrency must be >= 2 (polls and commands overlap)")
         if self.on_progress is not None and not callable(self.on_progress):
             raise TypeError("on_progress must be callable")
+        if self.runtime_factory is not None and not callable(self.runtime_factory):
+            raise TypeError("runtime_factory must be callable")
 
 
 class _RefWaiter:
@@ -403,7 +409,13 @@ class RayProvider:
     def __init__(self, config: RayConfig) -> None:
         if not isinstance(config, RayConfig):
             raise TypeError(f"config must be a RayConfig, got {type(config).__name__}")
+        if config.runtime_factory is None:
+            raise TypeError(
+                "RayConfig.runtime_factory is None: build the config as subagent.RayConfig "
+                "(each host composes subagent.Runtime) or pass the factory of your runtime"
+            )
         self.config = config
+        self._runtime_factory: RuntimeFactory = config.runtime_factory
         self._hosts: list[_Host] = []
         self._waiter = _RefWaiter()
         self._connect_lock = Semaphore()
@@ -419,7 +431,8 @@ class RayProvider:
 
     @property
     def capabilities(self) -> SubagentCapabilities:
-        return SubagentCapabilities.all()
+        # Not `token_budget`: the parent cannot see a Ray child's usage, so it cannot hold it.
+        return dataclasses.replace(SubagentCapabilities.all(), token_budget=False)
 
     @property
     def inherits_parent_context(self) -> bool:
@@ -445,6 +458,7 @@ class RayProvider:
                 self._local_ray = local
             host_config = HostConfig(
                 store_dir=str(self.config.store_dir),
+                runtime_factory=self._runtime_factory,
                 durability=self.config.durability,
                 setup=self.config.host_setup,
                 relay_progress=self.config.relay_progress,

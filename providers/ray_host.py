@@ -23,7 +23,6 @@ addressed to an old incarnation are dropped.
 from __future__ import annotations
 
 import collections
-import importlib
 import logging
 import os
 import secrets
@@ -36,9 +35,10 @@ import gevent
 from gevent.event import Event as GEvent
 
 from agent import tracing
-from agent.models.scripted import DEFAULT, Step
+from agent.context import AgentContext
+from agent.models.scripted import DEFAULT, ScriptedModel, Step
 from agent.options import AgentOptions
-from agent.store import SessionStore
+from agent.store import MemoryStore, SessionStore
 from providers.inprocess import SpawnProvider
 from providers.local_run import LocalRun, clip_diagnostic, stop_reason_of
 from subagent.descriptor import SubagentDescriptor, authoritative_descriptor
@@ -75,32 +75,29 @@ class HostRuntime(Protocol):
     """What a host needs of the runtime it composes (`subagent.runtime.Runtime` by default)."""
 
     @property
-    def ctx(self) -> Any: ...
+    def ctx(self) -> AgentContext: ...
 
     @property
-    def store(self) -> Any: ...
+    def store(self) -> SessionStore | MemoryStore: ...
 
     @property
-    def scripted(self) -> Any: ...
+    def scripted(self) -> ScriptedModel: ...
 
     def close(self) -> None: ...
 
 
 HostSetup = Callable[[HostRuntime], None]
 
-# The runtime a host composes, named rather than imported: a provider sits below the runtime
-# wiring in the layers, and a host is the one place that builds a whole runtime (in its own
-# process). A deployment may name its own factory, called with the host's session store.
-DEFAULT_RUNTIME_FACTORY = "subagent.runtime:Runtime"
 
+class RuntimeFactory(Protocol):
+    """Builds the runtime a host composes, on the host's session store.
 
-def resolve_factory(path: str) -> Callable[..., HostRuntime]:
-    """`module:attribute` to the object it names."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"runtime_factory must be 'module:attribute', got {path!r}")
-    factory: Callable[..., HostRuntime] = getattr(importlib.import_module(module_name), attribute)
-    return factory
+    Handed down by the face (`subagent.RayConfig` names `subagent.Runtime`): a provider sits
+    below the runtime wiring in the layers, so it neither imports nor names it. Must be
+    picklable (a module-level class or function is).
+    """
+
+    def __call__(self, *, store: SessionStore) -> HostRuntime: ...
 
 
 @dataclass(frozen=True)
@@ -108,13 +105,13 @@ class HostConfig:
     """What every host of a pool is built from (pickled to the Ray worker)."""
 
     store_dir: str
+    # Called as `runtime_factory(store=SessionStore)` on the host's hub thread.
+    runtime_factory: RuntimeFactory
     durability: str = "turn"
     # Called on the host's hub thread with the fresh runtime: register tools, models, prompt
     # sections, script the scripted model. Must be picklable (cloudpickle: closures are fine).
     setup: HostSetup | None = None
     relay_progress: bool = True
-    # `module:attribute` of the runtime to compose, called as `factory(store=SessionStore)`.
-    runtime_factory: str = DEFAULT_RUNTIME_FACTORY
     # Kept events the provider has not acknowledged yet are bounded only by the provider's
     # polling; this caps one poll's answer.
     max_batch: int = 10_000
@@ -262,7 +259,7 @@ class ChildHost:
     def _make_runtime(self) -> HostRuntime:
         os.makedirs(self.config.store_dir, exist_ok=True)
         store = SessionStore(self.config.store_dir, durability=self.config.durability)  # type: ignore[arg-type]
-        runtime = resolve_factory(self.config.runtime_factory)(store=store)
+        runtime = self.config.runtime_factory(store=store)
         if self.config.setup is not None:
             self.config.setup(runtime)
         if self.config.relay_progress:

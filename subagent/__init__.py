@@ -1,41 +1,245 @@
 """subagent-runtime: let an LLM agent delegate work to child agents and keep control of them.
 
-The public face. Names are loaded lazily so the seam vocabulary (`subagent.types`,
-`subagent.errors`, `subagent.schema`) stays importable from every layer without cycles.
+The public face: everything a user of the library needs is importable from here, and the
+README and docs import only from here. Internals live in the layers below (`supervision`,
+`agent`, `actors`, `providers`) and may change without notice.
+
+Names are loaded lazily, on first use: `import subagent` stays cheap, never imports Ray (the
+Ray names need the `ray` extra only once a provider connects), and the seam vocabulary
+(`subagent.types`, `subagent.errors`, `subagent.schema`, `subagent.descriptor`) stays
+importable from every layer without cycles. `subagent.scripted` is the scripted stand-in model
+with its step builders (`scripted.text(...)`, `scripted.tool_call(...)`).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads the same names
+    from actors.agent_actor import Agent
+    from actors.gevent_actor import GeventFuture
+    from agent.events import Event, SessionHeader, SessionLogError
+    from agent.model import (
+        FinishReason,
+        ModelAdapter,
+        ModelError,
+        ModelRequest,
+        ModelResponse,
+        ProgressSink,
+        ToolCall,
+        ToolSpec,
+    )
+    from agent.models import ModelRegistry
+    from agent.models.openai import OpenAIModel
+    from agent.models.scripted import ScriptedModel
+    from agent.options import AgentOptions
+    from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
+    from agent.store import (
+        MemoryStore,
+        SessionBusyError,
+        SessionExistsError,
+        SessionNotFoundError,
+        SessionStore,
+    )
+    from agent.tools import Tool, ToolContext, ToolError, ToolFn, ToolRegistry, ToolResult
+    from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider, discover_acp_provider
+    from providers.inprocess import ForkProvider, SpawnProvider
+    from providers.ray import RayProvider
+    from subagent.descriptor import DescriptorError, SubagentDescriptor
+    from subagent.errors import ERROR_CODES, SubagentDepthError, SubagentError
+    from subagent.ray_config import RayConfig
+    from subagent.runtime import Runtime
+    from subagent.schema import UnsupportedSchemaError
+    from subagent.service import RunHandle, SteerableRunHandle, SubagentService
+    from subagent.tasks import Task, UnknownTaskError
+    from subagent.tools import SubagentToolConfig, install_subagent_tools
+    from subagent.types import (
+        ABORTED,
+        COMPLETED,
+        ERROR,
+        MAX_TOKENS,
+        REFUSAL,
+        ContentBlock,
+        MessageSource,
+        Resumable,
+        Steerable,
+        SubagentCapabilities,
+        SubagentContinuation,
+        SubagentProvider,
+        SubagentResult,
+        SubagentResumeRequest,
+        SubagentRun,
+        SubagentStartRequest,
+        ToolRestriction,
+        text_block,
+    )
+    from supervision.signal import AbortController, AbortError, AbortSignal
+
+# Public name -> the module that defines it.
 _EXPORTS = {
+    # The runtime and its service.
     "Runtime": "subagent.runtime",
     "SubagentService": "subagent.service",
     "RunHandle": "subagent.service",
     "SteerableRunHandle": "subagent.service",
+    "Agent": "actors.agent_actor",
+    "AgentOptions": "agent.options",
+    "Task": "subagent.tasks",
+    "GeventFuture": "actors.gevent_actor",
+    # Stores.
+    "SessionStore": "agent.store",
+    "MemoryStore": "agent.store",
+    # Providers and their configurations.
+    "SpawnProvider": "providers.inprocess",
+    "ForkProvider": "providers.inprocess",
+    "AcpConfig": "providers.acp",
+    "AcpProvider": "providers.acp",
+    "ResumableAcpProvider": "providers.acp",
+    "discover_acp_provider": "providers.acp",
+    "RayConfig": "subagent.ray_config",
+    "RayProvider": "providers.ray",
+    # Model adapters.
+    "ModelAdapter": "agent.model",
+    "ModelRequest": "agent.model",
+    "ModelResponse": "agent.model",
+    "ToolSpec": "agent.model",
+    "ToolCall": "agent.model",
+    "FinishReason": "agent.model",
+    "ProgressSink": "agent.model",
+    "ModelRegistry": "agent.models",
+    "OpenAIModel": "agent.models.openai",
+    "ScriptedModel": "agent.models.scripted",
+    # Tools, the system prompt.
+    "Tool": "agent.tools",
+    "ToolContext": "agent.tools",
+    "ToolFn": "agent.tools",
+    "ToolResult": "agent.tools",
+    "ToolRegistry": "agent.tools",
+    "SystemPrompt": "agent.prompt",
+    "PERSONA_SECTION": "agent.prompt",
+    "SubagentToolConfig": "subagent.tools",
+    "install_subagent_tools": "subagent.tools",
+    # Cancellation.
+    "AbortController": "supervision.signal",
+    "AbortSignal": "supervision.signal",
+    # Errors.
     "SubagentError": "subagent.errors",
     "SubagentDepthError": "subagent.errors",
+    "ERROR_CODES": "subagent.errors",
+    "AbortError": "supervision.signal",
+    "ModelError": "agent.model",
+    "ToolError": "agent.tools",
+    "PromptError": "agent.prompt",
+    "UnsupportedSchemaError": "subagent.schema",
+    "DescriptorError": "subagent.descriptor",
+    "SessionLogError": "agent.events",
+    "SessionNotFoundError": "agent.store",
+    "SessionExistsError": "agent.store",
+    "SessionBusyError": "agent.store",
+    "UnknownTaskError": "subagent.tasks",
+    # Session log shapes.
+    "Event": "agent.events",
+    "SessionHeader": "agent.events",
+    # The seam vocabulary.
     "SubagentCapabilities": "subagent.types",
     "SubagentStartRequest": "subagent.types",
     "SubagentResumeRequest": "subagent.types",
     "SubagentResult": "subagent.types",
     "SubagentContinuation": "subagent.types",
+    "SubagentDescriptor": "subagent.descriptor",
     "SubagentProvider": "subagent.types",
     "SubagentRun": "subagent.types",
     "Steerable": "subagent.types",
     "Resumable": "subagent.types",
     "MessageSource": "subagent.types",
     "ToolRestriction": "subagent.types",
+    "ContentBlock": "subagent.types",
     "text_block": "subagent.types",
-    "AgentOptions": "agent.options",
-    "AbortController": "supervision.signal",
-    "AbortSignal": "supervision.signal",
-    "SpawnProvider": "providers.inprocess",
-    "ForkProvider": "providers.inprocess",
+    "COMPLETED": "subagent.types",
+    "ABORTED": "subagent.types",
+    "ERROR": "subagent.types",
+    "MAX_TOKENS": "subagent.types",
+    "REFUSAL": "subagent.types",
 }
 
-__all__ = sorted(_EXPORTS)
+# Curated; `_EXPORTS` says where each name lives (tests/test_public_surface.py pins both).
+__all__ = [
+    "ABORTED",
+    "COMPLETED",
+    "ERROR",
+    "ERROR_CODES",
+    "MAX_TOKENS",
+    "PERSONA_SECTION",
+    "REFUSAL",
+    "AbortController",
+    "AbortError",
+    "AbortSignal",
+    "AcpConfig",
+    "AcpProvider",
+    "Agent",
+    "AgentOptions",
+    "ContentBlock",
+    "DescriptorError",
+    "Event",
+    "FinishReason",
+    "ForkProvider",
+    "GeventFuture",
+    "MemoryStore",
+    "MessageSource",
+    "ModelAdapter",
+    "ModelError",
+    "ModelRegistry",
+    "ModelRequest",
+    "ModelResponse",
+    "OpenAIModel",
+    "ProgressSink",
+    "PromptError",
+    "RayConfig",
+    "RayProvider",
+    "Resumable",
+    "ResumableAcpProvider",
+    "RunHandle",
+    "Runtime",
+    "ScriptedModel",
+    "SessionBusyError",
+    "SessionExistsError",
+    "SessionHeader",
+    "SessionLogError",
+    "SessionNotFoundError",
+    "SessionStore",
+    "SpawnProvider",
+    "Steerable",
+    "SteerableRunHandle",
+    "SubagentCapabilities",
+    "SubagentContinuation",
+    "SubagentDepthError",
+    "SubagentDescriptor",
+    "SubagentError",
+    "SubagentProvider",
+    "SubagentResult",
+    "SubagentResumeRequest",
+    "SubagentRun",
+    "SubagentService",
+    "SubagentStartRequest",
+    "SubagentToolConfig",
+    "SystemPrompt",
+    "Task",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "ToolFn",
+    "ToolRegistry",
+    "ToolRestriction",
+    "ToolResult",
+    "ToolSpec",
+    "UnknownTaskError",
+    "UnsupportedSchemaError",
+    "discover_acp_provider",
+    "install_subagent_tools",
+    "text_block",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -45,3 +249,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

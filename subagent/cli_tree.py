@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from agent.usage import add_usage, total_tokens
 from subagent.cli.text import data, shown
 from subagent.tools.delegate import child_labels
 
@@ -33,6 +34,7 @@ _STYLES = {
     "error": "bold red",
     "max-tokens": "magenta",
     "refusal": "magenta",
+    "budget-exceeded": "magenta",
 }
 
 
@@ -52,6 +54,8 @@ class Node:
     activations: int = 0
     ended: float | None = None
     notes: list[str] = field(default_factory=list)
+    # This agent's own token usage, summed from its model responses' progress events.
+    usage: dict[str, int] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -138,6 +142,10 @@ class TreeModel:
         elif kind == "tool/call":
             node.tools += 1
             node.last_tool = str(event.get("name"))
+        elif kind == "assistant/message":
+            usage = event.get("usage")
+            if isinstance(usage, Mapping):
+                add_usage(node.usage, usage)
         elif kind == "turn/end" and node.id == self.root_id:
             node.status = "idle"
         self.changes += 1
@@ -185,6 +193,13 @@ class TreeModel:
     def running(self) -> list[Node]:
         return [n for n in self.descendants() if n.live]
 
+    def subtree_tokens(self, node: Node) -> int:
+        """Tokens the node and every node below it spent (as far as the events told)."""
+        total = total_tokens(node.usage)
+        for kid in self.children(node.id):
+            total += self.subtree_tokens(kid)
+        return total
+
     def elapsed(self, node: Node) -> float:
         return (node.ended if node.ended is not None else self._clock()) - node.started
 
@@ -201,6 +216,9 @@ class TreeModel:
         text.append(f"  turn {node.turn} step {node.step}")
         if node.last_tool:
             text.append(f"  tool {shown(node.last_tool, one_line=True)}", style="dim")
+        tokens = self.subtree_tokens(node)
+        if tokens:
+            text.append(f"  {tokens:,} tok", style="dim")
         if node.notes:
             notes = ", ".join(shown(n, one_line=True) for n in node.notes)
             text.append(f"  ({notes})", style="italic")

@@ -32,6 +32,7 @@ from actors.agents import new_session_id
 from agent.events import SessionLogError, validate_session_id
 from agent.frames import CorruptSessionError
 from agent.store import SessionExistsError, SessionNotFoundError
+from agent.usage import add_usage, usage_of_events
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -132,6 +133,7 @@ class ContinuationManager:
             model=model,
             persona=request.persona,
             tool_filter=request.tool_filter,
+            token_budget=request.token_budget,
         )
         # The caller's signal guards only the start: once accepted, the activation is its own.
         activation = AbortController()
@@ -309,7 +311,7 @@ class ContinuationManager:
                     found.append(header)
                     nxt.append(header.id)
             frontier = nxt
-        return self._rows(found, set(by_parent))
+        return add_subtree_usage(self._rows(found, set(by_parent)))
 
     def _headers(self) -> dict[str, Any]:
         """Subagent session headers: stored ones, overridden by the live agents' own."""
@@ -332,7 +334,7 @@ class ContinuationManager:
             }
             agent = self._ctx.agents.get(child_id)
             try:
-                descriptor = self._descriptor_of(child_id, agent)
+                descriptor, row["usage"] = self._descriptor_of(child_id, agent)
             except Exception as exc:  # one unreadable log never hides its siblings
                 log.warning("listing: child %s is unreadable: %s", child_id, exc)
                 row.update(mode="unknown", label=None, activity=_diagnostic(exc), error=str(exc))
@@ -369,14 +371,17 @@ class ContinuationManager:
 
     def _descriptor_of(
         self, child_id: str, agent: Any
-    ) -> SubagentDescriptor | Unclassifiable | None:
+    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int]]:
+        """The child's descriptor and its own token usage (live: its account; else its log)."""
         if agent is not None:
             events = agent.log.events
             seed_length = agent.header.seed_length
+            usage = dict(agent.usage.own)
         else:
             loaded = self._ctx.store.inspect(child_id)
             events, seed_length = loaded.events, loaded.header.seed_length
-        return authoritative_descriptor(events, seed_length)
+            usage = usage_of_events(events, seed_length)
+        return authoritative_descriptor(events, seed_length), usage
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -630,3 +635,18 @@ def _summary(label: str, child_id: str, outcome: SubagentResult | BaseException)
 def _diagnostic(exc: BaseException) -> str:
     corrupt = (CorruptSessionError, SessionLogError, DescriptorError)
     return "corrupt" if isinstance(exc, corrupt) else "unavailable"
+
+
+def add_subtree_usage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each row of a whole-subtree listing `subtree_usage`: its own usage plus every
+    listed descendant's (rows carry `id`, `parent_id`, `depth` and their own `usage`)."""
+    totals: dict[str, dict[str, int]] = {}
+    for row in rows:
+        totals[row["id"]] = dict(row.get("usage") or {})
+    for row in sorted(rows, key=lambda r: -int(r.get("depth") or 0)):
+        parent = totals.get(row.get("parent_id") or "")
+        if parent is not None:
+            add_usage(parent, totals[row["id"]])
+    for row in rows:
+        row["subtree_usage"] = totals[row["id"]]
+    return rows

@@ -5,6 +5,9 @@ option cannot break a cold resume and a new composition input is a deliberate ve
 holds no depth (the stored header is the floor) and no output schema (that is an activation's
 contract, not the child's composition).
 
+Version 2 adds `token_budget` (the child's budget survives a cold resume). A descriptor without a
+budget is still written as version 1, so a runtime that reads only version 1 can resume it.
+
 Parsing distinguishes two failures on purpose: a descriptor of *this* version that is malformed is
 a bug or corruption and raises `DescriptorError` naming the field; a descriptor this code cannot
 classify (other version, no version, not an object) was perhaps written by a newer runtime, so it
@@ -31,12 +34,16 @@ __all__ = [
     "parse_descriptor",
 ]
 
-DESCRIPTOR_VERSION: Final = 1
+DESCRIPTOR_VERSION: Final = 2
 DESCRIPTOR_EVENT: Final = "subagent/descriptor"
 
 _REQUIRED: Final = ("provider", "label", "model")
 _OPTIONAL: Final = ("persona", "tool_filter")
-_KNOWN_KEYS: Final = frozenset({"version", *_REQUIRED, *_OPTIONAL})
+# The fields each readable version may carry.
+_KNOWN_KEYS: Final = {
+    1: frozenset({"version", *_REQUIRED, *_OPTIONAL}),
+    2: frozenset({"version", *_REQUIRED, *_OPTIONAL, "token_budget"}),
+}
 _FILTER_KEYS: Final = frozenset({"allow", "deny"})
 
 
@@ -65,6 +72,7 @@ class SubagentDescriptor:
     model: str
     persona: str | None = None
     tool_filter: ToolRestriction | None = None
+    token_budget: int | None = None
 
     def __post_init__(self) -> None:
         # Bad arguments are TypeError / ValueError (DescriptorError is a ValueError).
@@ -78,16 +86,23 @@ class SubagentDescriptor:
                 f"tool_filter must be a ToolRestriction or None, "
                 f"got {type(self.tool_filter).__name__}"
             )
+        if self.token_budget is not None and (
+            type(self.token_budget) is not int or self.token_budget < 1
+        ):
+            raise DescriptorError(
+                "token_budget", f"must be a positive integer or null, got {self.token_budget!r}"
+            )
         _check_values(self)
 
     @property
     def version(self) -> int:
-        return DESCRIPTOR_VERSION
+        """The oldest version that holds every field set (1 unless there is a budget)."""
+        return 1 if self.token_budget is None else 2
 
     def to_json(self) -> dict[str, Any]:
         """Lossless JSON for the log; optional fields are present only when set."""
         out: dict[str, Any] = {
-            "version": DESCRIPTOR_VERSION,
+            "version": self.version,
             "provider": self.provider,
             "label": self.label,
             "model": self.model,
@@ -96,6 +111,8 @@ class SubagentDescriptor:
             out["persona"] = self.persona
         if self.tool_filter is not None:
             out["tool_filter"] = self.tool_filter.to_json()
+        if self.token_budget is not None:
+            out["token_budget"] = self.token_budget
         return out
 
 
@@ -132,15 +149,16 @@ def parse_descriptor(data: object) -> SubagentDescriptor | Unclassifiable:
     version = data["version"]
     if type(version) is not int:
         return Unclassifiable(f"descriptor version {version!r} is not an integer")
-    if version != DESCRIPTOR_VERSION:
+    known = _KNOWN_KEYS.get(version)
+    if known is None:
         return Unclassifiable(
             f"descriptor version {version} is not supported (this runtime reads "
-            f"{DESCRIPTOR_VERSION})"
+            f"{', '.join(map(str, _KNOWN_KEYS))})"
         )
     for key in data:
-        if key not in _KNOWN_KEYS:
+        if key not in known:
             # Strict on purpose: a new composition input must come with a new version.
-            raise DescriptorError(str(key), "is not a field of a version 1 descriptor")
+            raise DescriptorError(str(key), f"is not a field of a version {version} descriptor")
     for key in _REQUIRED:
         if key not in data:
             raise DescriptorError(key, "is missing")
@@ -149,12 +167,16 @@ def parse_descriptor(data: object) -> SubagentDescriptor | Unclassifiable:
     persona = data.get("persona")
     if persona is not None and type(persona) is not str:
         raise DescriptorError("persona", f"must be a string or null, got {type(persona).__name__}")
+    budget = data.get("token_budget")
+    if budget is not None and (type(budget) is not int or budget < 1):
+        raise DescriptorError("token_budget", f"must be a positive integer or null, got {budget!r}")
     return SubagentDescriptor(
         provider=data["provider"],
         label=data["label"],
         model=data["model"],
         persona=persona,
         tool_filter=_parse_tool_filter(data.get("tool_filter")),
+        token_budget=budget,
     )
 
 

@@ -11,6 +11,7 @@ ERROR_CODES: dict[str, str] = {
     "UNSUPPORTED_CAPABILITY": "the request needs a feature the provider lacks",
     "UNSUPPORTED_SCHEMA": "the output schema is outside the supported subset",
     "DEPTH_EXCEEDED": "the child would be deeper than max_depth allows",
+    "BUDGET_EXCEEDED": "the parent has no token budget left for a child",
     "INVALID_TOOL_FILTER": "the tool filter is empty or names an unknown tool",
     "START_FAILED": "the provider could not establish the child",
     "ABORTED": "the request signal aborted before the child was published",

@@ -63,6 +63,10 @@ class Runtime:
             from agent.models.openai import OpenAIModel
 
             models.register("openai", OpenAIModel())
+        if "anthropic" not in models:
+            from agent.models.anthropic import AnthropicModel
+
+            models.register("anthropic", AnthropicModel())
         self.ctx = AgentContext(store=store, models=models)
         self.tasks = TaskService()
         self.ctx.tasks = self.tasks

@@ -91,6 +91,13 @@ class RunHandle:
     def settled(self) -> bool:
         return self._ended
 
+    @property
+    def usage(self) -> dict[str, int]:
+        """Tokens the child and its descendants spent so far (`agent.usage` keys); `{}` when
+        the provider cannot see them (a remote child)."""
+        agent = self.local_agent
+        return {} if agent is None else dict(agent.usage.subtree)
+
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
         with contextlib.suppress(ActorDeadError):
@@ -228,6 +235,34 @@ class SubagentService:
         # Attached before the child's first turn runs, so a UI sees every event of it.
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
+        self._account_for(agent)
+
+    def _account_for(self, agent: Any) -> None:
+        """Link a new agent's usage account under its parent's (a subtree's spend counts
+        against every ancestor's budget) and have a used-up budget cancel its descendants."""
+        account = agent.usage
+        parent = self._ctx.agents.get(agent.header.parent_session or "")
+        if parent is not None:
+            account.attach(parent.usage)
+        if account.limit is None:
+            return
+        events = agent.log.events
+        seed_length = agent.header.seed_length
+        if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
+            # A cold resume (its own turns are in the log, not only a fork's seed): what its
+            # stored descendants spent still counts against its budget.
+            for row in self._continuation.list_descendants(agent.id):
+                account.add_subtree(row.get("usage") or {})
+        agent_id = agent.id
+        account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
+
+    def _cancel_subtree(self, agent_id: str, cause: str) -> None:
+        """Cancel every live run below `agent_id`; the agent itself ends at its next step."""
+        pending = [agent_id]
+        while pending:
+            for handle in self.runs(pending.pop()):
+                handle.cancel(cause)
+                pending.append(handle.id)
 
     def relay_progress(self, event: Mapping[str, Any]) -> None:
         """For remote providers: hand one child's progress event (tagged with its id) to the
@@ -403,6 +438,9 @@ class SubagentService:
             event["failure"] = f"{type(outcome).__name__}: {outcome}"
         else:
             event["stop_reason"] = outcome.stop_reason
+            usage = outcome.extra.get("usage")
+            if usage:
+                event["usage"] = dict(usage)
             if outcome.output:
                 event["last_assistant_message"] = list(outcome.output)
         self._live.pop(handle.run_id, None)

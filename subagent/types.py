@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # type-only: the seam names the agent without importing the a
 
 __all__ = [
     "ABORTED",
+    "BUDGET_EXCEEDED",
     "COMPLETED",
     "ERROR",
     "KNOWN_STOP_REASONS",
@@ -48,7 +49,9 @@ ABORTED = "aborted"
 ERROR = "error"
 MAX_TOKENS = "max-tokens"
 REFUSAL = "refusal"
-KNOWN_STOP_REASONS = frozenset({COMPLETED, ABORTED, ERROR, MAX_TOKENS, REFUSAL})
+# A token budget on the child's chain was used up (see docs/decisions.md, "Token budgets").
+BUDGET_EXCEEDED = "budget-exceeded"
+KNOWN_STOP_REASONS = frozenset({COMPLETED, ABORTED, ERROR, MAX_TOKENS, REFUSAL, BUDGET_EXCEEDED})
 
 
 def is_failure(stop_reason: str) -> bool:
@@ -68,10 +71,14 @@ class SubagentCapabilities:
     depth_limit: bool = False
     tool_filter: bool = False
     persona: bool = False
+    # The runtime can see the child's token usage, so it can hold a `token_budget`.
+    token_budget: bool = False
 
     @classmethod
     def all(cls) -> SubagentCapabilities:
-        return cls(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
+        return cls(
+            output_schema=True, depth_limit=True, tool_filter=True, persona=True, token_budget=True
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +173,9 @@ class SubagentStartRequest:
     tool_filter: ToolRestriction | None = None
     persona: str | None = None
     continuation: SubagentContinuation | None = None
+    # The most tokens the child and its descendants may spend; never more than the parent has
+    # left (the child's budget is clamped to that). Needs the `token_budget` capability.
+    token_budget: int | None = None
     # Tracing (an `agent.tracing.TraceParent`, None while tracing is off): from the tool layer,
     # where the child hangs (its call's `execute_tool` span, named with the child's label); as
     # the provider receives it, the context of the child's own activation span.

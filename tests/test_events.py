@@ -124,6 +124,7 @@ def test_event_type_names() -> None:
         "blocked",
         "refusal",
         "interrupted",
+        "budget-exceeded",
     } == ev.TURN_END_REASONS
 
 

@@ -117,7 +117,7 @@ def test_streams_text_with_progress_and_usage(stub: OpenAIStub) -> None:
         ({"type": "text", "text": "Hello"},),
         (),
         "stop",
-        {"input_tokens": 7, "output_tokens": 2, "total_tokens": 9},
+        {"input_tokens": 7, "output_tokens": 2},
     )
     assert got == [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
 
@@ -339,7 +339,39 @@ def test_a_non_streamed_json_answer_is_accepted(stub: OpenAIStub) -> None:
     stub.enqueue(st.status(200, answer))
     r = make(stub).complete(req())
     assert r.tool_calls == (ToolCall("c", "t", {"a": 1}),) and r.finish == "tool_calls"
-    assert r.usage == {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}
+    assert r.usage == {"input_tokens": 1, "output_tokens": 2}
+
+
+def test_cached_prompt_tokens_are_reported_apart(stub: OpenAIStub) -> None:
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 60},
+    }
+    stub.enqueue(st.stream_text(["ok"], usage=usage))
+    r = make(stub).complete(req())
+    assert r.usage == {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 5}
+
+
+def test_a_server_that_accepts_and_never_answers_fails_after_bounded_attempts(
+    stub: OpenAIStub,
+) -> None:
+    """Issue 12 item 6: each attempt times out, the call gives up after max_retries + 1."""
+    stall = st.Stall(head=False)
+    stub.default = stall
+    retries = Retries()
+    with pytest.raises(ModelError, match=r"timed out before a response.*gave up after 3 attempts"):
+        make(stub, read_timeout=0.05, max_retries=2, on_retry=retries).complete(req())
+    assert len(stub.requests) == 3
+    assert [attempt for attempt, _, _ in retries.calls] == [1, 2]
+
+
+def test_default_timeouts_fail_a_stuck_call_within_minutes() -> None:
+    m = OpenAIModel(base_url="http://127.0.0.1:9/v1", api_key="k")
+    worst = (m.max_retries + 1) * (m.read_timeout + m.connect_timeout)
+    assert worst <= 5 * 60, worst
+    with pytest.raises(TypeError):
+        OpenAIModel(base_url="http://127.0.0.1:9/v1", max_retries=1.5)  # type: ignore[arg-type]
 
 
 def test_keep_alive_reuses_one_connection(stub: OpenAIStub) -> None:

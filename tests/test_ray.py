@@ -23,8 +23,9 @@ from agent.model import ModelRequest  # noqa: E402
 from agent.models import scripted as S  # noqa: E402
 from agent.store import SessionStore  # noqa: E402
 from agent.tools import Tool  # noqa: E402
-from providers.ray import RayConfig, RayProvider  # noqa: E402
+from providers.ray import RayProvider  # noqa: E402
 from subagent.errors import SubagentError  # noqa: E402
+from subagent.ray_config import RayConfig  # noqa: E402
 from subagent.runtime import Runtime  # noqa: E402
 from subagent.types import (  # noqa: E402
     MessageSource,

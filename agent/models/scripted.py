@@ -20,6 +20,7 @@ from agent.model import (
     ProgressSink,
     ToolCall,
 )
+from agent.usage import USAGE_KEYS, normalize_usage
 from supervision.signal import AbortError, AbortSignal
 
 __all__ = [
@@ -57,6 +58,8 @@ class Step:
     chunks: tuple[str, ...] = ()
     chunk_latency: float = 0.0
     latency: float = 0.0
+    # The token usage this reply reports (None: the model's default, see `ScriptedModel`).
+    usage: Mapping[str, int] | None = None
 
 
 Responder = Callable[[ModelRequest], "Step | str"]
@@ -76,9 +79,22 @@ def _check_text(value: Any, what: str = "text") -> str:
     return value
 
 
-def text(value: str, *, latency: float = 0.0) -> Step:
+def _check_usage(usage: Mapping[str, int] | None) -> Mapping[str, int] | None:
+    if usage is None:
+        return None
+    if not isinstance(usage, Mapping):
+        raise TypeError("usage must be a mapping of token counts")
+    clean = normalize_usage(usage)
+    if len(clean) != len(usage):
+        raise ValueError(f"usage takes non-negative int counts of {', '.join(USAGE_KEYS)}")
+    return clean
+
+
+def text(value: str, *, latency: float = 0.0, usage: Mapping[str, int] | None = None) -> Step:
     """A final answer (`finish="stop"`)."""
-    return Step("text", text=_check_text(value), latency=_check_latency(latency))
+    return Step(
+        "text", text=_check_text(value), latency=_check_latency(latency), usage=_check_usage(usage)
+    )
 
 
 def _call_spec(spec: CallSpec) -> tuple[str, Mapping[str, Any], str | None]:
@@ -104,20 +120,37 @@ def tool_call(
     *,
     text: str = "",
     latency: float = 0.0,
+    usage: Mapping[str, int] | None = None,
 ) -> Step:
     """Ask for one tool call (`finish="tool_calls"`); `text` is said alongside it."""
     spec = _call_spec((name, {} if arguments is None else arguments, id))
     return Step(
-        "tool_calls", text=_check_text(text), calls=(spec,), latency=_check_latency(latency)
+        "tool_calls",
+        text=_check_text(text),
+        calls=(spec,),
+        latency=_check_latency(latency),
+        usage=_check_usage(usage),
     )
 
 
-def tool_calls(calls: Iterable[CallSpec], *, text: str = "", latency: float = 0.0) -> Step:
+def tool_calls(
+    calls: Iterable[CallSpec],
+    *,
+    text: str = "",
+    latency: float = 0.0,
+    usage: Mapping[str, int] | None = None,
+) -> Step:
     """Ask for several tool calls in one step."""
     specs = tuple(_call_spec(c) for c in calls)
     if not specs:
         raise ValueError("tool_calls needs at least one call")
-    return Step("tool_calls", text=_check_text(text), calls=specs, latency=_check_latency(latency))
+    return Step(
+        "tool_calls",
+        text=_check_text(text),
+        calls=specs,
+        latency=_check_latency(latency),
+        usage=_check_usage(usage),
+    )
 
 
 def max_tokens(partial_text: str = "", *, latency: float = 0.0) -> Step:
@@ -191,10 +224,19 @@ class ScriptedModel:
     unless it was registered with `repeat=True`.
     """
 
-    def __init__(self, responder: Responder | None = None, *, record: bool = True) -> None:
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        record: bool = True,
+        usage: Mapping[str, int] | None = None,
+    ) -> None:
+        """`usage`: the token counts every reply reports unless its step says otherwise
+        (fixed, so usage and budget tests are exact); None reports no usage."""
         if responder is not None and not callable(responder):
             raise TypeError("responder must be callable")
         self._responder = responder
+        self._usage: Mapping[str, int] = _check_usage(usage) or {}
         self._record = record
         self._scripts: dict[str, tuple[tuple[Step, ...], bool]] = {}
         self._cursors: dict[str, int] = {}
@@ -290,11 +332,12 @@ class ScriptedModel:
         elif on_progress is not None and step.text:
             on_progress({"type": "text", "text": step.text})
         content = ({"type": "text", "text": step.text},) if step.text else ()
+        usage = self._usage if step.usage is None else step.usage
         if kind == "tool_calls":
             prefix = f"call_{request.turn}_{request.step}_"
             calls = tuple(
                 ToolCall(cid if cid is not None else prefix + str(n), name, args)
                 for n, (name, args, cid) in enumerate(step.calls)
             )
-            return ModelResponse(content, calls, "tool_calls")
-        return ModelResponse(content, (), _FINISH[kind])
+            return ModelResponse(content, calls, "tool_calls", usage)
+        return ModelResponse(content, (), _FINISH[kind], usage)

@@ -183,13 +183,45 @@ def answer_text(content: Any) -> str:
 
 
 def model_registry(args: argparse.Namespace) -> Any:
+    """The HTTP model routes, with `--base-url`, `--timeout` and `--max-retries` applied.
+
+    `--base-url` goes to the route `--model` names (`anthropic:` or else OpenAI-compatible).
+    """
     from agent.models import ModelRegistry
+    from agent.models.anthropic import AnthropicModel
     from agent.models.openai import OpenAIModel
 
     models = ModelRegistry()
     base_url = getattr(args, "base_url", None)
-    models.register("openai", OpenAIModel(base_url=base_url) if base_url else OpenAIModel())
+    prefix, _name = model_route(getattr(args, "model", None))
+    transport: dict[str, Any] = {}
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None:
+        transport["timeout"] = timeout
+    retries = getattr(args, "max_retries", None)
+    if retries is not None:
+        transport["max_retries"] = retries
+    openai_url = base_url if prefix == "openai" else None
+    anthropic_url = base_url if prefix == "anthropic" else None
+    models.register("openai", OpenAIModel(base_url=openai_url, **transport))
+    models.register("anthropic", AnthropicModel(base_url=anthropic_url, **transport))
     return models
+
+
+MODEL_ROUTES = ("openai", "anthropic")
+
+
+def model_route(model: str | None) -> tuple[str, str]:
+    """`--model`: `anthropic:NAME`, `openai:NAME`, or a bare NAME at an OpenAI-compatible
+    endpoint (a bare name may hold colons itself, like Ollama's `llama3:8b`)."""
+    if not model:
+        return "openai", ""
+    prefix, sep, name = model.partition(":")
+    if sep and prefix in MODEL_ROUTES:
+        if not name:
+            raise UsageError(f"--model {model!r} names no model after {prefix + ':'!r}")
+        return prefix, name
+    return "openai", model
 
 
 def runtime_over(store: Any) -> Any:

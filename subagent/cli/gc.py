@@ -31,6 +31,7 @@ GC_STATUSES = (
     "refusal",
     "blocked",
     "interrupted",
+    "budget-exceeded",
     "open",
     "empty",
     "corrupt",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from subagent.cli.common import (
@@ -13,7 +14,9 @@ from subagent.cli.common import (
     answer_text,
     make_console,
     model_registry,
+    model_route,
     non_negative_int,
+    positive_int,
     read_prompt,
     store_root,
 )
@@ -42,7 +45,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--acp-env needs --acp")
     if args.acp is None and not args.model:
         raise UsageError(
-            "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL) or --acp"
+            "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL), "
+            "--model anthropic:NAME, or --acp"
         )
     words = shlex.split(args.acp) if args.acp is not None else []
     if args.acp is not None and not words:
@@ -87,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 ),
                 SubagentToolConfig("fork", name="subagent_fork", max_depth=args.max_depth),
             ]
-            options = AgentOptions(model=f"openai:{args.model}")
+            prefix, name = model_route(args.model)
+            options = AgentOptions(model=f"{prefix}:{name}", token_budget=args.max_total_tokens)
         install_subagent_tools(rt, tools=tools)
         root = rt.agent(options=options)
         tree = TreeModel(rt.ctx, root.id, "root")
@@ -116,6 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             # The relay only carries the ACP agent's answer: without one the command failed.
             raise CliError(relay_failure[0])
         reply = answer_text(outcome.output) if outcome is not None else ""
+        spent = root.usage.subtree
+        if spent or args.max_total_tokens is not None:
+            # Before the answer, so the answer stays the last thing printed.
+            console.print(usage_line(spent, args.max_total_tokens))
         console.print(reply or "(no output)")
         report_stopped(console, stopped)
         if stopped is not None:
@@ -128,7 +137,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         rt.close()
 
 
+def usage_line(usage: Mapping[str, int], budget: int | None = None) -> str:
+    """The final summary's token line, for the whole tree."""
+    from agent.usage import total_tokens
+
+    total = total_tokens(usage)
+    parts = [
+        f"{usage.get('input_tokens', 0):,} input",
+        f"{usage.get('output_tokens', 0):,} output",
+    ]
+    cache_read = usage.get("cache_read_input_tokens", 0)
+    cache_write = usage.get("cache_creation_input_tokens", 0)
+    if cache_read or cache_write:
+        parts.append(f"{cache_read:,} cache read")
+        parts.append(f"{cache_write:,} cache write")
+    line = f"tokens (whole tree): {total:,} = " + ", ".join(parts)
+    if budget is not None:
+        line += f"  (budget {budget:,})"
+    return line
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def register(sub: Any) -> None:
+    from agent.models.http import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT
+
     run = sub.add_parser("run", help="a real root agent with the subagent tools")
     run.add_argument(
         "prompt",
@@ -141,7 +182,10 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
     )
-    run.add_argument("--model", help="the model name at that endpoint")
+    run.add_argument(
+        "--model",
+        help="the model name at that endpoint, or anthropic:NAME for the Anthropic Messages API",
+    )
     run.add_argument(
         "--acp", metavar="COMMAND", help="run the task on an ACP agent started by COMMAND"
     )
@@ -157,6 +201,25 @@ def register(sub: Any) -> None:
         default=3,
         metavar="D",
         help="how deep delegation may go (default 3)",
+    )
+    run.add_argument(
+        "--max-total-tokens",
+        type=positive_int,
+        metavar="N",
+        help="token budget of the whole tree (input, output and cache tokens)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help=f"give up a model request attempt after this long without data "
+        f"(default {DEFAULT_READ_TIMEOUT:g})",
+    )
+    run.add_argument(
+        "--max-retries",
+        type=non_negative_int,
+        metavar="N",
+        help=f"retries of a failed model request (default {DEFAULT_MAX_RETRIES})",
     )
     run.add_argument("--no-live", action="store_true", help="print only the final tree")
     run.set_defaults(fn=cmd_run)

@@ -13,6 +13,7 @@ from subagent.cli.common import (
     flat_text,
     make_console,
     model_registry,
+    model_route,
     open_store,
     print_json,
     read_prompt,
@@ -70,7 +71,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             rt.subagents.register(acp)
         elif args.acp_env:
             raise UsageError(f"{args.child} is not an ACP child (--acp-env is for ACP children)")
-        options = AgentOptions(model=f"openai:{args.model}") if args.model else None
+        options = AgentOptions(model=":".join(model_route(args.model))) if args.model else None
         parent = rt.resume_agent(header.parent_session, options=options)
         sent = rt.subagents.send_message(parent, args.child, message, MessageSource.user())
         task = rt.tasks.wait(sent.task_id) if sent.task_id else None

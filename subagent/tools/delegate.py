@@ -30,6 +30,7 @@ from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
+    BUDGET_EXCEEDED,
     COMPLETED,
     ERROR,
     MAX_TOKENS,
@@ -89,6 +90,8 @@ class SubagentToolConfig:
     background: BackgroundMode = "one-shot"
     # Background one-shot: tell the parent when the child settles (a `subagent-settled` message).
     notify_parent: bool = True
+    # Each child's token budget (its subtree's), clamped to what the parent has left.
+    token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider, str) or not self.provider:
@@ -106,6 +109,9 @@ class SubagentToolConfig:
             raise TypeError("persona must be a string or None")
         if self.agent_options is not None and not isinstance(self.agent_options, AgentOptions):
             raise TypeError("agent_options must be an AgentOptions or None")
+        tb = self.token_budget
+        if tb is not None and (not isinstance(tb, int) or isinstance(tb, bool) or tb < 1):
+            raise ValueError(f"token_budget must be a positive int or None, got {tb!r}")
 
     @property
     def depth_cap(self) -> int | None:
@@ -183,6 +189,7 @@ _HEADLINES: Final = {
     ERROR: "Subagent failed with an error.",
     MAX_TOKENS: "Subagent ran out of output tokens before it finished.",
     REFUSAL: "Subagent declined the task.",
+    BUDGET_EXCEEDED: "Subagent used up its token budget before it finished.",
 }
 
 _CODES: Final = {
@@ -190,6 +197,7 @@ _CODES: Final = {
     ERROR: "SUBAGENT_ERROR",
     MAX_TOKENS: "SUBAGENT_MAX_TOKENS",
     REFUSAL: "SUBAGENT_REFUSAL",
+    BUDGET_EXCEEDED: "SUBAGENT_BUDGET_EXCEEDED",
 }
 
 
@@ -266,6 +274,7 @@ class _Delegate:
             max_depth=c.depth_cap,
             tool_filter=c.tool_filter,
             persona=c.persona,
+            token_budget=c.token_budget,
             trace=trace,
         )
 
@@ -364,6 +373,7 @@ def subagent_tool(service: Any, config: SubagentToolConfig, *, name: str | None 
         ("max_depth", config.depth_cap is not None, caps.depth_limit),
         ("tool_filter", config.tool_filter is not None, caps.tool_filter),
         ("persona", config.persona is not None, caps.persona),
+        ("token_budget", config.token_budget is not None, caps.token_budget),
     ]
     missing = [what for what, wanted, has in needs if wanted and not has]
     if missing:

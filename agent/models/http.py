@@ -1,0 +1,352 @@
+"""What every HTTP model adapter shares: the request prologue, retries, abort handling, SSE lines.
+
+An adapter (`OpenAIModel`, `AnthropicModel`) subclasses `HTTPModel` and supplies only its wire
+format: the JSON body, how an error body reads, and how a 200 response becomes a
+`ModelResponse`. Everything else lives here once:
+
+- Each call runs its HTTP exchange in a worker greenlet owned by the caller. When the request's
+  signal aborts, the worker is killed where it waits (connect, recv or a backoff sleep), which
+  closes its half-read connection, and the caller raises `AbortError` at once.
+- Retries cover 408/409/429/5xx (so Anthropic's 529 `overloaded`), connection failures and
+  timeouts before a response started, and whatever the adapter marks `Retryable` (an
+  `overloaded_error` event before any output). `retry-after` / `retry-after-ms` win over the
+  exponential backoff, capped by `retry_after_max`.
+- Every transport or protocol failure becomes `ModelError` with a diagnostic; only on_progress's
+  own exceptions pass through unchanged.
+
+Defaults (issue 12): a server that accepts and never answers fails a call after
+`max_retries + 1` attempts of `read_timeout` seconds each, i.e. about 3 minutes, not half an hour.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import gevent
+from geventhttpclient import HTTPClient
+from geventhttpclient.response import HTTPParseError
+
+from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
+from agent.models.sse import SSEEvent, SSEParser
+from supervision.signal import AbortError, AbortSignal
+
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_READ_TIMEOUT",
+    "RETRY_STATUSES",
+    "HTTPModel",
+    "RetryHook",
+    "Retryable",
+    "aborted",
+    "jsonable",
+    "read_capped",
+    "retry_after",
+    "sse_events",
+]
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+# Seconds without a byte from the server before an attempt fails, and retries after the first.
+DEFAULT_READ_TIMEOUT = 60.0
+DEFAULT_MAX_RETRIES = 2
+_ERROR_BODY_LIMIT = 64 * 1024
+
+# Called before each retry with (attempt that failed, delay in seconds, diagnostic).
+RetryHook = Callable[[int, float, str], None]
+
+
+class _Abandoned(gevent.GreenletExit):  # type: ignore[misc]
+    """Kills a worker whose request was aborted (a GreenletExit, so the hub prints nothing)."""
+
+
+class Retryable(Exception):
+    """Raised inside an attempt: this attempt failed in a way another attempt may not."""
+
+    def __init__(self, diagnostic: str, retry_after: float | None = None) -> None:
+        super().__init__(diagnostic)
+        self.diagnostic = diagnostic
+        self.retry_after = retry_after
+
+
+def aborted(signal: AbortSignal) -> AbortError:
+    """The `AbortError` to raise for an aborted signal (its own reason when it is one)."""
+    reason = signal.reason
+    if isinstance(reason, AbortError):
+        return reason
+    return AbortError(f"aborted: {reason!r}", reason=reason)
+
+
+def jsonable(obj: Any) -> Any:
+    """`json.dumps` default: read-only mappings (e.g. tool arguments) serialize as objects."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def retry_after(resp: Any) -> float | None:
+    """Seconds the server asked us to wait (`retry-after-ms`, `retry-after` seconds or date)."""
+    ms = resp.get("retry-after-ms")
+    if isinstance(ms, str):
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = resp.get("retry-after")
+    if not isinstance(value, str):
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def read_capped(resp: Any, limit: int = _ERROR_BODY_LIMIT) -> bytes:
+    """At most `limit` bytes of a body (an error page can be anything)."""
+    data = bytearray()
+    while len(data) < limit:
+        block = resp.read(4096)
+        if not block:
+            break
+        data += block
+    return bytes(data)
+
+
+def sse_events(resp: Any, label: str) -> Iterator[SSEEvent]:
+    """The server-sent events of a streamed response, as they arrive.
+
+    Ends when the body ends; raises `ModelError` when the connection closes mid-body or a line
+    is not UTF-8. The caller decides whether the stream was complete.
+    """
+    parser = SSEParser()
+    while True:
+        line = resp.readline(b"\n")
+        if not line:
+            if not resp.message_complete:
+                raise ModelError(f"{label}: connection closed mid-stream")
+            tail = resp.read()
+            lines = [*tail.split(b"\n"), b""] if tail else [b""]
+        else:
+            lines = [line]
+        for raw in lines:
+            try:
+                event = parser.feed(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise ModelError(f"{label} stream: invalid UTF-8 ({e})") from None
+            if event is not None:
+                yield event
+        if not line:
+            return
+
+
+def drain(resp: Any) -> None:
+    """Read the (normally empty) rest so the connection can go back to the pool; a server that
+    keeps the stream open after its end costs its connection, not our time."""
+    if not resp.message_complete:
+        with gevent.Timeout(1.0, False):
+            resp.read()
+
+
+class HTTPModel:
+    """The shared machinery of a streamed JSON-over-HTTP model adapter (see the module doc).
+
+    Subclasses set `label` and implement `payload`, `read_answer` and `error_diagnostic`, and
+    may override `check_ready` (e.g. a missing API key).
+    """
+
+    label = "http"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        path: str,
+        headers: Mapping[str, str],
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        retry_after_max: float = 60.0,
+        connect_timeout: float = 10.0,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        pool_size: int = 1024,
+        on_retry: RetryHook | None = None,
+    ) -> None:
+        base = base_url.rstrip("/")
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http(s) URL, got {base!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int):
+            raise TypeError("max_retries must be an int")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int):
+            raise TypeError("pool_size must be an int")
+        if max_retries < 0 or pool_size < 1:
+            raise ValueError("max_retries must be >= 0 and pool_size >= 1")
+        for name, value in (
+            ("backoff_base", backoff_base),
+            ("backoff_max", backoff_max),
+            ("retry_after_max", retry_after_max),
+            ("connect_timeout", connect_timeout),
+            ("read_timeout", read_timeout),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds")
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0")
+        self.base_url = base
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.retry_after_max = retry_after_max
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.pool_size = pool_size
+        self._on_retry = on_retry
+        self._path = (parts.path or "") + path
+        self._headers = dict(headers)
+        # One keep-alive pool per adapter (= per base URL), sized for many concurrent streams.
+        # Made on first use: building it creates an SSL context, tens of milliseconds of CPU that
+        # a runtime which never calls this model should not spend on the hub.
+        self._client_options = {
+            "concurrency": pool_size,
+            "connection_timeout": connect_timeout,
+            "network_timeout": read_timeout,
+        }
+        self._client_instance: HTTPClient | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.base_url}>"
+
+    @property
+    def _client(self) -> HTTPClient:
+        if self._client_instance is None:
+            self._client_instance = HTTPClient.from_url(self.base_url, **self._client_options)
+        return self._client_instance
+
+    def close(self) -> None:
+        """Close the idle pooled connections; in-flight ones close as they finish."""
+        if self._client_instance is not None:
+            self._client_instance.close()
+
+    def __enter__(self) -> HTTPModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what a subclass supplies -------------------------------------------------------------
+
+    def payload(self, request: ModelRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def read_answer(self, resp: Any, on_progress: ProgressSink | None) -> ModelResponse:
+        """Turn a 200 response into the answer (raise `ModelError` or `Retryable`)."""
+        raise NotImplementedError
+
+    def error_diagnostic(self, code: int, body: bytes) -> str:
+        detail = body[:500].decode("utf-8", "replace").strip()
+        return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
+
+    def check_ready(self) -> None:
+        """Raise `ModelError` when no call can succeed (e.g. no API key)."""
+
+    # -- the call -------------------------------------------------------------------------------
+
+    def complete(
+        self, request: ModelRequest, on_progress: ProgressSink | None = None
+    ) -> ModelResponse:
+        signal = request.signal
+        if signal.aborted:
+            raise aborted(signal)
+        self.check_ready()
+        try:
+            body = json.dumps(
+                self.payload(request), default=jsonable, ensure_ascii=False, allow_nan=False
+            ).encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise ModelError(f"{self.label}: request is not JSON-serializable: {e}") from None
+        worker = gevent.spawn(self._guarded, body, on_progress)
+        remove = signal.add_listener(lambda _reason: worker.kill(_Abandoned, block=False))
+        try:
+            outcome = worker.get()
+        finally:
+            remove()
+            if not worker.dead:  # our caller was killed: take the worker down with it
+                worker.kill(_Abandoned, block=True)
+        if isinstance(outcome, ModelResponse):
+            return outcome
+        if isinstance(outcome, _Abandoned) or signal.aborted:
+            raise aborted(signal)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        raise ModelError(f"{self.label}: unexpected worker outcome {outcome!r}")  # pragma: no cover
+
+    def _guarded(self, body: bytes, on_progress: ProgressSink | None) -> Any:
+        # Errors come back as values: an exception escaping a greenlet is printed by the hub.
+        try:
+            return self._with_retries(body, on_progress)
+        except Exception as e:
+            return e
+
+    def _with_retries(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return self._attempt(body, on_progress)
+            except Retryable as e:
+                if attempt > self.max_retries:
+                    raise ModelError(
+                        f"{self.label}: {e.diagnostic} (gave up after {attempt} attempts)"
+                    ) from None
+                if e.retry_after is not None:
+                    delay = min(e.retry_after, self.retry_after_max)
+                else:
+                    delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+                log.debug("%s: %s; retry %d in %.3fs", self.label, e.diagnostic, attempt, delay)
+                if self._on_retry is not None:
+                    self._on_retry(attempt, delay, e.diagnostic)
+                gevent.sleep(delay)
+
+    def _attempt(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse:
+        try:
+            resp = self._client.request("POST", self._path, body=body, headers=self._headers)
+        except TimeoutError as e:
+            raise Retryable(
+                f"timed out before a response from {self.base_url} "
+                f"(no answer within {self.read_timeout}s: {e})"
+            ) from None
+        except (OSError, HTTPParseError) as e:
+            raise Retryable(f"connection to {self.base_url} failed: {e!r}") from None
+        except (RuntimeError, ValueError) as e:
+            raise ModelError(f"{self.label}: request to {self.base_url} failed: {e}") from None
+        try:
+            code = resp.status_code
+            if code != 200:
+                try:
+                    err_body = read_capped(resp)
+                except (OSError, HTTPParseError):
+                    err_body = b""
+                diagnostic = self.error_diagnostic(code, err_body)
+                if code in RETRY_STATUSES:
+                    raise Retryable(diagnostic, retry_after(resp))
+                raise ModelError(f"{self.label}: {diagnostic}")
+            return self.read_answer(resp, on_progress)
+        except TimeoutError:
+            raise ModelError(
+                f"{self.label}: read timed out mid-response (no data for {self.read_timeout}s)"
+            ) from None
+        except (OSError, HTTPParseError) as e:
+            raise ModelError(f"{self.label}: connection lost mid-response: {e!r}") from None
+        finally:
+            resp.release()
