@@ -31,7 +31,14 @@ from gevent.event import Event as GEvent
 from agent import tracing
 from agent.history import history_from_events, last_turn_number
 from agent.log import SessionLog
-from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
+from agent.model import (
+    ModelAdapter,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    without_lone_surrogates,
+)
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
@@ -268,6 +275,7 @@ class AgentCore:
                 if tt is None
                 else tt.chat(self.model.complete, request, sink)
             )
+            response = without_lone_surrogates(response)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)
