@@ -16,6 +16,7 @@ Tail rules (a SIGKILL mid-write leaves a prefix of what was written, so it must 
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from typing import Any, Final, cast
 import msgpack
 
 from agent.events import Event, SessionHeader, SessionLogError
+from agent.jsoncheck import explain, is_lossless
 
 __all__ = [
     "FRAME_HEADER_SIZE",
@@ -46,6 +48,18 @@ _pack_prefix = _prefix.pack
 _unpack_prefix = _prefix.unpack_from
 _crc32 = zlib.crc32
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+# Bytes that may start a value JSON cannot hold: bin (c4-c6), ext (c7-c9, d4-d8), or a float
+# whose exponent is all ones (NaN, inf). They also occur inside UTF-8 text and other values, so
+# a match only sends the decoded event to the full lossless-JSON walk; no match rules them out.
+_SUSPECT = re.compile(rb"[\xc4-\xc9\xd4-\xd8]|\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7f\xff][\x80-\xff]")
+_suspect = _SUSPECT.search
+
+
+def _not_json(event: Any, name: str, offset: int) -> CorruptSessionError:
+    """Only JSON-native values are valid in a log: anything else is corruption here."""
+    why = explain(event, "event")
+    return CorruptSessionError(name, offset, f"frame holds a value JSON cannot: {why}")
 
 
 class CorruptSessionError(SessionLogError):
@@ -108,6 +122,8 @@ def decode_frames(
                     # The envelope's fields are checked by the invariant replay (by seq).
                     if type(event) is not dict:
                         raise CorruptSessionError(name, offset, "frame is not an event")
+                    if _suspect(payload) is not None and not is_lossless(event):
+                        raise _not_json(event, name, offset)
                     append(cast(Event, event))
                     offset = stop
                     continue
@@ -161,6 +177,8 @@ def iter_events(data: bytes | bytearray | memoryview, name: str, start: int = 0)
                 raise CorruptSessionError(name, offset, f"bad msgpack: {exc}") from None
             if type(event) is not dict:
                 raise CorruptSessionError(name, offset, "frame is not an event")
+            if _suspect(payload) is not None and not is_lossless(event):
+                raise _not_json(event, name, offset)
             yield cast(Event, event)
         index += 1
         offset = end
@@ -237,6 +255,8 @@ def _decode_header(payload: memoryview, name: str) -> SessionHeader:
         raise CorruptSessionError(name, 0, f"bad header msgpack: {exc}") from None
     if type(obj) is not dict or obj.get("magic") != MAGIC:
         raise CorruptSessionError(name, 0, "not a session file (bad magic)")
+    if not is_lossless(obj):
+        raise _not_json(obj, name, 0)
     try:
         return SessionHeader.from_json(obj.get("header"))
     except (TypeError, ValueError) as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "check_json"]
+__all__ = ["MAX_DEPTH", "check_json", "explain", "is_lossless", "repair_surrogates"]
 
 # Nesting deeper than this is rejected; it also bounds the walk over a cyclic value.
 MAX_DEPTH = 200
@@ -88,3 +88,54 @@ def _explain(v: Any, path: str, depth: int, stack: list[int]) -> None:
         stack.pop()
         return
     raise TypeError(f"{path}: {t.__name__} is not lossless JSON")
+
+
+def is_lossless(value: Any) -> bool:
+    """True when `value` passes `check_json` (the loader's test of a decoded frame)."""
+    return _ok(value, 0)
+
+
+def explain(value: Any, where: str) -> str:
+    """Why `value` fails `check_json`, as one line (for a loader's corruption report)."""
+    try:
+        _explain(value, where, 0, [])
+    except TypeError as exc:
+        return str(exc)
+    return f"{where}: not lossless JSON"  # pragma: no cover
+
+
+def _fix(text: str) -> str:
+    # UTF-16 round trip: a valid surrogate pair becomes its character, a lone half U+FFFD.
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def repair_surrogates(value: Any) -> Any:
+    """Replace lone surrogates in every str of a lossless-JSON value, in place where it can.
+
+    Lone surrogates come from outside: a JSON `\\ud83d` escape from a model or an ACP agent, or
+    `surrogateescape`d bytes in argv. They cannot be encoded as UTF-8, so no log, wire or
+    terminal can carry them; see docs/decisions.md. Containers are repaired in place, so a
+    caller that kept a reference to part of the value (the conversation history shares the
+    logged content blocks) sees the same text as the log. Returns the repaired value (a new
+    object only when `value` itself is a str).
+    """
+    t = type(value)
+    if t is str:
+        return _fix(value)
+    if t is list:
+        for i, x in enumerate(value):
+            tx = type(x)
+            if tx is str or tx is list or tx is dict:
+                value[i] = repair_surrogates(x)
+    elif t is dict:
+        items = list(value.items())
+        if any(type(k) is str and k != _fix(k) for k, _ in items):
+            value.clear()
+            for k, x in items:
+                value[_fix(k) if type(k) is str else k] = repair_surrogates(x)
+        else:
+            for k, x in items:
+                tx = type(x)
+                if tx is str or tx is list or tx is dict:
+                    value[k] = repair_surrogates(x)
+    return value

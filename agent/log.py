@@ -33,7 +33,7 @@ import msgpack
 from agent import events as ev
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import MAX_FRAME, _crc32, _frame, _pack_prefix, _packb
-from agent.jsoncheck import check_json
+from agent.jsoncheck import check_json, repair_surrogates
 
 _unpackb = msgpack.unpackb
 
@@ -466,19 +466,31 @@ class SessionLog:
         return self._closed
 
     def append(self, type: str, data: dict[str, Any]) -> Event:
-        """Record one event. The log owns `data` afterwards: do not mutate it."""
+        """Record one event. The log owns `data` afterwards: do not mutate it.
+
+        Atomic: when it raises, nothing changed (no seq taken, no replay state, no frame). Text
+        with lone surrogates is repaired to U+FFFD in place first (docs/decisions.md).
+        """
         if self._closed or self._failed is not None:
             self._raise_unusable()
         check_json(data, where=f"{type}.data")
         events = self.events
         event: Event = {"type": type, "seq": len(events), "time": time.time(), "data": data}
-        self._feed(event)
-        payload = _packb(event)
+        try:
+            payload = _packb(event)
+        except UnicodeEncodeError:
+            # Only a lone surrogate makes a checked value unencodable (rare, slow path).
+            repair_surrogates(data)
+            payload = _packb(event)
         if len(payload) > MAX_FRAME:
-            # The replay already advanced; roll it back by rebuilding (rare, loud path).
+            raise ValueError(f"{type} event of {len(payload)} bytes exceeds {MAX_FRAME}")
+        try:
+            self._feed(event)
+        except BaseException:
+            # A refused event may have moved the replay part way: rebuild it (rare, loud path).
             self._replay = validate_log(list(events), self.header)
             self._feed = self._replay.feed
-            raise ValueError(f"{type} event of {len(payload)} bytes exceeds {MAX_FRAME}")
+            raise
         buffer = self._buffer
         buffer += _pack_prefix(len(payload), _crc32(payload))
         buffer += payload

@@ -31,7 +31,14 @@ from gevent.event import Event as GEvent
 from agent import tracing
 from agent.history import HistoryView, history_from_events, last_turn_number
 from agent.log import SessionLog
-from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall
+from agent.model import (
+    ModelAdapter,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    without_lone_surrogates,
+)
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
@@ -268,6 +275,7 @@ class AgentCore:
                 if tt is None
                 else tt.chat(self.model.complete, request, sink)
             )
+            response = without_lone_surrogates(response)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)
@@ -398,7 +406,14 @@ class AgentCore:
             )
             open_calls[call.id] = call.name
             if self.on_progress is not None:
-                self._progress({"kind": "tool/call", "name": call.name, "call_id": call.id})
+                self._progress(
+                    {
+                        "kind": "tool/call",
+                        "name": call.name,
+                        "call_id": call.id,
+                        "arguments": call.arguments,
+                    }
+                )
         results: list[ToolResult | None] = [None] * len(calls)
         started = [False] * len(calls)
         crash: list[BaseException] = []
@@ -560,7 +575,16 @@ class AgentCore:
             }
         )
         if self.on_progress is not None:
-            self._progress({"kind": "tool/result", "name": name, "is_error": data["is_error"]})
+            self._progress(
+                {
+                    "kind": "tool/result",
+                    "name": name,
+                    "call_id": call_id,
+                    "is_error": data["is_error"],
+                    "code": data.get("code"),
+                    "content": data["content"],
+                }
+            )
 
     # -- ending ----------------------------------------------------------------------------------
 

@@ -7,11 +7,12 @@ or model failure into `ModelError` so the loop can end the turn `error` with a d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from agent.jsoncheck import check_json
+from agent.jsoncheck import check_json, repair_surrogates
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "arguments_problem",
+    "without_lone_surrogates",
 ]
 
 # Why a model call ended. `tool_calls` means "run these and call me again".
@@ -159,3 +161,37 @@ class ModelAdapter(Protocol):
         """Run one model call. Raises `ModelError` on failure, `AbortError` when
         `request.signal` aborts (promptly: an in-flight call is abandoned)."""
         ...
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    except (TypeError, ValueError):
+        return True  # not JSON at all: the log's own check reports it
+    return True
+
+
+def without_lone_surrogates(response: ModelResponse) -> ModelResponse:
+    """The response with lone UTF-16 halves in its text and tool calls replaced by U+FFFD.
+
+    A model's JSON may carry an unpaired `\\ud83d` escape; such text cannot be encoded as UTF-8,
+    so it must not reach a tool, a log or a wire as is (docs/decisions.md). Returns `response`
+    itself when nothing needs repair (the common case).
+    """
+    calls = response.tool_calls
+    probe = [response.content, [[c.id, c.name, c.arguments, c.invalid] for c in calls]]
+    if _encodes(probe):
+        return response
+    content = repair_surrogates([dict(block) for block in response.content])
+    fixed = [
+        ToolCall(
+            repair_surrogates(c.id),
+            repair_surrogates(c.name),
+            repair_surrogates(dict(c.arguments)),
+            None if c.invalid is None else repair_surrogates(c.invalid),
+        )
+        for c in calls
+    ]
+    return replace(response, content=content, tool_calls=fixed)

@@ -16,6 +16,8 @@ import gc
 import logging
 import os
 import secrets
+import stat
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -54,6 +56,7 @@ __all__ = [
     "SessionExistsError",
     "SessionNotFoundError",
     "SessionStore",
+    "UnreadableSession",
     "default_root",
 ]
 
@@ -61,6 +64,7 @@ logger = logging.getLogger("agent")
 
 
 SUFFIX: Final = ".session"
+_TMP_SUFFIX: Final = ".tmp"
 # Files at least this big are read and decoded in the hub's thread pool, not on the hub: a
 # 256 KiB log decodes in a few milliseconds, and a torn tail's search stays off the hub too.
 _THREADPOOL_READ: Final = 1 << 18
@@ -109,6 +113,22 @@ class LoadedSession:
     torn_bytes: int = 0
     # `inspect` only: the tail is torn or ends in an open turn, so `load` would write a repair.
     needs_repair: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableSession:
+    """A stored entry whose header cannot be read: listed as corrupt, never dropped."""
+
+    id: str
+    offset: int | None  # byte offset of the damage, when known
+    reason: str
+
+
+# Errors of a store that may be read but not written (read-only mount, no write permission).
+_READ_ONLY_ERRNOS: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+# A `.tmp` left by an interrupted create is removed only once this old (seconds): a younger one
+# may be a create in progress in another process, between its `open` and its `flock`.
+TMP_GRACE: Final = 60.0
 
 
 def default_root() -> Path:
@@ -191,9 +211,23 @@ class _Store:
         return SessionLog(loaded.header, loaded.events, handle, self.durability, replay)
 
     def load(self, session_id: str) -> LoadedSession:
-        """The session's header and events, with a torn or open tail repaired durably."""
+        """The session's header and events, with a torn or open tail repaired durably.
+
+        On a store it may not write (a read-only mount), a session that needs no repair loads
+        as is; one that does raises `SessionLogError` saying so.
+        """
         validate_session_id(session_id)
-        handle = self._acquire(session_id)
+        try:
+            handle = self._acquire(session_id)
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY_ERRNOS:
+                raise
+            loaded = self.inspect(session_id)
+            if loaded.needs_repair:
+                raise SessionLogError(
+                    f"session {session_id} needs a repair, but its store is not writable: {exc}"
+                ) from exc
+            return loaded
         if handle is None:
             loaded = self.inspect(session_id)
             if loaded.needs_repair:
@@ -229,16 +263,39 @@ class _Store:
         return decode_header(self._read_header_bytes(session_id), self._name(session_id))
 
     def list(self) -> list[SessionHeader]:
-        """Every stored session's header, oldest first; unreadable files are logged, skipped."""
-        headers: list[SessionHeader] = []
+        """Every stored session's header, oldest first; unreadable files are logged, skipped
+        (`census` reports them)."""
+        headers, unreadable = self.census()
+        for bad in unreadable:
+            logger.warning("skipping unreadable session %s: %s", bad.id, bad.reason)
+        return headers
+
+    def census(self) -> tuple[builtins.list[SessionHeader], builtins.list[UnreadableSession]]:
+        """Every stored session's header (oldest first), and every `<id>.session` entry whose
+        header cannot be read (a damaged header, a symlink, a directory), with the offset."""
+        headers: builtins.list[SessionHeader] = []
+        unreadable: builtins.list[UnreadableSession] = []
         for session_id in self._ids():
             try:
                 data = self._read_header_bytes(session_id)
                 headers.append(decode_header(data, self._name(session_id)))
-            except (SessionLogError, OSError, SessionNotFoundError) as exc:
-                logger.warning("skipping unreadable session %s: %s", session_id, exc)
+            except CorruptSessionError as exc:
+                unreadable.append(UnreadableSession(session_id, exc.offset, exc.message))
+            except SessionNotFoundError:
+                continue  # deleted since the directory was listed
+            except (SessionLogError, OSError) as exc:
+                unreadable.append(UnreadableSession(session_id, None, str(exc)))
         headers.sort(key=lambda h: (h.created_at, h.id))
-        return headers
+        return headers, unreadable
+
+    def is_held(self, session_id: str) -> bool:
+        """Whether a live SessionLog holds the session, in this process or another (a reader's
+        query: it takes nothing). False for a missing or unreadable session."""
+        raise NotImplementedError
+
+    def clean_temporaries(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Remove what interrupted creates left behind; returns the names (see SessionStore)."""
+        return []
 
     def delete(self, session_id: str) -> None:
         validate_session_id(session_id)
@@ -354,10 +411,11 @@ class _FileHandle(_Handle):
 
 
 def _pread_all(fd: int, size: int) -> bytes:
+    """The file's first `size` bytes (its size when looked at): a read is always bounded."""
     chunks: list[bytes] = []
     offset = 0
-    while True:
-        chunk = os.pread(fd, max(size - offset, 1 << 16), offset)
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 24), offset)
         if not chunk:
             break
         chunks.append(chunk)
@@ -381,7 +439,55 @@ def _try_lock(fd: int) -> bool:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return False
         raise
+    _mark_live(fd)
     return True
+
+
+# `struct flock` for the open-file-description lock calls (Linux: short, short, off_t, off_t,
+# pid_t, padded to 32 bytes).
+_FLOCK = struct.Struct("hhqqi4x")
+_OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", None)
+_OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", None)
+
+
+def _mark_live(fd: int) -> None:
+    """Beside the exclusive `flock`, a write lock on byte 0 that other processes can *query*
+    without taking anything (F_OFD_GETLK): how `is_held` tells a session live elsewhere
+    without a probe that could make a concurrent `open` fail busy. Released with the fd."""
+    if _OFD_SETLK is None:
+        return
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+
+
+def _held(fd: int) -> bool:
+    """Whether a live SessionLog (any process) holds the file open on `fd`'s inode."""
+    if _OFD_GETLK is not None:
+        try:
+            answer = fcntl.fcntl(fd, _OFD_GETLK, _FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0))
+        except OSError:
+            pass
+        else:
+            return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
+    # No query API: a shared flock probe (it may make a racing `open` see busy, briefly).
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def _not_regular(path: Path) -> str:
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "not a regular file"
+    if stat.S_ISLNK(mode):
+        return "not a regular file (a symbolic link; the store never follows links)"
+    if stat.S_ISDIR(mode):
+        return "not a regular file (a directory)"
+    return "not a regular file"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -402,6 +508,7 @@ class SessionStore(_Store):
     ) -> None:
         super().__init__(durability)
         self.root = Path(root) if root is not None else default_root()
+        self._root_ready = False
 
     def __repr__(self) -> str:
         return f"SessionStore({str(self.root)!r}, durability={self.durability!r})"
@@ -413,18 +520,38 @@ class SessionStore(_Store):
         return str(self._path(session_id))
 
     def exists(self, session_id: str) -> bool:
+        """Whether the id is taken: also by an entry that is not a readable session (a
+        symlink, a directory), which every read then reports as corrupt."""
         validate_session_id(session_id)
-        return self._path(session_id).is_file()
+        return os.path.lexists(self._path(session_id))
+
+    def ensure_root(self) -> Path:
+        """Create the sessions directory if missing: mode 0700 whatever the umask (its files
+        are 0600; a listing of session ids is nobody else's business either)."""
+        root = self.root
+        if self._root_ready or root.is_dir():
+            self._root_ready = True
+            return root
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(root, 0o700)  # the umask may have taken bits of our own
+        self._root_ready = True
+        return root
 
     def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.ensure_root()
         final = self._path(session_id)
-        if final.exists():
+        if os.path.lexists(final):
             raise SessionExistsError(f"session {session_id} already exists")
-        tmp = self.root / f".{session_id}.{secrets.token_hex(4)}.tmp"
+        tmp = self.root / f".{session_id}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         handle = _FileHandle(fd, final)
         try:
+            os.fchmod(fd, 0o600)  # 0600 whatever the umask took
             _try_lock(fd)
             handle.write(data)
             if self.durability != "none":
@@ -442,34 +569,105 @@ class SessionStore(_Store):
             tmp.unlink(missing_ok=True)
         return handle
 
-    def _open_fd(self, session_id: str) -> int:
+    def _open_fd(self, session_id: str, flags: int) -> int:
+        """Open the session file itself: never through a symlink, never a FIFO, device or
+        directory that happens to carry a session's name (reported as corrupt)."""
+        path = self._path(session_id)
         try:
-            return os.open(self._path(session_id), os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise SessionNotFoundError(session_id) from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise CorruptSessionError(str(path), 0, _not_regular(path)) from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CorruptSessionError(str(path), 0, _not_regular(path))
+            if flags != os.O_RDONLY:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _acquire(self, session_id: str) -> _Handle | None:
-        fd = self._open_fd(session_id)
+        fd = self._open_fd(session_id, os.O_RDWR | os.O_APPEND)
         if not _try_lock(fd):
             os.close(fd)
             return None
         return _FileHandle(fd, self._path(session_id))
 
     def _read_unlocked(self, session_id: str) -> bytes:
-        fd = self._open_fd(session_id)
+        fd = self._open_fd(session_id, os.O_RDONLY)  # reading needs read access only
         try:
             return _FileHandle(fd, self._path(session_id)).read()
         finally:
             os.close(fd)
 
     def _read_header_bytes(self, session_id: str) -> bytes:
-        fd = self._open_fd(session_id)
+        fd = self._open_fd(session_id, os.O_RDONLY)
         try:
             prefix = os.pread(fd, 8, 0)
             if len(prefix) < 8:
                 return prefix
             length = int.from_bytes(prefix[:4], "big")
             return prefix + os.pread(fd, min(length, 1 << 20), 8)
+        finally:
+            os.close(fd)
+
+    def is_held(self, session_id: str) -> bool:
+        validate_session_id(session_id)
+        try:
+            fd = self._open_fd(session_id, os.O_RDONLY)
+        except (SessionNotFoundError, SessionLogError, OSError):
+            return False
+        try:
+            return _held(fd)
+        finally:
+            os.close(fd)
+
+    def clean_temporaries(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Remove the `.tmp` files interrupted creates left (returns their names).
+
+        A `.tmp` with a second link is a finished create's (the session has the other name):
+        removing that name frees nothing yet harms nothing. A lone one is removed only when it
+        is older than TMP_GRACE and no process holds it (a create in progress holds its lock).
+        Links are never followed; only regular files are touched.
+        """
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        removed: builtins.list[str] = []
+        now = time.time()
+        for name in sorted(names):
+            if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+                continue
+            path = self.root / name
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                if info.st_nlink < 2 and not self._stale_tmp(path, now - info.st_mtime):
+                    continue
+                if not dry_run:
+                    path.unlink()
+            except OSError:  # gone meanwhile, or the store is read-only: nothing to do
+                continue
+            removed.append(name)
+        return removed
+
+    @staticmethod
+    def _stale_tmp(path: Path, age: float) -> bool:
+        if age < TMP_GRACE:
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            return not _held(fd)
         finally:
             os.close(fd)
 
@@ -563,6 +761,11 @@ class MemoryStore(_Store):
             raise SessionExistsError(f"session {session_id} already exists")
         file = self.files[session_id] = _MemoryFile(data)
         return _MemoryHandle(file)
+
+    def is_held(self, session_id: str) -> bool:
+        validate_session_id(session_id)
+        file = self.files.get(session_id)
+        return file is not None and file.held
 
     def _acquire(self, session_id: str) -> _Handle | None:
         file = self._file(session_id)

@@ -354,13 +354,20 @@ class ContinuationManager:
             if agent is None:
                 # A remote child (ACP) has no local agent: its live activation says it runs.
                 handle = record.handle if record is not None else None
-                row["activity"] = (
-                    "running" if handle is not None and not handle.settled else "stored"
-                )
+                if handle is not None and not handle.settled:
+                    row["activity"] = "running"
+                elif self._held(child_id):
+                    row["activity"] = "running elsewhere"  # another process holds its log
+                else:
+                    row["activity"] = "stored"
             else:
                 row["activity"] = "running" if agent.status == "running" else "idle"
             rows.append(row)
         return rows
+
+    def _held(self, child_id: str) -> bool:
+        """Held open for writing by another process (the store's lock says so)."""
+        return bool(self._ctx.store.is_held(child_id))
 
     def _descriptor_of(
         self, child_id: str, agent: Any

@@ -23,6 +23,7 @@ ERROR_CODES: dict[str, str] = {
     "UNKNOWN_CHILD": "no live or stored child has that id",
     "UNAUTHORIZED": "the sender is not allowed to address that child",
     "NOT_RESUMABLE": "the child log has no usable descriptor",
+    "ORPHANED_CHILD": "the child's parent session is no longer stored, so nobody can resume it",
     "RUNTIME_CLOSED": "the runtime is closed",
 }
 

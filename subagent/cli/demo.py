@@ -16,6 +16,7 @@ __all__ = ["cmd_demo", "register"]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from agent.store import SessionStore
     from subagent.demo import Demo
 
     console = make_console()
@@ -32,7 +33,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         fate = "kept (--keep)" if args.keep else "deleted at exit unless --keep"
         note = f"{root} (temporary directory, {fate}; --home DIR or $SUBAGENT_HOME choose one)"
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        SessionStore(root).ensure_root()  # 0700 whatever the umask
         started = time.monotonic()
         demo = Demo(str(root), children=args.children, seed=args.seed, hold=args.hold)
         try:

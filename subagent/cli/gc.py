@@ -54,6 +54,7 @@ def _session_state(store: Any, session_id: str) -> tuple[str, float | None]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from agent.events import SessionLogError
     from agent.store import SessionBusyError
 
     if args.older_than is None and not args.status and not args.all:
@@ -86,7 +87,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 row["action"] = "deleted"
             except SessionBusyError:
                 row["action"] = "skipped (in use)"
+            except (SessionLogError, OSError) as exc:  # e.g. a directory named x.session
+                row["action"] = f"skipped ({getattr(exc, 'message', None) or exc})"
         rows.append(row)
+    for name in store.clean_temporaries(dry_run=args.dry_run):
+        action = "would remove" if args.dry_run else "removed"
+        rows.append({"id": name, "status": "temporary", "age_seconds": None, "action": action})
     if args.json:
         print_json(rows)
         return 0
@@ -96,6 +102,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     done = sum(1 for r in rows if r["action"] in ("deleted", "would delete"))
     console.print(f"{verb} {done} session(s) in {store.root}")
+    temporaries = sum(1 for r in rows if r["status"] == "temporary")
+    if temporaries:
+        verb = "would remove" if args.dry_run else "removed"
+        console.print(f"{verb} {temporaries} temporary file(s) left by interrupted creates")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows = listing_rows(store, lambda service: service.list_children(args.parent))
         if args.json:
             print_json(rows)
+            _note_unreadable(store)
             return 0
         table = Table(title=f"children of {args.parent}", title_justify="left")
         for col in ("id", "label", "mode", "status", "depth", "created", "children"):
@@ -47,26 +49,74 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "yes" if r.get("has_children") else "",
             )
     else:
-        headers = store.list() if store is not None else []
-        kids: dict[str, int] = {}
-        for h in headers:
-            if h.parent_session:
-                kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
-        rows = [
-            {"id": h.id, "created_at": h.created_at, "cwd": h.cwd, "children": kids.get(h.id, 0)}
-            for h in headers
-            if h.origin != "subagent"
-        ]
+        rows = _root_rows(store) if store is not None else []
         if args.json:
             print_json(rows)
             return 0
         table = Table(title=f"root sessions in {root}", title_justify="left")
-        for col in ("id", "created", "children", "cwd"):
+        for col in ("id", "status", "created", "children", "cwd"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["id"], when(r["created_at"]), str(r["children"]), r["cwd"])
+            created = "-" if r["created_at"] is None else when(r["created_at"])
+            table.add_row(r["id"], r["status"], created, str(r["children"]), r["cwd"] or "-")
     make_console().print(table)
+    if args.parent:
+        _note_unreadable(store)
     return 0
+
+
+def _root_rows(store: Any) -> list[dict[str, Any]]:
+    """Root sessions, plus what a listing by parent can never show: children whose parent is
+    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
+    headers, unreadable = store.census()
+    ids = {h.id for h in headers} | {bad.id for bad in unreadable}
+    kids: dict[str, int] = {}
+    for h in headers:
+        if h.parent_session:
+            kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
+    rows: list[dict[str, Any]] = []
+    for h in headers:
+        if h.origin == "subagent" and h.parent_session in ids:
+            continue
+        if h.origin == "subagent":
+            status = f"orphaned (parent {h.parent_session} is gone)"
+        else:
+            status = "running elsewhere" if store.is_held(h.id) else "stored"
+        rows.append(
+            {
+                "id": h.id,
+                "status": status,
+                "created_at": h.created_at,
+                "cwd": h.cwd,
+                "children": kids.get(h.id, 0),
+            }
+        )
+    for bad in unreadable:
+        rows.append(
+            {
+                "id": bad.id,
+                "status": _corrupt_status(bad),
+                "created_at": None,
+                "cwd": None,
+                "children": 0,
+            }
+        )
+    return rows
+
+
+def _corrupt_status(bad: Any) -> str:
+    where = "" if bad.offset is None else f" at byte {bad.offset}"
+    return f"corrupt{where}: {bad.reason}"
+
+
+def _note_unreadable(store: Any) -> None:
+    """A listing by parent cannot place a session whose header is unreadable: say so."""
+    _headers, unreadable = store.census()
+    for bad in unreadable:
+        sys.stderr.write(
+            f"subagent: note: session {bad.id} cannot be placed in this listing: "
+            f"{_corrupt_status(bad)}\n"
+        )
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
@@ -77,6 +127,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     rows = listing_rows(store, lambda service: service.list_descendants(args.root))
     if args.json:
         print_json(rows)
+        _note_unreadable(store)
         return 0
     tree = Tree(args.root)
     branches: dict[str, Any] = {args.root: tree}
@@ -85,6 +136,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
         line = f"{r['id']}  {r.get('label') or '-'}  {r.get('mode')}  {r.get('activity')}"
         branches[r["id"]] = parent.add(line)
     make_console().print(tree)
+    _note_unreadable(store)
     return 0
 
 

@@ -53,8 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--acp needs a command")
     prompt = read_prompt(args.prompt, args.prompt_file)
     console = make_console()
-    root_dir = store_root(args)
-    root_dir.mkdir(parents=True, exist_ok=True)
+    root_dir = SessionStore(store_root(args)).ensure_root()  # 0700 whatever the umask
     # The ACP relay's one delegation: its error, if the child could not answer.
     relay_failure: list[str] = []
 

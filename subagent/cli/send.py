@@ -41,6 +41,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     from agent.options import AgentOptions
     from providers.acp import provider_for_stored_child
     from providers.inprocess import ForkProvider, SpawnProvider
+    from subagent.errors import SubagentError
     from subagent.runtime import Runtime
     from subagent.tools import install_subagent_tools
     from subagent.types import MessageSource
@@ -51,6 +52,12 @@ def cmd_send(args: argparse.Namespace) -> int:
     header = store.inspect(args.child).header
     if header.parent_session is None:
         raise CliError(f"{args.child} is a root session, not a subagent")
+    if not store.exists(header.parent_session):
+        raise SubagentError(
+            "ORPHANED_CHILD",
+            f"the parent {header.parent_session} of {args.child} is no longer stored (deleted by "
+            f"gc?), so nobody can resume it; `subagent log {args.child}` still reads it",
+        )
     rt = Runtime(store=store, models=model_registry(args), scripted=S.ScriptedModel(_offline))
     try:
         rt.subagents.register(SpawnProvider())
