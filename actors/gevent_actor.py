@@ -31,6 +31,8 @@ import gevent.queue
 from pykka import Actor, ActorDeadError, ActorRef, ActorRegistry, Future, Timeout, messages
 from pykka._envelope import Envelope
 
+from supervision.errors import Cancelled
+
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -58,11 +60,13 @@ _pykka_logger = logging.getLogger("pykka")
 T = TypeVar("T")
 
 
-class ActorKilled(Exception):
+class ActorKilled(Cancelled):
     """Thrown into an actor's greenlet by `kill()`; the loop understands it as "stop alone".
 
-    An `Exception` (not `BaseException`) so that code which catches `BaseException` to clean up
-    does not mistake it for interpreter shutdown.
+    The actors layer's only error, so it lives here rather than in an errors module. A
+    `Cancelled` (a `BaseException`: supervision/errors.py has the whole tree), so a handler's
+    `except Exception:` cannot swallow a kill; a plain `AbortError` raised by a handler is not
+    one, and fails only that message.
     """
 
 

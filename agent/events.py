@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal, TypedDict
 
+from agent.errors import SessionLogError
+
 __all__ = [
     "ASSISTANT_MESSAGE",
     "EVENT_TYPES",
@@ -114,10 +116,6 @@ class Event(TypedDict):
     seq: int
     time: float
     data: dict[str, Any]
-
-
-class SessionLogError(Exception):
-    """Base of every "this session log cannot be used as is" failure."""
 
 
 def is_ignorable(event: Event) -> bool:

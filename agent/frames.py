@@ -24,7 +24,8 @@ from typing import Any, Final, cast
 
 import msgpack
 
-from agent.events import Event, SessionHeader, SessionLogError
+from agent.errors import CorruptSessionError
+from agent.events import Event, SessionHeader
 from agent.jsoncheck import explain, is_lossless
 
 __all__ = [
@@ -60,16 +61,6 @@ def _not_json(event: Any, name: str, offset: int) -> CorruptSessionError:
     """Only JSON-native values are valid in a log: anything else is corruption here."""
     why = explain(event, "event")
     return CorruptSessionError(name, offset, f"frame holds a value JSON cannot: {why}")
-
-
-class CorruptSessionError(SessionLogError):
-    """A damaged frame before the tail: never repaired silently."""
-
-    def __init__(self, name: str, offset: int, message: str) -> None:
-        self.name = name
-        self.offset = offset
-        self.message = message
-        super().__init__(f"{name}: corrupt session at byte {offset}: {message}")
 
 
 def encode_header(header: SessionHeader) -> bytes:

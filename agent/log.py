@@ -31,7 +31,8 @@ from typing import Any, Literal, Protocol, overload
 import msgpack
 
 from agent import events as ev
-from agent.events import Event, SessionHeader, SessionLogError
+from agent.errors import InvariantError
+from agent.events import Event, SessionHeader
 from agent.frames import MAX_FRAME, _crc32, _frame, _pack_prefix, _packb
 from agent.jsoncheck import check_json, repair_surrogates
 
@@ -50,15 +51,6 @@ logger = logging.getLogger("agent")
 
 Durability = Literal["turn", "step", "none"]
 DURABILITY_SETTINGS: frozenset[str] = frozenset({"turn", "step", "none"})
-
-
-class InvariantError(SessionLogError):
-    """An event breaks the log's structure; `seq` names it."""
-
-    def __init__(self, seq: int, message: str) -> None:
-        self.seq = seq
-        self.message = message
-        super().__init__(f"event seq {seq}: {message}")
 
 
 # Required data fields per type: (field, exact type, what it must be). Exact types, so a bool

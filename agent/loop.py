@@ -29,6 +29,7 @@ import gevent
 from gevent.event import Event as GEvent
 
 from agent import tracing
+from agent.errors import ToolCrash, TurnBlocked
 from agent.history import HistoryView, history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import (
@@ -43,7 +44,8 @@ from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
 from agent.usage import UsageAccount, usage_of_events
-from supervision.signal import AbortError, AbortSignal
+from supervision.errors import AbortError, Cancelled
+from supervision.signal import AbortSignal
 
 __all__ = [
     "BUDGET_EXCEEDED",
@@ -103,15 +105,7 @@ class TurnOutcome:
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class TurnBlocked(Exception):
-    """Raised by a `before_first_request` hook to refuse the turn: it ends `blocked`."""
-
-
-class ToolCrash(Exception):
-    """The tool layer broke its contract (`execute` raised): the turn ends `error`."""
-
-
-class _Abandon(BaseException):
+class _Abandon(Cancelled):
     """Thrown into the turn greenlet to abandon an inline tool call after an abort."""
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from agent.errors import ModelError
 from agent.jsoncheck import check_json, repair_surrogates
 from supervision.signal import AbortSignal
 
@@ -34,10 +35,6 @@ FinishReason = Literal["stop", "tool_calls", "max-tokens", "refusal"]
 
 # Receives streaming progress: {"type": "text", "text": ...} deltas and similar JSON dicts.
 ProgressSink = Callable[[Mapping[str, Any]], None]
-
-
-class ModelError(Exception):
-    """A model or transport failure: the turn ends `error` with this message as diagnostic."""
 
 
 @dataclass(frozen=True, slots=True)

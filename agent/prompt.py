@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from agent.errors import PromptError
+
 __all__ = [
     "PERSONA_SECTION",
     "PromptError",
@@ -39,10 +41,6 @@ VARIABLE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _OPEN, _CLOSE = "{{", "}}"
 _versions = itertools.count(1)
 _seqs = itertools.count()
-
-
-class PromptError(Exception):
-    """A template or section that cannot be rendered; never reaches the model half-rendered."""
 
 
 # A parsed template: literal strings and variable names (as 1-tuples), alternating freely.

@@ -28,6 +28,7 @@ import gevent
 import gevent.lock
 import platformdirs
 
+from agent.errors import SessionBusyError, SessionExistsError, SessionNotFoundError
 from agent.events import Event, SessionHeader, SessionLogError, validate_session_id
 from agent.frames import (
     CorruptSessionError,
@@ -87,21 +88,6 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-class SessionNotFoundError(KeyError):
-    """No session has that id."""
-
-    def __str__(self) -> str:
-        return f"no session {self.args[0]!r}" if self.args else "no such session"
-
-
-class SessionExistsError(FileExistsError):
-    """`create` was given an id that is already stored."""
-
-
-class SessionBusyError(SessionLogError):
-    """The session is open for appending (in this process or another)."""
 
 
 @dataclass(frozen=True, slots=True)

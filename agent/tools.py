@@ -36,6 +36,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from agent.errors import TOOL_FAILED, ToolError
 from agent.fastcheck import compile_fast_check
 from agent.model import ToolCall, ToolSpec
 from subagent.errors import SubagentError
@@ -59,7 +60,6 @@ __all__ = [
 
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
 INVALID_ARGS = "INVALID_ARGS"
-TOOL_FAILED = "TOOL_FAILED"
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # Enough to locate a problem without flooding the model's context with a wall of errors.
@@ -93,17 +93,6 @@ class ToolResult:
     @classmethod
     def error(cls, code: str, message: str) -> ToolResult:
         return cls(content=[text_block(message)], is_error=True, code=code)
-
-
-class ToolError(Exception):
-    """Raised by a tool to report a failure to the model with a code of its choosing."""
-
-    def __init__(self, message: str, code: str = TOOL_FAILED) -> None:
-        if not isinstance(code, str) or not code:
-            raise ValueError("ToolError code must be a non-empty string")
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 @dataclass(frozen=True, eq=False)

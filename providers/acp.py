@@ -45,6 +45,7 @@ from providers.acp_rpc import (
     RpcError,
     StderrTail,
 )
+from providers.errors import AgentProcessExited
 from providers.remote_run import RemoteRun
 from subagent.errors import SubagentError
 from subagent.types import (
@@ -160,11 +161,6 @@ def _choose_permission(policy: str, params: Any) -> dict[str, Any]:
         if by_kind.get(kind) is not None:
             return {"outcome": "selected", "optionId": by_kind[kind], "kind": kind}
     return {"outcome": "cancelled"}
-
-
-class AgentProcessExited(RuntimeError):
-    """A continuable activation lost its agent process mid-turn: an infrastructure fault, which
-    the continuation service answers with a transient restart (cold resume)."""
 
 
 def _parent_scoped_id(parent: Any) -> str:

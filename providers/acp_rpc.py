@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,15 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.queue import Queue
 
+from providers.acp_text import clean_text, describe_data
+from providers.errors import (
+    ConnectionClosed,
+    MethodNotFound,
+    RequestAborted,
+    RequestTimedOut,
+    RpcError,
+    RpcFault,
+)
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -44,105 +52,6 @@ INTERNAL_ERROR = -32603
 
 RequestHandler = Callable[[str, Any], Any]
 NotificationHandler = Callable[[str, Any], None]
-
-
-# Terminal control sequences an agent's text may carry (colours, cursor moves, OSC titles and
-# hyperlinks), then any other C0/C1 control character but newline and tab: agent text is data.
-_ESCAPES = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, BEL- or ST-terminated
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
-    r"|\x1b[@-Z\\-_]"  # other two-byte escapes
-    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
-)
-
-MAX_DATA_CHARS = 2000
-
-
-def clean_text(text: str) -> str:
-    """`text` without terminal escape sequences or control characters (newline, tab kept)."""
-    return _ESCAPES.sub("", text)
-
-
-def describe_data(data: Any, limit: int = MAX_DATA_CHARS) -> str:
-    """A JSON-RPC error's `data` as one clean, bounded string."""
-    if isinstance(data, str):
-        text = clean_text(data)
-    else:
-        try:
-            text = json.dumps(_clean_strings(data), ensure_ascii=False, sort_keys=True)
-        except (TypeError, ValueError, RecursionError):
-            text = clean_text(repr(data))
-    text = text.strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _clean_strings(value: Any) -> Any:
-    """`value` with every string in it cleaned (before JSON would escape the escapes)."""
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, dict):
-        return {clean_text(str(k)): _clean_strings(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean_strings(v) for v in value]
-    return value
-
-
-class RpcError(Exception):
-    """The peer answered our request with a JSON-RPC error object."""
-
-    def __init__(self, method: str, code: Any, message: Any, data: Any = None) -> None:
-        text = f"{method} failed: {clean_text(str(message))} (code {code})"
-        if data is not None:
-            # The agent's own reason usually lives here (the message is often just
-            # "Internal error"), so it is part of every diagnostic.
-            text += f": {describe_data(data)}"
-        super().__init__(text)
-        self.method = method
-        self.code = code
-        self.message = message
-        self.data = data
-
-
-class ConnectionClosed(Exception):
-    """The connection ended (EOF, protocol violation, or closed by us) before an answer came."""
-
-    def __init__(self, reason: str, *, protocol_error: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.protocol_error = protocol_error
-
-
-class RequestTimedOut(Exception):
-    """`request` got no answer within its `timeout`."""
-
-    def __init__(self, method: str, timeout: float) -> None:
-        super().__init__(f"{method} got no answer within {timeout:g} s")
-        self.method = method
-        self.timeout = timeout
-
-
-class RequestAborted(Exception):
-    """The signal passed to `request` aborted while the request was pending."""
-
-    def __init__(self, reason: Any) -> None:
-        super().__init__(f"aborted: {reason!r}")
-        self.reason = reason
-
-
-class MethodNotFound(Exception):
-    """Raised by a request handler for a method it does not serve (answered -32601)."""
-
-
-class RpcFault(Exception):
-    """Raised by a request handler to answer with this JSON-RPC error (e.g. -32602)."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
 
 
 # A deferred handler (see `JsonRpcConnection`) that returns this sends no answer at all: the

@@ -19,11 +19,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads the same names
     from actors.agent_actor import Agent
     from actors.gevent_actor import GeventFuture
-    from agent.events import Event, SessionHeader, SessionLogError
+    from agent.errors import (
+        ModelError,
+        PromptError,
+        SessionBusyError,
+        SessionExistsError,
+        SessionLogError,
+        SessionNotFoundError,
+        ToolError,
+    )
+    from agent.events import Event, SessionHeader
     from agent.model import (
         FinishReason,
         ModelAdapter,
-        ModelError,
         ModelRequest,
         ModelResponse,
         ProgressSink,
@@ -34,25 +42,26 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads t
     from agent.models.openai import OpenAIModel
     from agent.models.scripted import ScriptedModel
     from agent.options import AgentOptions
-    from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
-    from agent.store import (
-        MemoryStore,
-        SessionBusyError,
-        SessionExistsError,
-        SessionNotFoundError,
-        SessionStore,
-    )
-    from agent.tools import Tool, ToolContext, ToolError, ToolFn, ToolRegistry, ToolResult
+    from agent.prompt import PERSONA_SECTION, SystemPrompt
+    from agent.store import MemoryStore, SessionStore
+    from agent.tools import Tool, ToolContext, ToolFn, ToolRegistry, ToolResult
     from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider, discover_acp_provider
     from providers.inprocess import ForkProvider, SpawnProvider
     from providers.ray import RayProvider
-    from subagent.descriptor import DescriptorError, SubagentDescriptor
-    from subagent.errors import ERROR_CODES, SubagentDepthError, SubagentError
+    from subagent.descriptor import SubagentDescriptor
+    from subagent.errors import (
+        ERROR_CODES,
+        DescriptorError,
+        ErrorCode,
+        SubagentDepthError,
+        SubagentError,
+        UnknownTaskError,
+        UnsupportedSchemaError,
+    )
     from subagent.ray_config import RayConfig
     from subagent.runtime import Runtime
-    from subagent.schema import UnsupportedSchemaError
     from subagent.service import RunHandle, SteerableRunHandle, SubagentService
-    from subagent.tasks import Task, UnknownTaskError
+    from subagent.tasks import Task
     from subagent.tools import SubagentToolConfig, install_subagent_tools
     from subagent.types import (
         ABORTED,
@@ -74,7 +83,8 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads t
         ToolRestriction,
         text_block,
     )
-    from supervision.signal import AbortController, AbortError, AbortSignal
+    from supervision.errors import AbortError, Cancelled, SubagentRuntimeError
+    from supervision.signal import AbortController, AbortSignal
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -123,21 +133,24 @@ _EXPORTS = {
     # Cancellation.
     "AbortController": "supervision.signal",
     "AbortSignal": "supervision.signal",
-    # Errors.
+    # Errors: one tree under SubagentRuntimeError, one cancellation (supervision/errors.py).
+    "SubagentRuntimeError": "supervision.errors",
+    "Cancelled": "supervision.errors",
+    "AbortError": "supervision.errors",
     "SubagentError": "subagent.errors",
     "SubagentDepthError": "subagent.errors",
+    "ErrorCode": "subagent.errors",
     "ERROR_CODES": "subagent.errors",
-    "AbortError": "supervision.signal",
-    "ModelError": "agent.model",
-    "ToolError": "agent.tools",
-    "PromptError": "agent.prompt",
-    "UnsupportedSchemaError": "subagent.schema",
-    "DescriptorError": "subagent.descriptor",
-    "SessionLogError": "agent.events",
-    "SessionNotFoundError": "agent.store",
-    "SessionExistsError": "agent.store",
-    "SessionBusyError": "agent.store",
-    "UnknownTaskError": "subagent.tasks",
+    "UnsupportedSchemaError": "subagent.errors",
+    "DescriptorError": "subagent.errors",
+    "UnknownTaskError": "subagent.errors",
+    "ModelError": "agent.errors",
+    "ToolError": "agent.errors",
+    "PromptError": "agent.errors",
+    "SessionLogError": "agent.errors",
+    "SessionNotFoundError": "agent.errors",
+    "SessionExistsError": "agent.errors",
+    "SessionBusyError": "agent.errors",
     # Session log shapes.
     "Event": "agent.events",
     "SessionHeader": "agent.events",
@@ -179,8 +192,10 @@ __all__ = [
     "AcpProvider",
     "Agent",
     "AgentOptions",
+    "Cancelled",
     "ContentBlock",
     "DescriptorError",
+    "ErrorCode",
     "Event",
     "FinishReason",
     "ForkProvider",
@@ -220,6 +235,7 @@ __all__ = [
     "SubagentResult",
     "SubagentResumeRequest",
     "SubagentRun",
+    "SubagentRuntimeError",
     "SubagentService",
     "SubagentStartRequest",
     "SubagentToolConfig",

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from subagent.errors import DescriptorError
 from subagent.types import ToolRestriction
 
 __all__ = [
@@ -45,15 +46,6 @@ _KNOWN_KEYS: Final = {
     2: frozenset({"version", *_REQUIRED, *_OPTIONAL, "token_budget"}),
 }
 _FILTER_KEYS: Final = frozenset({"allow", "deny"})
-
-
-class DescriptorError(ValueError):
-    """A descriptor of the current version is malformed; `field` names the culprit."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"descriptor field {field!r}: {message}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from subagent.errors import SubagentError
+from subagent.errors import UnsupportedSchemaError
 
 __all__ = [
     "LARGE_SCHEMA_VALUES",
@@ -60,27 +60,12 @@ MAX_PROPERTIES = 5_000
 MAX_NODES = 50_000
 # Characters of all keys and strings together (descriptions included).
 MAX_TEXT = 1_000_000
-# A refusal lists this many violations in its message (`violations` keeps them all).
-_MAX_LISTED = 50
 
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 ANNOTATIONS = frozenset({"description", "title", "default", "examples"})
 _OBJECT_ONLY = ("properties", "required", "additionalProperties")
 _ARRAY_ONLY = ("items",)
 KEYWORDS = frozenset({"type", "oneOf", "enum", "const", *_OBJECT_ONLY, *_ARRAY_ONLY, *ANNOTATIONS})
-
-
-class UnsupportedSchemaError(SubagentError):
-    """`UNSUPPORTED_SCHEMA` carrying every violation, so a caller can fix them all at once."""
-
-    def __init__(self, violations: list[str]) -> None:
-        self.violations = list(violations)
-        listed = "; ".join(self.violations[:_MAX_LISTED])
-        if len(self.violations) > _MAX_LISTED:
-            listed += f"; ... and {len(self.violations) - _MAX_LISTED} more"
-        super().__init__(
-            "UNSUPPORTED_SCHEMA", "output schema is outside the supported subset: " + listed
-        )
 
 
 class _TooLarge(Exception):

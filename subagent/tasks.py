@@ -33,7 +33,7 @@ import pykka
 from gevent import Greenlet, GreenletExit
 
 from actors.gevent_actor import Deferred
-from subagent.errors import SubagentError
+from subagent.errors import SubagentError, UnknownTaskError
 from supervision.signal import AbortController, AbortSignal
 
 __all__ = [
@@ -63,17 +63,6 @@ _CLOSE_REASON: Final = "task service closed"
 TaskFn = Callable[[AbortSignal], Any]
 KillFn = Callable[[str], None]
 SettledListener = Callable[["Task"], None]
-
-
-class UnknownTaskError(KeyError):
-    """No task has that id (in this service)."""
-
-    def __init__(self, task_id: object) -> None:
-        super().__init__(task_id)
-        self.task_id = task_id
-
-    def __str__(self) -> str:
-        return f"no task with id {self.task_id!r}"
 
 
 @dataclass(frozen=True, slots=True)

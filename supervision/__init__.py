@@ -1,22 +1,24 @@
 """Cancellation and supervision: the bottom layer. It knows gevent and nothing else of ours."""
 
 from supervision.child import Child, Exit, ExitKind
-from supervision.greenlet_child import ChildKilled, GreenletChild, spawn_child
-from supervision.signal import AbortController, AbortError, AbortSignal
-from supervision.supervisor import (
-    ChildSpec,
+from supervision.errors import (
+    AbortError,
+    Cancelled,
+    ChildKilled,
     RestartIntensityExceeded,
-    RestartType,
-    Strategy,
-    Supervisor,
+    SubagentRuntimeError,
     SupervisorClosedError,
     SupervisorError,
 )
+from supervision.greenlet_child import GreenletChild, spawn_child
+from supervision.signal import AbortController, AbortSignal
+from supervision.supervisor import ChildSpec, RestartType, Strategy, Supervisor
 
 __all__ = [
     "AbortController",
     "AbortError",
     "AbortSignal",
+    "Cancelled",
     "Child",
     "ChildKilled",
     "ChildSpec",
@@ -26,6 +28,7 @@ __all__ = [
     "RestartIntensityExceeded",
     "RestartType",
     "Strategy",
+    "SubagentRuntimeError",
     "Supervisor",
     "SupervisorClosedError",
     "SupervisorError",

@@ -4,7 +4,8 @@ The function receives an `AbortSignal` as its first argument. `request_stop` abo
 nothing more: the function decides when to return, which is what makes cancellation cooperative.
 `kill` is the fallback once the grace has passed: it raises `ChildKilled` inside the greenlet.
 
-`ChildKilled` derives from `GreenletExit`, not `Exception`, for two reasons: a child's
+`ChildKilled` (supervision/errors.py) is a `Cancelled` and a `GreenletExit`, never an
+`Exception`, for two reasons: a child's
 `except Exception:` cannot swallow it by accident, and gevent treats it as an ordinary way for a
 greenlet to end rather than an error to print. Any `GreenletExit` ending the function (ours or a
 foreign `gevent.kill`) therefore counts as *cancelled*, never as a crash.
@@ -21,7 +22,8 @@ from gevent import Greenlet, GreenletExit
 from gevent.event import Event
 
 from supervision.child import Exit, ExitNotices
-from supervision.signal import AbortController, AbortError, AbortSignal
+from supervision.errors import AbortError, Cancelled, ChildKilled
+from supervision.signal import AbortController, AbortSignal
 
 __all__ = ["ChildKilled", "GreenletChild", "spawn_child"]
 
@@ -29,10 +31,6 @@ log = logging.getLogger(__name__)
 
 ExitListener = Callable[[Exit], None]
 _names = itertools.count(1)
-
-
-class ChildKilled(GreenletExit):  # type: ignore[misc]  # gevent is untyped
-    """Raised inside a child's greenlet by `GreenletChild.kill()`; the exit is *cancelled*."""
 
 
 class GreenletChild:
@@ -150,8 +148,9 @@ class GreenletChild:
             self.value = self._fn(signal, *self._args, **self._kwargs)
         except GreenletExit as exc:
             return Exit("cancelled", type(exc).__qualname__, str(exc) or "killed")
-        except Exception as exc:
-            if self._stop_requested and (exc is signal.reason or isinstance(exc, AbortError)):
+        except (Cancelled, Exception) as exc:
+            # A cancellation, or the stop's own reason, after a stop is how a stop ends.
+            if self._stop_requested and (exc is signal.reason or isinstance(exc, Cancelled)):
                 return Exit("cancelled", type(exc).__qualname__, str(exc))
             return Exit.crashed(exc)
         if self._stop_requested:

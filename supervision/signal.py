@@ -15,20 +15,14 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
+from supervision.errors import AbortError
+
 __all__ = ["AbortController", "AbortError", "AbortSignal"]
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Any], None]
 _listener_keys = itertools.count()
-
-
-class AbortError(Exception):
-    """The default abort reason, and what `raise_if_aborted()` raises for a non-exception reason."""
-
-    def __init__(self, message: str = "aborted", reason: Any = None) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 class AbortSignal:

@@ -26,7 +26,12 @@ from gevent import Greenlet
 from gevent.event import Event
 
 from supervision.child import Child, Exit, ExitNotices, notify
-from supervision.signal import AbortError
+from supervision.errors import (
+    AbortError,
+    RestartIntensityExceeded,
+    SupervisorClosedError,
+    SupervisorError,
+)
 
 __all__ = [
     "ChildSpec",
@@ -52,18 +57,6 @@ _RESTART_TYPES: frozenset[str] = frozenset(get_args(RestartType))
 _KILL_NAG_SECONDS = 5.0
 
 _RUNNING, _STOPPING, _STOPPED = "running", "stopping", "stopped"
-
-
-class SupervisorError(Exception):
-    """Base of the supervisor's own errors."""
-
-
-class SupervisorClosedError(SupervisorError):
-    """The supervisor is disposing or disposed: it accepts no new children or resources."""
-
-
-class RestartIntensityExceeded(SupervisorError):
-    """Children failed more often than the supervisor may restart them; it gave up."""
 
 
 def _check_seconds(what: str, value: object) -> float:

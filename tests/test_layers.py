@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK = {"supervision": 0, "agent": 1, "actors": 2, "providers": 3, "subagent": 4}
 VOCABULARY = {"subagent.types", "subagent.errors", "subagent.schema", "subagent.descriptor"}
 # What the vocabulary may import besides itself.
-VOCABULARY_MAY_USE = {"supervision.signal"}
+VOCABULARY_MAY_USE = {"supervision.signal", "supervision.errors"}
 
 _TOPS = "|".join(RANK)
 # `pkg.mod`, `pkg.mod.sub`, `pkg.mod:attr`, `pkg:attr` for one of our top-level packages (a bare

@@ -32,9 +32,11 @@ import gevent
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError
 
+from agent.errors import Retryable
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
-from supervision.signal import AbortError, AbortSignal
+from supervision.errors import AbortError, Cancelled
+from supervision.signal import AbortSignal
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -62,17 +64,8 @@ _ERROR_BODY_LIMIT = 64 * 1024
 RetryHook = Callable[[int, float, str], None]
 
 
-class _Abandoned(gevent.GreenletExit):  # type: ignore[misc]
+class _Abandoned(Cancelled, gevent.GreenletExit):  # type: ignore[misc]
     """Kills a worker whose request was aborted (a GreenletExit, so the hub prints nothing)."""
-
-
-class Retryable(Exception):
-    """Raised inside an attempt: this attempt failed in a way another attempt may not."""
-
-    def __init__(self, diagnostic: str, retry_after: float | None = None) -> None:
-        super().__init__(diagnostic)
-        self.diagnostic = diagnostic
-        self.retry_after = retry_after
 
 
 def aborted(signal: AbortSignal) -> AbortError:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from subagent.cli.text import DataConsole
+from subagent.errors import CliError, UsageError
 
 __all__ = [
     "EXIT_ERROR",
@@ -41,14 +42,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit 1."""
-
-
-class UsageError(CliError):
-    """A bad argument value found after parsing: printed like argparse's errors, exit 2."""
 
 
 def positive_int(text: str) -> int:
