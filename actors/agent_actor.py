@@ -31,6 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gevent
+from pykka import Future
 
 from actors import gevent_actor
 from actors.deferred import Deferred, rejected
@@ -555,7 +556,7 @@ class Agent:
         *,
         message_id: str | None = None,
         trace: tracing.TraceParent | None = None,
-    ) -> Any:
+    ) -> Future[str]:
         """Queue a turn; the future gives the accepted message id (`message_id` if given: it
         must be unique in this session). The turn's spans hang under `trace`, else under the
         caller's current span, else under the agent's previous parent."""
@@ -564,19 +565,22 @@ class Agent:
             Send(check_content(content), source or MessageSource.user(), message_id, trace)
         )
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Any:
+    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
+        """Add to the running turn; the future fulfils once the turn admitted the message."""
         return self._ask(Steer(check_content(content), source or MessageSource.user()))
 
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any:
-        """Abort the running turn (and the children it started); replies when idle."""
+    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
+        """Abort the running turn (and the children it started); replies when idle with the
+        last turn's outcome (None before the first turn)."""
         for hook in list(self.ctx.on_agent_cancelled):
             hook(self, cause)
         return self._ask(Cancel(cause, keep_inbox))
 
-    def when_idle(self) -> Any:
+    def when_idle(self) -> Future[TurnOutcome | None]:
+        """Fulfils once no turn runs, with the last turn's outcome (None before the first)."""
         return self._ask(WhenIdle())
 
-    def _ask(self, message: Any) -> Any:
+    def _ask(self, message: Send | Steer | Cancel | WhenIdle) -> Future[Any]:
         """Ask the actor; once it has stopped, the future fails with a `SubagentError` that says
         why (`RUNTIME_CLOSED` after `Runtime.close()`, else `RUN_DISPOSED`), never Pykka's raw
         `ActorDeadError`."""

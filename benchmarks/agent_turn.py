@@ -96,8 +96,8 @@ def bench_steps(turns: int, durable: bool = True) -> dict[str, Any]:
                 agent.send("go").get()
                 outcome = agent.when_idle().get()
                 samples.append((time.process_time() - start) / (STEPS_PER_TURN + 1))
-                if outcome.reason != "completed":
-                    raise RuntimeError(f"benchmark turn ended {outcome.reason}: {outcome.message}")
+                if outcome is None or outcome.reason != "completed":
+                    raise RuntimeError(f"benchmark turn ended: {outcome}")
         finally:
             agent.close()
     return {
@@ -124,8 +124,8 @@ def _ours_child_runs(runs: int, durable: bool) -> list[float]:
             outcome = agent.when_idle().get()
             agent.close()
             elapsed = time.process_time() - start
-            if outcome.reason != "completed":
-                raise RuntimeError(f"child run ended {outcome.reason}: {outcome.message}")
+            if outcome is None or outcome.reason != "completed":
+                raise RuntimeError(f"child run ended: {outcome}")
             if i:  # the first run warms caches (imports, schema compilation)
                 samples.append(elapsed)
             if i % 256 == 0:
