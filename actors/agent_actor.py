@@ -133,7 +133,7 @@ def _admitted(reply: Deferred[Any], message_id: str) -> None:
     reply.resolve(message_id)
 
 
-def check_content(content: Any) -> list[Mapping[str, Any]]:
+def check_content(content: object) -> list[Mapping[str, Any]]:
     """Validate content blocks at the call site: a list of `{"type": ..., ...}` dicts."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
@@ -199,7 +199,7 @@ class AgentActor(GeventActor):
 
     # -- mailbox -------------------------------------------------------------------------------
 
-    def on_receive(self, message: Any) -> Any:
+    def on_receive(self, message: object) -> Any:
         if isinstance(message, Steer):
             return self._steer(message)
         if isinstance(message, Send):
@@ -280,7 +280,7 @@ class AgentActor(GeventActor):
             self._abort_turn(message.cause)
         return self._when_idle()
 
-    def _abort_turn(self, cause: Any) -> None:
+    def _abort_turn(self, cause: object) -> None:
         """Drop the queued sends and abort the running turn (a cancel without keep_inbox)."""
         self._discard_queue("cancelled", cause)
         if self._turn_abort is not None:
@@ -415,7 +415,7 @@ class AgentActor(GeventActor):
             if reply is not None:
                 reply.reject(SubagentError("RUN_TERMINAL", why))
 
-    def _discard_queue(self, reason: str, cause: Any = None) -> None:
+    def _discard_queue(self, reason: str, cause: object = None) -> None:
         """Drop queued sends. A run whose prompt is dropped before any turn claimed it settles
         `aborted` here: no turn will ever answer it."""
         run = self.run
@@ -462,7 +462,7 @@ class AgentActor(GeventActor):
         if worker is not None and worker is not gevent.getcurrent():
             gevent.kill(worker)
 
-    def on_failure(self, *exc_info: Any) -> None:
+    def on_failure(self, *exc_info: object) -> None:
         """The actor crashed or was killed: end the turn as a stop would, and settle every reply
         it still owes, so no asker waits for ever on a dead actor."""
         self.on_stop()
@@ -551,7 +551,7 @@ class Agent:
 
     def send(
         self,
-        content: Any,
+        content: object,
         source: MessageSource | None = None,
         *,
         message_id: str | None = None,
@@ -565,11 +565,11 @@ class Agent:
             Send(check_content(content), source or MessageSource.user(), message_id, trace)
         )
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
+    def steer(self, content: object, source: MessageSource | None = None) -> Future[None]:
         """Add to the running turn; the future fulfils once the turn admitted the message."""
         return self._ask(Steer(check_content(content), source or MessageSource.user()))
 
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
+    def cancel(self, cause: object = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
         """Abort the running turn (and the children it started); replies when idle with the
         last turn's outcome (None before the first turn)."""
         for hook in list(self.ctx.on_agent_cancelled):
@@ -624,7 +624,7 @@ class Agent:
             except Exception:
                 log.exception("agent %s: progress listener raised (ignored)", self.id)
 
-    def close(self, cause: Any = None) -> None:
+    def close(self, cause: object = None) -> None:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""
         if self._closed and not self.ref.is_alive():
             return

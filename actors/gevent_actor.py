@@ -73,7 +73,7 @@ class ActorKilled(Cancelled):
 class _FutureResult:
     __slots__ = ("exc_info", "value")
 
-    def __init__(self, value: Any = None, exc_info: OptExcInfo | None = None) -> None:
+    def __init__(self, value: object = None, exc_info: OptExcInfo | None = None) -> None:
         self.value = value
         self.exc_info = exc_info
 
@@ -131,7 +131,7 @@ class GeventFuture(Future[T]):
         else:
             self._callbacks.append(fn)
 
-    def set(self, value: Any | None = None) -> None:
+    def set(self, value: object | None = None) -> None:
         if isinstance(value, Deferred):
             # A handler answered "later": this future settles when the deferred does.
             value.bind(self)
@@ -182,7 +182,7 @@ class Deferred(GeventFuture[T]):
     def settled(self) -> bool:
         return self._result is not None
 
-    def resolve(self, value: Any = None) -> bool:
+    def resolve(self, value: object = None) -> bool:
         if self._result is not None:
             return False
         self._resolve(_FutureResult(value=value))
@@ -277,7 +277,7 @@ class GeventActor(Actor):
     _in_teardown: bool
     _in_handler: bool
 
-    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
         # the hub if anyone waited on it. A gevent Event has the same interface.
         self.actor_urn = _new_urn()
@@ -295,7 +295,7 @@ class GeventActor(Actor):
         self._in_handler = False
 
     @classmethod
-    def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
+    def start(cls, *args: object, **kwargs: object) -> ActorRef[Self]:
         """Pykka's `Actor.start`, minus two log lines formatted even when debug is off."""
         obj = cls(*args, **kwargs)
         assert getattr(obj, "_actor_ref", None) is not None, (
@@ -487,7 +487,7 @@ class GeventActor(Actor):
 
     # -- the run-to-completion shortcut -------------------------------------------------------
 
-    def ask_now(self, message: Any, *, block: bool = True) -> Any:
+    def ask_now(self, message: object, *, block: bool = True) -> Any:
         """`ref.ask(message, block=...)`, minus the mailbox when that changes nothing: if this
         actor is idle (its loop is parked on an empty inbox, no handler is running), the handler
         runs right here, in the caller's greenlet, exactly as the loop would run it next.

@@ -3,7 +3,7 @@ their actors and read plain state (status, counters) without a mailbox round tri
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pykka import Actor, ActorRef
 
@@ -12,7 +12,7 @@ __all__ = ["start_local"]
 A = TypeVar("A", bound=Actor)
 
 
-def start_local(cls: type[A], *args: Any, **kwargs: Any) -> tuple[A, ActorRef[A]]:
+def start_local(cls: type[A], *args: object, **kwargs: object) -> tuple[A, ActorRef[A]]:
     ref = cls.start(*args, **kwargs)
     actor = ref._actor_weakref()
     assert actor is not None

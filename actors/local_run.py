@@ -131,7 +131,7 @@ class LocalRun:
         return self.result.settled
 
     def begin(
-        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: Any = None
+        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: object = None
     ) -> str:
         """Queue the activation's prompt (logged `inbox/accepted`; its spans under `trace`);
         returns its message id. A child just created or resumed in this greenlet takes it
@@ -149,7 +149,7 @@ class LocalRun:
         future: Future[None] = self._agent.steer(list(content), source)  # one hop
         return future
 
-    def cancel(self, cause: Any = None) -> None:
+    def cancel(self, cause: object = None) -> None:
         """Abort the running turn; the result settles `aborted` unless it already completed."""
         self.cancel_requested = True
         if not self.result.settled:
@@ -166,7 +166,7 @@ class LocalRun:
 
     # -- settlement, by the child's actor ---------------------------------------------------
 
-    def _on_abort(self, reason: Any) -> None:
+    def _on_abort(self, reason: object) -> None:
         self.cancel(reason)
 
     def finish(self, outcome: TurnOutcome) -> None:

@@ -44,14 +44,14 @@ class RunActor(GeventActor):
             self._dispose_now()
             self._dispose_reply.resolve(None)
 
-    def on_failure(self, *exc_info: Any) -> None:
+    def on_failure(self, *exc_info: object) -> None:
         """The actor crashed or was killed: it is going away, so release the run it served (off
         this greenlet, which is ending) rather than leaving a child behind."""
         if self._dispose_reply is None:
             reply = self._dispose_reply = Deferred()
             gevent.spawn(self._dispose_now).link(lambda _g: reply.resolve(None))
 
-    def on_receive(self, message: Any) -> Any:
+    def on_receive(self, message: object) -> Any:
         if isinstance(message, Steer):
             return self._steer(message)
         if isinstance(message, CancelRun):

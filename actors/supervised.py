@@ -36,7 +36,7 @@ class ActorChild:
     __slots__ = ("_actor", "_notices", "_stop_message", "_stop_requested", "name", "ref")
 
     def __init__(
-        self, ref: ActorRef[Any], name: str | None = None, *, stop_message: Any = None
+        self, ref: ActorRef[Any], name: str | None = None, *, stop_message: object = None
     ) -> None:
         """`stop_message`, when given, is told instead of Pykka's stop to ask the actor to
         stop (e.g. a run's `DisposeRun`, so the child closes cleanly before it stops)."""
@@ -101,7 +101,7 @@ class ActorChild:
 
 
 def spawn_actor_child(
-    actor_class: type[GeventActor], *args: Any, name: str | None = None, **kwargs: Any
+    actor_class: type[GeventActor], *args: object, name: str | None = None, **kwargs: object
 ) -> ActorChild:
     """Start `actor_class(*args, **kwargs)` and wrap it; usable as a ChildSpec start function."""
     return ActorChild(actor_class.start(*args, **kwargs), name=name)

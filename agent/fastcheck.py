@@ -36,7 +36,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def compile_fast_check(schema: Any) -> Check | None:
+def compile_fast_check(schema: object) -> Check | None:
     """The fast check for `schema`, or None when it uses anything outside the plain keywords."""
     try:
         return _compile(schema)
@@ -48,7 +48,7 @@ class _Unsupported(Exception):
     pass
 
 
-def _compile(schema: Any) -> Check:
+def _compile(schema: object) -> Check:
     if schema is True:
         return _always
     if not isinstance(schema, Mapping) or not set(schema) <= _SUPPORTED:
@@ -93,7 +93,7 @@ def _object_check(schema: Mapping[str, Any]) -> Check:
     fields = {name: _compile(sub) for name, sub in properties.items()}
     extra_check = None if extra is True else (_never if extra is False else _compile(extra))
 
-    def check(value: Any) -> bool:
+    def check(value: object) -> bool:
         if not isinstance(value, dict):
             return True  # not an object: these keywords do not apply
         for name in required:
@@ -111,9 +111,9 @@ def _object_check(schema: Mapping[str, Any]) -> Check:
     return check
 
 
-def _always(_value: Any) -> bool:
+def _always(_value: object) -> bool:
     return True
 
 
-def _never(_value: Any) -> bool:
+def _never(_value: object) -> bool:
     return False

@@ -83,7 +83,7 @@ MAX_ARGUMENT_DEPTH = 128
 _MAX_PROBLEM_CHARS = 300
 
 
-def arguments_problem(arguments: Any) -> str | None:
+def arguments_problem(arguments: object) -> str | None:
     """Why `arguments` cannot be a tool call's arguments, or None when they can.
 
     Never recurses on the value's own depth, so no nesting (nor a cycle) can raise
@@ -160,7 +160,7 @@ class ModelAdapter(Protocol):
         ...
 
 
-def _encodes(value: Any) -> bool:
+def _encodes(value: object) -> bool:
     try:
         json.dumps(value, ensure_ascii=False).encode()
     except UnicodeEncodeError:

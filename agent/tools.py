@@ -149,7 +149,7 @@ class Tool:
     def spec(self) -> ToolSpec:
         return self._spec
 
-    def argument_errors(self, arguments: Any) -> list[str]:
+    def argument_errors(self, arguments: object) -> list[str]:
         """Validation messages for `arguments`, empty when they fit `parameters`."""
         if not isinstance(arguments, Mapping):
             return [f"arguments must be an object, got {type(arguments).__name__}"]

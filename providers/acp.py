@@ -115,7 +115,7 @@ def _text_prompt(prompt: Sequence[ContentBlock]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _parent_cwd(parent: Any) -> str:
+def _parent_cwd(parent: object) -> str:
     try:
         return check_cwd(getattr(parent, "cwd", None), "parent cwd")
     except ValueError as exc:
@@ -142,7 +142,7 @@ def session_params(cwd: str, parent: Any, trace: Any = None) -> dict[str, Any]:
     return params
 
 
-def _choose_permission(policy: str, params: Any) -> dict[str, Any]:
+def _choose_permission(policy: str, params: object) -> dict[str, Any]:
     """The outcome for a permission request: the policy's preferred option the agent offers.
 
     `reject` answers with the agent's own reject option (`cancelled` is reserved for a cancelled
@@ -163,7 +163,7 @@ def _choose_permission(policy: str, params: Any) -> dict[str, Any]:
     return {"outcome": "cancelled"}
 
 
-def _parent_scoped_id(parent: Any) -> str:
+def _parent_scoped_id(parent: object) -> str:
     sid = getattr(parent, "session_id", None)
     token = secrets.token_hex(8)
     return f"{sid}.acp-{token}" if isinstance(sid, str) and sid else f"acp-{token}"
@@ -193,7 +193,7 @@ class _Child:
         self._watcher = gevent.spawn(self._watch_leader)
 
     @staticmethod
-    def _no_run_request(method: str, _params: Any) -> Any:
+    def _no_run_request(method: str, _params: object) -> Any:
         if method == "session/request_permission":
             return {"outcome": {"outcome": "cancelled"}}  # no turn is running
         raise MethodNotFound(method)
@@ -208,7 +208,7 @@ class _Child:
         if self._teardown is None:
             self._teardown = gevent.spawn(self._do_teardown, False)
 
-    def request(self, method: str, params: Any, signal: AbortSignal) -> Any:
+    def request(self, method: str, params: object, signal: AbortSignal) -> Any:
         """A handshake-phase request, bounded by `handshake_timeout`."""
         return self.conn.request(
             method, params, signal=signal, timeout=self.config.handshake_timeout
@@ -380,10 +380,10 @@ class AcpRun(RemoteRun):
         if was_prompting:
             self._child.conn.notify("session/cancel", {"sessionId": self.acp_session_id})
 
-    def _on_abort(self, reason: Any) -> None:
+    def _on_abort(self, reason: object) -> None:
         self._cancel(f"aborted by the request signal: {reason!r}")
 
-    def _on_request(self, method: str, params: Any) -> Any:
+    def _on_request(self, method: str, params: object) -> Any:
         if method != "session/request_permission":
             raise MethodNotFound(method)
         if self._settled:  # the turn was cancelled: ACP's answer for that is `cancelled`
@@ -398,7 +398,7 @@ class AcpRun(RemoteRun):
         self._progress("permission", {"toolCall": tool_call, "outcome": decision, "kind": kind})
         return {"outcome": decision}
 
-    def _on_notification(self, method: str, params: Any) -> None:
+    def _on_notification(self, method: str, params: object) -> None:
         if method != "session/update" or not isinstance(params, dict):
             return
         if params.get("sessionId") != self.acp_session_id or not self._prompting:
@@ -416,7 +416,7 @@ class AcpRun(RemoteRun):
         elif kind in PROGRESS_KINDS:
             self._progress(str(kind), update)
 
-    def _progress(self, kind: str, update: Any) -> None:
+    def _progress(self, kind: str, update: object) -> None:
         if self._on_progress is None:
             return
         try:
@@ -481,14 +481,14 @@ class AcpProvider:
     def _establish(
         self,
         prompt: Sequence[ContentBlock],
-        parent: Any,
+        parent: object,
         signal: AbortSignal,
         run_id: str,
         *,
         cwd: str | None = None,
         load_session_id: str | None = None,
         record_log: Callable[[str, str, list[dict[str, Any]]], ChildLog] | None = None,
-        trace: Any = None,
+        trace: object = None,
     ) -> AcpRun:
         """Spawn and handshake, open (`session/new`) or load (`session/load`) the ACP session,
         let `record_log(cwd, acp session id, prompt)` record the activation, start the turn.
@@ -659,7 +659,7 @@ class ResumableAcpProvider(AcpProvider):
             raise
 
 
-def _store_of(parent: Any) -> SessionStoreLike | None:
+def _store_of(parent: object) -> SessionStoreLike | None:
     """The parent's session store when it is a real agent (a bare test parent has none)."""
     ctx = getattr(parent, "ctx", None)
     store = getattr(ctx, "store", None)

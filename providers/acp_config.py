@@ -94,7 +94,7 @@ def scrubbed_environment(
     return env
 
 
-def check_cwd(value: Any, what: str) -> str:
+def check_cwd(value: object, what: str) -> str:
     """An absolute directory this process can enter, else `ValueError` naming `what`."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
@@ -109,7 +109,7 @@ def check_cwd(value: Any, what: str) -> str:
     return value
 
 
-def _check_grace(value: Any, what: str) -> float:
+def _check_grace(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:
@@ -117,7 +117,7 @@ def _check_grace(value: Any, what: str) -> float:
     return float(value)
 
 
-def _check_env_name(name: Any, what: str) -> str:
+def _check_env_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name or "=" in name or "\0" in name:
         raise ValueError(f"{what} has an invalid variable name {name!r}")
     return name

@@ -131,7 +131,7 @@ class JsonRpcConnection:
     def request(
         self,
         method: str,
-        params: Any,
+        params: object,
         *,
         signal: AbortSignal | None = None,
         timeout: float | None = None,
@@ -164,7 +164,7 @@ class JsonRpcConnection:
             if remove is not None:
                 remove()
 
-    def notify(self, method: str, params: Any) -> bool:
+    def notify(self, method: str, params: object) -> bool:
         """Send a notification, best effort; returns whether it was queued."""
         if self._closed is not None:
             return False
@@ -290,7 +290,7 @@ class JsonRpcConnection:
             )
         )
 
-    def _answer(self, rid: Any, method: str, params: Any) -> None:
+    def _answer(self, rid: object, method: str, params: object) -> None:
         self._request_id = rid
         try:
             result = self._on_request(method, params)
@@ -305,7 +305,7 @@ class JsonRpcConnection:
             return
         self._send({"jsonrpc": "2.0", "id": rid, "result": result})
 
-    def _deferred(self, rid: Any, method: str, done: gevent.Greenlet) -> None:
+    def _deferred(self, rid: object, method: str, done: gevent.Greenlet) -> None:
         if done.successful():
             if done.value is not NO_REPLY:
                 self._send({"jsonrpc": "2.0", "id": rid, "result": done.value})
@@ -313,7 +313,7 @@ class JsonRpcConnection:
             self._reply_error(rid, method, done.exception)
         # killed (GreenletExit): the connection is shutting down; nobody waits for an answer
 
-    def _reply_error(self, rid: Any, method: str, exc: Exception) -> None:
+    def _reply_error(self, rid: object, method: str, exc: Exception) -> None:
         error: dict[str, Any]
         if isinstance(exc, MethodNotFound):
             error = {"code": METHOD_NOT_FOUND, "message": f"method not found: {method}"}
@@ -326,7 +326,7 @@ class JsonRpcConnection:
             error = {"code": INTERNAL_ERROR, "message": "internal error"}
         self._send({"jsonrpc": "2.0", "id": rid, "error": error})
 
-    def _guard(self, fn: NotificationHandler, method: str, params: Any) -> None:
+    def _guard(self, fn: NotificationHandler, method: str, params: object) -> None:
         try:
             fn(method, params)
         except Exception:

@@ -31,7 +31,7 @@ def clean_text(text: str) -> str:
     return _ESCAPES.sub("", text)
 
 
-def describe_data(data: Any, limit: int = MAX_DATA_CHARS) -> str:
+def describe_data(data: object, limit: int = MAX_DATA_CHARS) -> str:
     """A JSON-RPC error's `data` as one clean, bounded string."""
     if isinstance(data, str):
         text = clean_text(data)
@@ -44,7 +44,7 @@ def describe_data(data: Any, limit: int = MAX_DATA_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _clean_strings(value: Any) -> Any:
+def _clean_strings(value: object) -> Any:
     """`value` with every string in it cleaned (before JSON would escape the escapes)."""
     if isinstance(value, str):
         return clean_text(value)

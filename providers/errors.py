@@ -20,8 +20,6 @@ What reaches a caller of the seam is never one of these: providers turn them int
 
 from __future__ import annotations
 
-from typing import Any
-
 from providers.acp_text import clean_text, describe_data
 from supervision.errors import AbortError, SubagentRuntimeError
 
@@ -39,7 +37,7 @@ __all__ = [
 class RpcError(SubagentRuntimeError):
     """The peer answered our request with a JSON-RPC error object."""
 
-    def __init__(self, method: str, code: Any, message: Any, data: Any = None) -> None:
+    def __init__(self, method: str, code: object, message: object, data: object = None) -> None:
         text = f"{method} failed: {clean_text(str(message))} (code {code})"
         if data is not None:
             # The agent's own reason usually lives here (the message is often just
@@ -76,7 +74,7 @@ class RequestAborted(AbortError):
     An `AbortError` (so a `Cancelled`) kept under its own name: the handshake turns exactly
     this one into `SubagentError("ABORTED")`."""
 
-    def __init__(self, reason: Any) -> None:
+    def __init__(self, reason: object) -> None:
         super().__init__(f"aborted: {reason!r}", reason)
 
 
@@ -87,7 +85,7 @@ class MethodNotFound(SubagentRuntimeError):
 class RpcFault(SubagentRuntimeError):
     """Raised by a request handler to answer with this JSON-RPC error (e.g. -32602)."""
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    def __init__(self, code: int, message: str, data: object = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message

@@ -226,7 +226,7 @@ def _options_for(parent: Agent, options: AgentOptions | None, model: str | None)
     return base
 
 
-def _with_budget(options: AgentOptions, token_budget: Any) -> AgentOptions:
+def _with_budget(options: AgentOptions, token_budget: object) -> AgentOptions:
     if options.token_budget == token_budget:
         return options
     return options.with_(token_budget=token_budget)

@@ -89,7 +89,7 @@ class LocalRay:
     may retire. Both calls are cooperative for the calling greenlet.
     """
 
-    def __init__(self, **init_options: Any) -> None:
+    def __init__(self, **init_options: object) -> None:
         self.init_options = init_options
         self._started = threading.Event()
         self._stop = threading.Event()
@@ -181,7 +181,7 @@ class _RefWaiter:
         self._pending: dict[Any, AsyncResult] = {}
         self._loop: gevent.Greenlet | None = None
 
-    def wait(self, ref: Any) -> Any:
+    def wait(self, ref: object) -> Any:
         result: AsyncResult = AsyncResult()
         self._pending[ref] = result
         if self._loop is None or self._loop.dead:
@@ -282,7 +282,7 @@ class RayRun(RemoteRun):
         self._provider._send(host, ("steer", self._id, token, content_json, source.to_json()))
         return future
 
-    def cancel(self, cause: Any = None) -> None:
+    def cancel(self, cause: object = None) -> None:
         """Abort the running turn; the result settles `aborted` unless it already completed."""
         if self._settled or self._disposing:
             return
@@ -385,7 +385,7 @@ class RayRun(RemoteRun):
 
     # -- settlement ----------------------------------------------------------------------------
 
-    def _on_abort(self, reason: Any) -> None:
+    def _on_abort(self, reason: object) -> None:
         self.cancel(reason)
 
     def _settle(self, result: SubagentResult) -> None:
@@ -697,7 +697,7 @@ class RayProvider:
         spec: dict[str, Any],
         signal: AbortSignal,
         recovery: dict[str, Any] | None,
-        parent: Any,
+        parent: object,
     ) -> RayRun:
         relay = None
         if self.config.relay_progress:
@@ -775,7 +775,7 @@ def _parent_spec(parent: Any) -> dict[str, Any]:
     }
 
 
-def _descriptor_json(descriptor: Any) -> dict[str, Any]:
+def _descriptor_json(descriptor: object) -> dict[str, Any]:
     data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
     if not isinstance(data, Mapping):
         raise TypeError("a continuation descriptor must be a SubagentDescriptor or its JSON")

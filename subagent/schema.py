@@ -76,7 +76,7 @@ def _ptr(path: tuple[str, ...]) -> str:
     return "#" + "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
 
 
-def _is_type(value: Any, type_: str) -> bool:
+def _is_type(value: object, type_: str) -> bool:
     if type_ == "object":
         return isinstance(value, dict)
     if type_ == "array":
@@ -92,7 +92,7 @@ def _is_type(value: Any, type_: str) -> bool:
     return type_ == "number" or isinstance(value, int) or value.is_integer()
 
 
-def _json_equal(a: Any, b: Any) -> bool:
+def _json_equal(a: object, b: object) -> bool:
     """JSON equality: unlike Python's `==`, `true` is not `1`."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -135,7 +135,7 @@ class _Checker:
         self.add((), f"the schema is too large: {what} (see docs/seam.md for the limits)")
         raise _TooLarge
 
-    def json_value(self, value: Any, path: tuple[str, ...], depth: int) -> bool:
+    def json_value(self, value: object, path: tuple[str, ...], depth: int) -> bool:
         """Record why `value` is not plain JSON; True when it is."""
         if depth > MAX_DEPTH:
             self.add(path, f"nested deeper than {MAX_DEPTH} levels")
@@ -176,7 +176,7 @@ class _Checker:
         self.add(path, f"{type(value).__name__} is not a JSON value")
         return False
 
-    def node(self, schema: Any, path: tuple[str, ...], depth: int) -> None:
+    def node(self, schema: object, path: tuple[str, ...], depth: int) -> None:
         if depth > MAX_DEPTH:
             self.add(path, f"schema nested deeper than {MAX_DEPTH} levels")
             return
@@ -345,7 +345,7 @@ class _Checker:
                     self.add(where, "const is not one of the enum values")
 
 
-def schema_violations(schema: Any) -> list[str]:
+def schema_violations(schema: object) -> list[str]:
     """Every reason `schema` is outside the subset, as `#/json/pointer: message` strings."""
     checker = _Checker()
     if not isinstance(schema, dict):
@@ -367,7 +367,7 @@ LARGE_SCHEMA_VALUES = 1_000
 Runner = Callable[[Callable[[Any], list[str]], Any], list[str]]
 
 
-def more_values_than(value: Any, limit: int) -> bool:
+def more_values_than(value: object, limit: int) -> bool:
     """Whether `value` holds more than `limit` JSON values (members and elements count, and
     the value itself). Iterative, and stops counting past `limit`: cheap on any input, a
     cyclic one included."""
@@ -391,7 +391,7 @@ def more_values_than(value: Any, limit: int) -> bool:
 _verdicts: OrderedDict[int, tuple[Any, list[str]]] = OrderedDict()
 
 
-def check_output_schema(schema: Any, run: Runner | None = None) -> None:
+def check_output_schema(schema: object, run: Runner | None = None) -> None:
     """Raise `UnsupportedSchemaError` (code `UNSUPPORTED_SCHEMA`) listing every violation.
 
     A large schema's verdict is remembered: like a validated one, a schema is treated as
@@ -436,7 +436,7 @@ def _validator(schema: Mapping[str, Any]) -> Draft202012Validator:
     return validator
 
 
-def validate_output(schema: Mapping[str, Any], value: Any) -> list[str]:
+def validate_output(schema: Mapping[str, Any], value: object) -> list[str]:
     """Why `value` does not satisfy `schema` (empty when it does).
 
     Raises `UnsupportedSchemaError` if `schema` itself is outside the subset.

@@ -281,7 +281,7 @@ class TaskService:
     # -- settling --------------------------------------------------------------------------
 
     def settle(
-        self, task_id: str, status: str, output: Any = None, detail: str | None = None
+        self, task_id: str, status: str, output: object = None, detail: str | None = None
     ) -> bool:
         """Settle from outside (an adopted task's owner). False if the task already settled.
 
@@ -314,13 +314,13 @@ class TaskService:
         self._notify(rec)
         return True
 
-    def _settle(self, rec: _Record, status: str, output: Any, detail: str | None) -> bool:
+    def _settle(self, rec: _Record, status: str, output: object, detail: str | None) -> bool:
         if not self._mark(rec, status, output, detail):
             return False
         self._notify(rec)
         return True
 
-    def _mark(self, rec: _Record, status: str, output: Any, detail: str | None) -> bool:
+    def _mark(self, rec: _Record, status: str, output: object, detail: str | None) -> bool:
         """The single check-and-set every settlement goes through: no switch can intervene."""
         if not rec.done.resolve(status):
             return False

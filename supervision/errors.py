@@ -36,8 +36,6 @@ as though nothing happened (docs/decisions.md, "One exception tree").
 
 from __future__ import annotations
 
-from typing import Any
-
 from gevent import GreenletExit
 
 __all__ = [
@@ -58,7 +56,7 @@ class SubagentRuntimeError(Exception):
 class Cancelled(BaseException):
     """The one cancellation every layer shares; `reason` says why, when someone said."""
 
-    def __init__(self, message: str = "cancelled", reason: Any = None) -> None:
+    def __init__(self, message: str = "cancelled", reason: object = None) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -66,7 +64,7 @@ class Cancelled(BaseException):
 class AbortError(Cancelled):
     """The default abort reason, and what `raise_if_aborted()` raises for a non-exception reason."""
 
-    def __init__(self, message: str = "aborted", reason: Any = None) -> None:
+    def __init__(self, message: str = "aborted", reason: object = None) -> None:
         super().__init__(message, reason)
 
 
@@ -75,7 +73,7 @@ class ChildKilled(Cancelled, GreenletExit):  # type: ignore[misc]  # gevent is u
 
     Also a `GreenletExit`, so gevent treats it as an ordinary way for a greenlet to end."""
 
-    def __init__(self, message: str = "", reason: Any = None) -> None:
+    def __init__(self, message: str = "", reason: object = None) -> None:
         super().__init__(message, reason)
 
 

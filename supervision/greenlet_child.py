@@ -59,9 +59,9 @@ class GreenletChild:
         self,
         fn: Callable[..., Any],
         /,
-        *args: Any,
+        *args: object,
         name: str | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -181,7 +181,7 @@ class GreenletChild:
 
 
 def spawn_child(
-    fn: Callable[..., Any], /, *args: Any, name: str | None = None, **kwargs: Any
+    fn: Callable[..., Any], /, *args: object, name: str | None = None, **kwargs: object
 ) -> GreenletChild:
     """Start `fn(signal, *args, **kwargs)` as a `GreenletChild`: the usual `ChildSpec.start`."""
     return GreenletChild(fn, *args, name=name, **kwargs).start()

@@ -19,7 +19,7 @@ __all__ = ["offload"]
 T = TypeVar("T")
 
 
-def offload(fn: Callable[..., T], *args: Any) -> T:
+def offload(fn: Callable[..., T], *args: object) -> T:
     def call() -> tuple[bool, Any]:
         try:
             return True, fn(*args)

@@ -85,7 +85,7 @@ class AbortSignal:
         self._event.wait(timeout)
         return self._aborted
 
-    def _abort(self, reason: Any) -> None:
+    def _abort(self, reason: object) -> None:
         if self._aborted:
             return
         self._aborted = True
@@ -110,7 +110,7 @@ class AbortSignal:
                 return combined
         removers: list[Callable[[], None]] = []
 
-        def fire(reason: Any) -> None:
+        def fire(reason: object) -> None:
             for remove in removers:
                 remove()
             combined._abort(reason)
@@ -151,12 +151,12 @@ class AbortController:
     def __init__(self) -> None:
         self.signal = AbortSignal()
 
-    def abort(self, reason: Any = None) -> None:
+    def abort(self, reason: object = None) -> None:
         """Abort once; later calls are ignored (the first reason wins)."""
         self.signal._abort(reason)
 
 
-def _call_listener(fn: Listener, reason: Any) -> None:
+def _call_listener(fn: Listener, reason: object) -> None:
     try:
         fn(reason)
     except Exception:

@@ -213,7 +213,7 @@ class _Answer:
             raise ModelError(f"anthropic {diagnostic}")
         return ""
 
-    def _usage(self, usage: Any) -> None:
+    def _usage(self, usage: object) -> None:
         # message_delta's counts are cumulative: a later value replaces an earlier one.
         if isinstance(usage, Mapping):
             self.usage.update(normalize_usage(usage))

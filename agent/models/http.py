@@ -76,7 +76,7 @@ def aborted(signal: AbortSignal) -> AbortError:
     return AbortError(f"aborted: {reason!r}", reason=reason)
 
 
-def jsonable(obj: Any) -> Any:
+def jsonable(obj: object) -> Any:
     """`json.dumps` default: read-only mappings (e.g. tool arguments) serialize as objects."""
     if isinstance(obj, Mapping):
         return dict(obj)
@@ -242,7 +242,7 @@ class HTTPModel:
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_answer(self, resp: Any, on_progress: ProgressSink | None) -> ModelResponse:
+    def read_answer(self, resp: object, on_progress: ProgressSink | None) -> ModelResponse:
         """Turn a 200 response into the answer (raise `ModelError` or `Retryable`)."""
         raise NotImplementedError
 

@@ -160,7 +160,7 @@ class _Answer:
         self.finish: str | None = None
         self.usage: dict[str, int] = {}
 
-    def add(self, obj: Any, key: str = "delta") -> str:
+    def add(self, obj: object, key: str = "delta") -> str:
         """Take one chunk; returns the text delta to report as progress."""
         if not isinstance(obj, dict):
             raise ModelError(f"openai stream: expected a JSON object, got {obj!r:.200}")
@@ -370,7 +370,7 @@ class OpenAIModel(HTTPModel):
             on_progress({"type": "text", "text": text})
         return answer.response()
 
-    def _read_stream(self, resp: Any, on_progress: ProgressSink | None) -> ModelResponse:
+    def _read_stream(self, resp: object, on_progress: ProgressSink | None) -> ModelResponse:
         answer = _Answer()
         done = False
         for event in sse_events(resp, "openai"):

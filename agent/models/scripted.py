@@ -73,7 +73,7 @@ def _check_latency(latency: float) -> float:
     return float(latency)
 
 
-def _check_text(value: Any, what: str = "text") -> str:
+def _check_text(value: object, what: str = "text") -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     return value

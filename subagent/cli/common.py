@@ -142,7 +142,7 @@ def open_store(args: argparse.Namespace) -> Any:
     return SessionStore(root)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

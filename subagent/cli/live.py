@@ -39,7 +39,7 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         import gevent
 
-        def handler(*_args: Any) -> None:
+        def handler(*_args: object) -> None:
             if self.stopped is not None:
                 reap_external_children()
                 sys.stderr.write("subagent: interrupted again; exiting now\n")

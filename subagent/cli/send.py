@@ -30,7 +30,7 @@ def _last_user(request: Any) -> str:
     return ""
 
 
-def _offline(request: Any) -> Any:
+def _offline(request: object) -> Any:
     from agent.models import scripted as S
 
     return S.text(f"(offline scripted model) received: {_last_user(request)}")

@@ -62,6 +62,6 @@ def _add(sub: Any, name: str, help_text: str) -> None:
     serve.set_defaults(fn=cmd_serve, handles_sigterm=True)
 
 
-def register(sub: Any) -> None:
+def register(sub: object) -> None:
     _add(sub, "mcp", "serve the subagent tools to an MCP client on stdio")
     _add(sub, "acp", "serve a coordinator agent to an ACP client (editor) on stdio")

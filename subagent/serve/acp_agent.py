@@ -66,7 +66,7 @@ def meta_depth(params: Mapping[str, Any]) -> int | None:
     return depth
 
 
-def prompt_blocks(prompt: Any) -> list[dict[str, Any]]:
+def prompt_blocks(prompt: object) -> list[dict[str, Any]]:
     """ACP content blocks as the runtime's text blocks (text, resource links, text resources)."""
     if not isinstance(prompt, list) or not prompt:
         raise RpcFault(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
@@ -306,7 +306,7 @@ class AcpAgentServer:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _on_request(self, method: str, params: Any) -> Any:
+    def _on_request(self, method: str, params: object) -> Any:
         if method == "initialize":
             self._initialized = True
             return {
@@ -336,12 +336,12 @@ class AcpAgentServer:
             return self._spawn(self._prompt, session, accepted, waiter)
         raise MethodNotFound(method)
 
-    def _spawn(self, fn: Callable[..., Any], *args: Any) -> gevent.Greenlet:
+    def _spawn(self, fn: Callable[..., Any], *args: object) -> gevent.Greenlet:
         greenlet: gevent.Greenlet = self._group.spawn(self._guarded, fn, *args)
         return greenlet
 
     @staticmethod
-    def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
+    def _guarded(fn: Callable[..., Any], *args: object) -> Any:
         try:
             return fn(*args)
         except (RpcFault, MethodNotFound):
@@ -436,7 +436,7 @@ class AcpAgentServer:
                     }
                 )
 
-    def _prompt(self, session: _Session, accepted: Any, waiter: AsyncResult) -> dict[str, Any]:
+    def _prompt(self, session: _Session, accepted: object, waiter: AsyncResult) -> dict[str, Any]:
         try:
             return session.wait(accepted, waiter)
         finally:

@@ -127,7 +127,7 @@ class McpServer:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _on_request(self, method: str, params: Any) -> Any:
+    def _on_request(self, method: str, params: object) -> Any:
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
@@ -140,7 +140,7 @@ class McpServer:
             return self._call(params)
         raise MethodNotFound(method)
 
-    def _initialize(self, params: Any) -> dict[str, Any]:
+    def _initialize(self, params: object) -> dict[str, Any]:
         if self._root is not None:
             raise RpcFault(INVALID_REQUEST, "initialize was already called on this connection")
         asked = params.get("protocolVersion") if isinstance(params, Mapping) else None
@@ -167,7 +167,7 @@ class McpServer:
             for s in self._root.tools.specs()
         ]
 
-    def _call(self, params: Any) -> gevent.Greenlet:
+    def _call(self, params: object) -> gevent.Greenlet:
         if not isinstance(params, Mapping) or not isinstance(params.get("name"), str):
             raise RpcFault(INVALID_PARAMS, "tools/call needs params with a string name")
         name = params["name"]
@@ -184,7 +184,9 @@ class McpServer:
         greenlet: gevent.Greenlet = self._group.spawn(self._run_call, rid, call, controller, token)
         return greenlet
 
-    def _run_call(self, rid: Any, call: ToolCall, controller: AbortController, token: Any) -> Any:
+    def _run_call(
+        self, rid: object, call: ToolCall, controller: AbortController, token: object
+    ) -> Any:
         remove = None
         if isinstance(token, (str, int)) and not isinstance(token, bool) and self._feed:
             remove = self._feed.add(lambda event: self._progress(token, event))
@@ -214,7 +216,7 @@ class McpServer:
 
     # -- notifications ---------------------------------------------------------------------
 
-    def _on_notification(self, method: str, params: Any) -> None:
+    def _on_notification(self, method: str, params: object) -> None:
         if method == "notifications/cancelled" and isinstance(params, Mapping):
             controller = self._calls.get(params.get("requestId"))
             if controller is not None:

@@ -63,7 +63,7 @@ def acp_config_from_flag(text: str, default_name: str = "acp") -> AcpConfig:
     return AcpConfig(command=words[0], args=words[1:], name=name)
 
 
-def _acp_from_file(name: str, value: Any) -> AcpConfig:
+def _acp_from_file(name: str, value: object) -> AcpConfig:
     if isinstance(value, str):
         return acp_config_from_flag(f"{name}={value}")
     if not isinstance(value, Mapping):

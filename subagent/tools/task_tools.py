@@ -28,7 +28,7 @@ def _own_task(tasks: Any, task_id: str, agent: Any) -> Task:
     return task
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
