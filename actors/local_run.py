@@ -31,6 +31,8 @@ from subagent.types import (
 from supervision.signal import AbortSignal
 
 if TYPE_CHECKING:
+    from pykka import Future
+
     from agent.loop import TurnOutcome
 
 
@@ -61,9 +63,9 @@ class RunAgent(Protocol):
     @property
     def usage(self) -> _Usage: ...
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Any: ...
+    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]: ...
 
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any: ...
+    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]: ...
 
     def close(self, cause: Any = None) -> None: ...
 

@@ -128,7 +128,9 @@ def _parent_cwd(parent: object) -> str:
 DEPTH_META = "subagent-runtime/depth"
 
 
-def session_params(cwd: str, parent: Any, trace: Any = None) -> dict[str, Any]:
+def session_params(
+    cwd: str, parent: object, trace: tracing.TraceParent | None = None
+) -> dict[str, Any]:
     """The params of `session/new` (and, with a `sessionId`, `session/load`): built in one place
     so per-parent metadata (`_meta`: the delegation depth, the trace context) reaches both."""
     params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}
@@ -488,7 +490,7 @@ class AcpProvider:
         cwd: str | None = None,
         load_session_id: str | None = None,
         record_log: Callable[[str, str, list[dict[str, Any]]], ChildLog] | None = None,
-        trace: object = None,
+        trace: tracing.TraceParent | None = None,
     ) -> AcpRun:
         """Spawn and handshake, open (`session/new`) or load (`session/load`) the ACP session,
         let `record_log(cwd, acp session id, prompt)` record the activation, start the turn.

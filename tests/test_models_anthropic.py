@@ -14,6 +14,7 @@ from anthropic_stub import AnthropicStub
 
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from agent.models.anthropic import ANTHROPIC_VERSION, AnthropicModel, to_messages
+from supervision.errors import Cancelled
 from supervision.signal import AbortController, AbortError, AbortSignal
 
 
@@ -79,7 +80,7 @@ def background(fn: Any, *args: Any) -> gevent.Greenlet:
     def run() -> Any:
         try:
             return fn(*args)
-        except Exception as e:
+        except (Exception, Cancelled) as e:  # an abort is a Cancelled, not an Exception
             return e
 
     return gevent.spawn(run)

@@ -15,6 +15,7 @@ from openai_stub import OpenAIStub
 
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from agent.models.openai import OpenAIModel, to_chat_messages
+from supervision.errors import Cancelled
 from supervision.signal import AbortController, AbortError, AbortSignal
 
 
@@ -30,7 +31,7 @@ def background(fn: Any, *args: Any) -> gevent.Greenlet:
     def run() -> Any:
         try:
             return fn(*args)
-        except Exception as e:
+        except (Exception, Cancelled) as e:  # an abort is a Cancelled, not an Exception
             return e
 
     return gevent.spawn(run)
@@ -38,7 +39,7 @@ def background(fn: Any, *args: Any) -> gevent.Greenlet:
 
 def outcome(g: gevent.Greenlet) -> Any:
     result = g.get()
-    if isinstance(result, Exception):
+    if isinstance(result, (Exception, Cancelled)):
         raise result
     return result
 

@@ -11,6 +11,7 @@ from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, T
 from agent.models import ModelRegistry, parse_route
 from agent.models import scripted as s
 from agent.models.scripted import ScriptedModel
+from supervision.errors import Cancelled
 from supervision.signal import AbortController, AbortError, AbortSignal
 
 
@@ -40,7 +41,7 @@ def background(fn: Any, *args: Any) -> gevent.Greenlet:
     def run() -> Any:
         try:
             return fn(*args)
-        except Exception as e:
+        except (Exception, Cancelled) as e:  # an abort is a Cancelled, not an Exception
             return e
 
     return gevent.spawn(run)
@@ -48,7 +49,7 @@ def background(fn: Any, *args: Any) -> gevent.Greenlet:
 
 def outcome(g: gevent.Greenlet) -> Any:
     result = g.get()
-    if isinstance(result, Exception):
+    if isinstance(result, (Exception, Cancelled)):
         raise result
     return result
 

@@ -7,11 +7,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from subagent.cli.text import DataConsole
 from subagent.errors import CliError, UsageError
+
+if TYPE_CHECKING:  # imported where used, to keep the command's start fast
+    from agent.models import ModelRegistry
+    from agent.store import MemoryStore, SessionStore
+    from subagent.runtime import Runtime
+    from subagent.service import SubagentService
 
 __all__ = [
     "EXIT_ERROR",
@@ -133,7 +140,7 @@ def store_root(args: argparse.Namespace) -> Path:
     return Path(home) / "sessions" if home else default_root()
 
 
-def open_store(args: argparse.Namespace) -> Any:
+def open_store(args: argparse.Namespace) -> SessionStore:
     from agent.store import SessionStore
 
     root = store_root(args)
@@ -150,7 +157,7 @@ def when(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-def flat_text(content: Any, limit: int = 200) -> str:
+def flat_text(content: str | Iterable[object] | None, limit: int = 200) -> str:
     if isinstance(content, str):
         out = content
     else:
@@ -161,7 +168,7 @@ def flat_text(content: Any, limit: int = 200) -> str:
     return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
-def answer_text(content: Any) -> str:
+def answer_text(content: str | Iterable[object] | None) -> str:
     """An answer's text blocks, whole: newlines kept, nothing cut (it is what was asked for)."""
     if isinstance(content, str):
         return content
@@ -175,7 +182,7 @@ def answer_text(content: Any) -> str:
     return "\n".join(parts)
 
 
-def model_registry(args: argparse.Namespace) -> Any:
+def model_registry(args: argparse.Namespace) -> ModelRegistry:
     """The HTTP model routes, with `--base-url`, `--timeout` and `--max-retries` applied.
 
     `--base-url` goes to the route `--model` names (`anthropic:` or else OpenAI-compatible).
@@ -217,7 +224,7 @@ def model_route(model: str | None) -> tuple[str, str]:
     return "openai", model
 
 
-def runtime_over(store: Any) -> Any:
+def runtime_over(store: SessionStore | MemoryStore | None) -> Runtime:
     from providers.inprocess import ForkProvider, SpawnProvider
     from subagent.runtime import Runtime
 
@@ -227,7 +234,10 @@ def runtime_over(store: Any) -> Any:
     return rt
 
 
-def listing_rows(store: Any, listing: Any) -> list[dict[str, Any]]:
+def listing_rows(
+    store: SessionStore | MemoryStore | None,
+    listing: Callable[[SubagentService], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
     """One listing of the service over `store`, in a runtime opened and closed for it."""
     rt = runtime_over(store)
     try:
