@@ -17,6 +17,7 @@ from actors.agent_actor import Agent, Steer
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture
 from agent.loop import TurnOutcome
+from agent.usage import pico_to_usd
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
@@ -180,13 +181,17 @@ class LocalRun:
                 diagnostic = "the child finished without a valid structured_output capture"
         if self._cancel_requested and stop != COMPLETED:
             stop = ABORTED
-        usage = dict(self._agent.usage.subtree)  # the child's and its descendants' tokens
+        account = self._agent.usage
+        usage = dict(account.subtree)  # the child's and its descendants' tokens
+        extra: dict[str, Any] = {"usage": usage} if usage else {}
+        if account.cost_spent:
+            extra["cost_usd"] = pico_to_usd(account.cost_spent)
         return SubagentResult(
             output=outcome.output,
             stop_reason=stop,
             structured=structured,
             diagnostic=None if diagnostic is None else clip_diagnostic(diagnostic),
-            extra={"usage": usage} if usage else {},
+            extra=extra,
         )
 
     def _settle(self, result: SubagentResult) -> None:

@@ -19,6 +19,7 @@ from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
+from agent.usage import Price, PriceTable
 from subagent import telemetry
 from subagent.errors import SubagentError
 from subagent.service import SubagentService
@@ -40,11 +41,21 @@ class Runtime:
         max_children: int | None = None,
         max_children_per_parent: int | None = None,
         gc_freeze_every: int | None = None,
+        prices: PriceTable
+        | Mapping[str, Price | Mapping[str, Any]]
+        | str
+        | os.PathLike[str]
+        | None = None,
     ) -> None:
         """`gc_freeze_every=N` (opt-in, process-wide): after every N child starts, move what is
         alive into the collector's permanent generation (`gc.freeze()`), so full collections
         stop rescanning thousands of live children; `close()` unfreezes. See
-        docs/performance.md for what it buys and what it costs."""
+        docs/performance.md for what it buys and what it costs.
+
+        `prices`: what each model route costs (USD per million tokens), for costs in usage
+        and cost budgets: a `PriceTable`, a mapping of routes to `Price` or
+        `{input, output, cache_read, cache_write}`, or the path of a JSON/TOML file of that
+        mapping. See docs/models.md."""
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -67,7 +78,17 @@ class Runtime:
             from agent.models.anthropic import AnthropicModel
 
             models.register("anthropic", AnthropicModel())
-        self.ctx = AgentContext(store=store, models=models)
+        if prices is None:
+            table = PriceTable()
+        elif isinstance(prices, PriceTable):
+            table = prices
+        elif isinstance(prices, (str, os.PathLike)):
+            table = PriceTable.load(prices)
+        elif isinstance(prices, Mapping):
+            table = PriceTable(prices)
+        else:
+            raise TypeError("prices must be a PriceTable, a mapping, a file path or None")
+        self.ctx = AgentContext(store=store, models=models, prices=table)
         self.tasks = TaskService()
         self.ctx.tasks = self.tasks
         if gc_freeze_every is not None and (

@@ -25,6 +25,7 @@ from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
@@ -244,7 +245,7 @@ class SubagentService:
         parent = self._ctx.agents.get(agent.header.parent_session or "")
         if parent is not None:
             account.attach(parent.usage)
-        if account.limit is None:
+        if account.limit is None and account.cost_limit is None:
             return
         events = agent.log.events
         seed_length = agent.header.seed_length
@@ -252,7 +253,9 @@ class SubagentService:
             # A cold resume (its own turns are in the log, not only a fork's seed): what its
             # stored descendants spent still counts against its budget.
             for row in self._continuation.list_descendants(agent.id):
-                account.add_subtree(row.get("usage") or {})
+                account.add_subtree(
+                    row.get("usage") or {}, round(float(row.get("cost_usd") or 0) * PICO)
+                )
         agent_id = agent.id
         account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
 
