@@ -85,7 +85,11 @@ def test_run_against_the_anthropic_messages_api(tmp_path: Path) -> None:
     ls = json.loads(cli("ls", root.id, "--json", home=tmp_path).stdout)
     assert [r["usage"] for r in ls] == [{"input_tokens": 12, "output_tokens": 5}]
     tree = json.loads(cli("tree", root.id, "--json", home=tmp_path).stdout)
-    assert [r["subtree_usage"] for r in tree] == [{"input_tokens": 12, "output_tokens": 5}]
+    assert [r["subtree_usage"] for r in tree] == [
+        {"input_tokens": 36, "output_tokens": 15},  # the root's whole tree
+        {"input_tokens": 12, "output_tokens": 5},
+    ]
+    assert tree[0]["id"] == root.id and tree[0]["usage"] == {"input_tokens": 24, "output_tokens": 10}
 
 
 def test_max_total_tokens_stops_the_tree(tmp_path: Path) -> None:
