@@ -360,6 +360,20 @@ class UsageAccount:
                 acc._exhausted()
             acc = acc.parent
 
+    def charge_remote(self, usage: Mapping[str, Any]) -> None:
+        """Count what a remote child (ACP) reported spending against this account's subtree and
+        its ancestors' (not its own): known only when the child's turn ends, it counts from the
+        next step boundary on."""
+        usage = normalize_usage(usage)
+        total = total_tokens(usage)
+        acc: UsageAccount | None = self
+        while acc is not None:
+            add_usage(acc.subtree, usage)
+            acc.spent += total
+            if acc.limit is not None and not acc._fired and acc._over():
+                acc._exhausted()
+            acc = acc.parent
+
     def _exhausted(self) -> None:
         if self.on_exceeded is not None:
             self._fired = True

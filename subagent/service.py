@@ -444,6 +444,11 @@ class SubagentService:
             usage = outcome.extra.get("usage")
             if usage:
                 event["usage"] = dict(usage)
+                if handle.local_agent is None:
+                    # A remote child's reported spend (ACP): the parent's subtree counts it.
+                    parent = self._ctx.agents.get(handle.parent_id or "")
+                    if parent is not None:
+                        parent.usage.charge_remote(usage)
             if outcome.output:
                 event["last_assistant_message"] = list(outcome.output)
         self._live.pop(handle.run_id, None)
