@@ -52,6 +52,8 @@ EXPORTED = [
     "ModelResponse",
     "OpenAIModel",
     "PERSONA_SECTION",
+    "Price",
+    "PriceTable",
     "ProgressSink",
     "PromptError",
     "REFUSAL",
