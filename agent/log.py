@@ -168,21 +168,20 @@ class LogReplay:
             raise InvariantError(seq, "type must be a str")
         if type(data) is not dict:
             raise InvariantError(seq, "data must be a dict")
-        required = _REQUIRED.get(etype)
-        if required is None:
+        rules = _RULES.get(etype)
+        if rules is None:
             if data.get("ignorable") is not True:
                 raise InvariantError(seq, f"unknown event type {etype!r} (not marked ignorable)")
             self.seq = seq + 1
             return
+        required, optional, handler = rules
         for key, typ, what in required:
             if type(data.get(key)) is not typ:
                 raise InvariantError(seq, f"{etype}: {key} must be {what}")
-        optional = _OPTIONAL.get(etype)
-        if optional is not None:
-            for key, typ, what in optional:
-                if key in data and type(data[key]) is not typ:
-                    raise InvariantError(seq, f"{etype}: {key} must be {what}")
-        _HANDLERS[etype](self, seq, data)
+        for key, typ, what in optional:
+            if key in data and type(data[key]) is not typ:
+                raise InvariantError(seq, f"{etype}: {key} must be {what}")
+        handler(self, seq, data)
         self.seq = seq + 1
         if seq + 1 == self.seed_length and self.turn_open:
             raise InvariantError(seq, "the seed ends inside an open turn")
@@ -321,6 +320,13 @@ _HANDLERS: dict[str, Callable[[LogReplay, int, dict[str, Any]], None]] = {
     name: getattr(LogReplay, "_" + name.replace("/", "_").replace("-", "_"))
     for name in ev.EVENT_TYPES
 }
+
+
+# One lookup per event: (required fields, optional fields, the per-type state rule).
+_RULES: dict[
+    str,
+    tuple[tuple[_Field, ...], tuple[_Field, ...], Callable[[LogReplay, int, dict[str, Any]], None]],
+] = {name: (_REQUIRED[name], _OPTIONAL.get(name, ()), _HANDLERS[name]) for name in _REQUIRED}
 
 
 def validate_log(events: Iterable[Event], header: SessionHeader | None = None) -> LogReplay:
