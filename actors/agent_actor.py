@@ -46,6 +46,7 @@ from agent.tools import ToolScope
 from agent.usage import UsageAccount
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
+from supervision.group import TaskGroup
 from supervision.signal import AbortController
 
 if TYPE_CHECKING:
@@ -170,6 +171,8 @@ class AgentActor(GeventActor):
         self.run: LocalRun | None = None
         self._close_cause: Any = None
         self._dispose_reply: Deferred[None] | None = None
+        # The disposer runs in a group the actor owns, made only when a dispose starts.
+        self._tasks: TaskGroup | None = None
         self._disposer: gevent.Greenlet | None = None
 
     def activate(
@@ -314,7 +317,8 @@ class AgentActor(GeventActor):
             finally:
                 reply.resolve(None)
 
-        self._disposer = gevent.spawn(dispose)
+        tasks = self._tasks = TaskGroup("agent-actor-disposal")
+        self._disposer = tasks.spawn(dispose)
         return reply
 
     def _when_idle(self) -> Deferred[Any]:
@@ -460,6 +464,9 @@ class AgentActor(GeventActor):
         worker = self._worker
         if worker is not None and worker is not gevent.getcurrent():
             gevent.kill(worker)
+        if self._tasks is not None:
+            # The disposer is what stopped us and is waiting for that: it ends on its own.
+            self._tasks.close(spare=self._disposer)
 
     def on_failure(self, *exc_info: Any) -> None:
         """The actor crashed or was killed: end the turn as a stop would, and settle every reply

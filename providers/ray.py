@@ -56,6 +56,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.signal import AbortSignal
 
@@ -180,15 +181,29 @@ class _RefWaiter:
     def __init__(self) -> None:
         self._pending: dict[Any, AsyncResult] = {}
         self._loop: gevent.Greenlet | None = None
+        self._tasks = TaskGroup("ray-ref-waiter")
 
     def wait(self, ref: Any) -> Any:
         result: AsyncResult = AsyncResult()
         self._pending[ref] = result
         if self._loop is None or self._loop.dead:
-            self._loop = gevent.spawn(self._run)
+            self._loop = self._tasks.spawn(self._run)
         return result.get()
 
+    def close(self) -> None:
+        """End the polling greenlet; a wait still pending fails with RUNTIME_CLOSED."""
+        self._tasks.close()
+
     def _run(self) -> None:
+        try:
+            self._poll()
+        except gevent.GreenletExit:
+            pending, self._pending = self._pending, {}
+            for waiter in pending.values():
+                waiter.set_exception(SubagentError("RUNTIME_CLOSED", "the ray provider closed"))
+            raise
+
+    def _poll(self) -> None:
         ray = _ray()
         pause = _POLL_MIN
         while self._pending:
@@ -370,7 +385,7 @@ class RayRun(RemoteRun):
         if self._settled:
             return
         if self.continuable and self._recovery is not None:
-            gevent.spawn(self._provider._recover, self, why)
+            self._provider.recover_later(self, why)
             return
         diagnostic = f"the Ray host running this child died: {why}"
         if not self._published.is_set():
@@ -423,7 +438,8 @@ class RayProvider:
         self._closed = False
         self._local_ray: LocalRay | None = None
         self._pool_changed = GEvent()
-        self._greenlets: list[gevent.Greenlet] = []
+        # Poll loops, revivers, flushers and recoveries: all end when the provider closes.
+        self._tasks = TaskGroup("ray-provider")
 
     @property
     def name(self) -> str:
@@ -489,7 +505,7 @@ class RayProvider:
         host.cursor = 0
         host.seq = 0
         host.healthy = True
-        self._greenlets.append(gevent.spawn(self._poll_loop, host))
+        self._tasks.spawn(self._poll_loop, host)
         self._pool_changed.set()
         self._pool_changed = GEvent()
 
@@ -538,7 +554,7 @@ class RayProvider:
         host.outbox.append(command)
         if not host.flushing:
             host.flushing = True
-            gevent.spawn(self._flush, host)
+            self._tasks.spawn(self._flush, host)
 
     def _flush(self, host: _Host) -> None:
         try:
@@ -590,7 +606,7 @@ class RayProvider:
         runs, host.runs = list(host.runs.values()), {}
         for run in runs:
             run._host_lost(clip_diagnostic(why))
-        self._greenlets.append(gevent.spawn(self._revive, host))
+        self._tasks.spawn(self._revive, host)
 
     def _revive(self, host: _Host) -> None:
         """Wait for Ray to restart the host actor; give up when Ray says it is dead for good."""
@@ -612,6 +628,17 @@ class RayProvider:
             self._become_healthy(host, reply)
             return
         host.dead = True
+
+    def recover_later(self, run: RayRun, why: str) -> None:
+        """Place a continuable run whose host died on another host, off the caller's greenlet.
+
+        Once the provider is closed the recovery fails at once (nothing to place it on), so it
+        runs inline: a greenlet spawned now would be killed by `close` before it settled the run.
+        """
+        if self._closed:
+            self._recover(run, why)
+        else:
+            self._tasks.spawn(self._recover, run, why)
 
     def _recover(self, run: RayRun, why: str) -> None:
         try:
@@ -756,8 +783,8 @@ class RayProvider:
         if ray is not None:
             handles = [h.handle for h in self._hosts]
             offload(lambda: [ray.kill(h, no_restart=True) for h in handles])
-        gevent.killall(self._greenlets)
-        self._greenlets.clear()
+        self._tasks.close()
+        self._waiter.close()
         if self._local_ray is not None:
             self._local_ray.shutdown()
             self._local_ray = None

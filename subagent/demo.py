@@ -35,6 +35,7 @@ from subagent.cli_tree import TreeModel
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
 from subagent.types import MessageSource
+from supervision.group import TaskGroup
 
 __all__ = ["ChildPlan", "Demo", "plan_children"]
 
@@ -127,6 +128,8 @@ class Demo:
         self.continuable_id: str | None = None
         self.final_text = ""
         self.on_change = on_change
+        # The operator's greenlets (one per steered or cancelled child); `close` ends them.
+        self.operators = TaskGroup("demo-operators")
         self.model = S.ScriptedModel(self._respond, record=False)
         self.runtime = Runtime(store=SessionStore(store_root), scripted=self.model)
         service = self.runtime.subagents
@@ -176,6 +179,7 @@ class Demo:
     def close(self) -> None:
         self._detach()
         self.runtime.close()
+        self.operators.close()
 
     # -- tools the children use ---------------------------------------------------------------
 
@@ -223,7 +227,7 @@ class Demo:
         agent_id = str(event.get("agent_id"))
         plan = self.by_session.get(agent_id)
         if plan is not None:
-            gevent.spawn(self._operate, agent_id, plan)
+            self.operators.spawn(self._operate, agent_id, plan)
 
     def _handle(self, agent_id: str) -> Any:
         for handle in self.runtime.subagents.runs():

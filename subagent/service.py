@@ -42,6 +42,7 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
@@ -193,7 +194,7 @@ class SubagentService:
         self._progress: list[Callable[[Mapping[str, Any]], None]] = []
         # Greenlets that wait on the results of foreign runs (a provider whose result is not
         # one of our futures cannot be observed with a done callback).
-        self._relays: set[gevent.Greenlet] = set()
+        self._relays = TaskGroup("service-relays")
         self._closed = False
         # The supervision tree: the runtime's root, one supervisor per parent agent holding the
         # actors of that parent's child runs, nested under the supervisor of the parent's own run.
@@ -453,9 +454,7 @@ class SubagentService:
             except BaseException as exc:
                 relayed.reject(exc)
 
-        glet = gevent.spawn(relay)
-        self._relays.add(glet)
-        glet.link(self._relays.discard)
+        self._relays.spawn(relay)
         return relayed
 
     def _sync(self) -> None:
@@ -543,7 +542,7 @@ class SubagentService:
         self._supervisors.clear()
         # Let the registry deliver the last end events before it stops.
         self._ref.stop(block=True)
-        gevent.killall(list(self._relays))
+        self._relays.close()
 
     def _ask(self, message: Any) -> Any:
         try:
