@@ -294,8 +294,7 @@ class AgentActor(GeventActor):
             run.cancel_requested = True
         agent = self.core.agent
         if agent is not None:  # the runs this agent started go too
-            for hook in list(agent.ctx.on_agent_cancelled):
-                hook(agent, message.cause)
+            agent.ctx.lifecycle.cancelled(agent, message.cause)
         self._abort_turn(message.cause)
 
     def _dispose_run(self) -> Deferred[None]:
@@ -576,8 +575,7 @@ class Agent:
 
     def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any:
         """Abort the running turn (and the children it started); replies when idle."""
-        for hook in list(self.ctx.on_agent_cancelled):
-            hook(self, cause)
+        self.ctx.lifecycle.cancelled(self, cause)
         return self._ask(Cancel(cause, keep_inbox))
 
     def when_idle(self) -> Any:
@@ -631,8 +629,7 @@ class Agent:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""
         if self._closed and not self.ref.is_alive():
             return
-        for hook in list(self.ctx.on_agent_closing):
-            hook(self)
+        self.ctx.lifecycle.closing(self)
         try:
             self.ref.ask(Close(cause), block=False).get()
         except Exception as exc:

@@ -271,7 +271,7 @@ class ChildHost:
         if self.config.setup is not None:
             self.config.setup(runtime)
         if self.config.relay_progress:
-            runtime.ctx.on_agent_published.append(self._on_published)
+            runtime.ctx.lifecycle.on_published(self._on_published)
         return runtime
 
     # -- Ray methods (any thread) -------------------------------------------------------------

@@ -201,9 +201,9 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        ctx.on_agent_published.append(self._on_agent_published)
-        ctx.on_agent_closing.append(self._on_parent_closing)
-        ctx.on_agent_cancelled.append(self._on_parent_cancelled)
+        ctx.lifecycle.on_published(self._on_agent_published)
+        ctx.lifecycle.on_closing(self._on_parent_closing)
+        ctx.lifecycle.on_cancelled(self._on_parent_cancelled)
 
     # -- providers --------------------------------------------------------------------------------
 

@@ -779,7 +779,7 @@ def test_one_settlement_notice_per_activation_delivered_before_release(k: Kit) -
         if agent.header.parent_session == parent.id:
             seen_at_release.append(len(settled_notices(parent)))
 
-    k.runtime.ctx.on_agent_closing.append(on_closing)
+    k.runtime.ctx.lifecycle.on_closing(on_closing)
     first = start(k, parent)
     k.runtime.tasks.wait(first.task_id)
     second = k.service.send_message(parent, first.child_id, "second", coord(parent))
