@@ -164,9 +164,10 @@ class AgentActor(GeventActor):
         self._on_closed = on_closed
         # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
         self._held = False
-        self.turn_listeners: list[Callable[[TurnOutcome], None]] = []
+        self._turn_listeners: list[Callable[[TurnOutcome], None]] = []
+        self._steer_listeners: list[Callable[[str], None]] = []
         self.turn_running = False
-        self.before_first_request: Callable[[], None] | None = None
+        self._before_first_request: Callable[[], None] | None = None
         # The run whose activation prompt this agent answers (a child's run), if any.
         self.run: LocalRun | None = None
         self._close_cause: Any = None
@@ -271,7 +272,22 @@ class AgentActor(GeventActor):
             )
         )
         self._steer_replies[message_id] = reply
+        if self._steer_listeners:
+            for listener in list(self._steer_listeners):
+                listener(message_id)
         return reply
+
+    # -- observers (registered by the handle; each returns its remover) ----------------------------
+
+    def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
+        return _register(self._turn_listeners, fn)
+
+    def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        return _register(self._steer_listeners, fn)
+
+    def before_first_request(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once, in the next turn, before its first model request."""
+        self._before_first_request = fn
 
     def _cancel(self, message: Cancel) -> Deferred[Any]:
         if message.keep_inbox:
@@ -368,7 +384,7 @@ class AgentActor(GeventActor):
                 message = self._queue.popleft()
                 controller = self._turn_abort = AbortController()
                 self.turn_running = True
-                hook, self.before_first_request = self.before_first_request, None
+                hook, self._before_first_request = self._before_first_request, None
                 try:
                     core.log.append("inbox/claimed", {"message_id": message["id"]})
                     outcome = core.run_turn(message, controller.signal, self._take_steers, hook)
@@ -398,7 +414,7 @@ class AgentActor(GeventActor):
                 self._finish_close()
 
     def _tell_turn_listeners(self, outcome: TurnOutcome) -> None:
-        for listener in list(self.turn_listeners):
+        for listener in list(self._turn_listeners):
             try:
                 listener(outcome)
             except Exception:
@@ -451,8 +467,9 @@ class AgentActor(GeventActor):
         cyclic collection (which, with thousands of live children, is a long hub pause)."""
         self._on_closed = None
         self.run = None
-        self.turn_listeners.clear()
-        self.before_first_request = None
+        self._turn_listeners.clear()
+        self._steer_listeners.clear()
+        self._before_first_request = None
         self.core.agent = None
         self.core.on_progress = None
 
@@ -597,6 +614,28 @@ class Agent:
             return SubagentError("RUNTIME_CLOSED", f"the runtime of agent {self.id} is closed")
         return SubagentError("RUN_DISPOSED", f"agent {self.id} is closed")
 
+    def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
+        """Call `fn(outcome)` when each turn of this agent ends; returns the remover. One that
+        raises is logged and the others still run."""
+        if not callable(fn):
+            raise TypeError("turn listener must be callable")
+        return self._actor.add_turn_listener(fn)
+
+    def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Call `fn(message_id)` when a steer is queued for the running turn (it is admitted at
+        the next step boundary); returns the remover. The listener must not block."""
+        if not callable(fn):
+            raise TypeError("steer listener must be callable")
+        return self._actor.add_steer_listener(fn)
+
+    def before_first_request(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once, inside this agent's next turn, before its first model request (a
+        provider records what a child was started with there). Raising `TurnBlocked` refuses
+        the turn."""
+        if not callable(fn):
+            raise TypeError("before_first_request needs a callable")
+        self._actor.before_first_request(fn)
+
     def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Receive this agent's progress events (turn, step, tool, text), tagged with its id.
 
@@ -644,3 +683,20 @@ class Agent:
     def _forget(self) -> None:
         self._closed = True
         self.ctx.agents.pop(self.id, None)
+
+
+def _register(listeners: list[Any], fn: Callable[..., None]) -> Callable[[], None]:
+    """Add one entry to `listeners`; the remover takes out exactly that entry, once."""
+    listeners.append(fn)
+    removed = False
+
+    def remove() -> None:
+        nonlocal removed
+        if not removed:
+            removed = True
+            for i, registered in enumerate(listeners):
+                if registered is fn:
+                    del listeners[i]
+                    return
+
+    return remove

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import gevent
 from gevent.event import Event
 
 from agent import tracing
@@ -248,14 +247,17 @@ class Demo:
             self.tree.note(agent_id, "cancelled by operator")
             handle.cancel("cancelled by the operator")
             return
-        admitted = handle.steer(STEER_TEXT, MessageSource.user())
-        agent = handle.local_agent
         # Open the gate only once the steer waits in the child's queue: then the very next
-        # step boundary admits it, whatever the scheduling.
-        for _ in range(100_000):  # bounded: a settled run never queues it
-            if agent.actor._steers or handle.settled:
-                break
-            gevent.sleep(0.001)
+        # step boundary admits it, whatever the scheduling. A settled run refuses the steer at
+        # once, which opens the gate too.
+        queued = Event()
+        remove = handle.local_agent.add_steer_listener(lambda _message_id: queued.set())
+        try:
+            admitted = handle.steer(STEER_TEXT, MessageSource.user())
+            admitted.add_done_callback(lambda _f: queued.set())
+            queued.wait()
+        finally:
+            remove()
         self.gates.setdefault(agent_id, Event()).set()
         try:
             admitted.get()

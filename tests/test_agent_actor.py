@@ -58,8 +58,8 @@ def test_status_when_idle_and_turn_listeners() -> None:
     with kit() as k:
         a = k.agent()
         outcomes: list[TurnOutcome] = []
-        a.actor.turn_listeners.append(outcomes.append)
-        a.actor.turn_listeners.append(lambda o: 1 / 0)  # a raising listener is contained
+        a.add_turn_listener(outcomes.append)
+        a.add_turn_listener(lambda o: 1 / 0)  # a raising listener is contained
         assert a.when_idle().get() is None
         assert a.status == "idle" and not a.turn_running
         k.model.script(a.id, [S.hang()])

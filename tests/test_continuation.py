@@ -576,8 +576,8 @@ def write_child(k: Kit, parent: Any, descriptor: Any, *, depth: int = 1) -> str:
         delegation_depth=depth,
     )
     if descriptor is not None:
-        agent.actor.before_first_request = lambda: agent.core.add_event(
-            "subagent/descriptor", {"descriptor": descriptor}
+        agent.before_first_request(
+            lambda: agent.core.add_event("subagent/descriptor", {"descriptor": descriptor})
         )
     agent.send("hello").get()
     agent.when_idle().get()

@@ -105,7 +105,7 @@ def test_a_fan_out_of_10000_never_runs_more_than_16_at_once() -> None:
             def ended(_outcome: Any) -> None:
                 running[0] -= 1
 
-            agent.actor.turn_listeners.append(ended)  # before the run's own listener
+            agent.add_turn_listener(ended)  # before the run's own listener
 
         k.runtime.ctx.lifecycle.on_published(on_published)
         k.respond = lambda request: S.text("ok", latency=0.0005)
