@@ -277,6 +277,11 @@ class AgentActor(GeventActor):
                 listener(message_id)
         return reply
 
+    @property
+    def busy(self) -> bool:
+        """A turn runs or is about to (its worker is scheduled)."""
+        return self.turn_running or self._worker is not None
+
     # -- observers (registered by the handle; each returns its remover) ----------------------------
 
     def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
@@ -560,8 +565,7 @@ class Agent:
     def status(self) -> str:
         if self._closed:
             return "closed"
-        actor = self._actor
-        return "running" if actor.turn_running or actor._worker is not None else "idle"
+        return "running" if self._actor.busy else "idle"
 
     @property
     def turn_running(self) -> bool:

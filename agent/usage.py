@@ -156,15 +156,18 @@ class UsageAccount:
         own = self.own
         for key, value in usage.items():
             own[key] = own.get(key, 0) + value
-        acc: UsageAccount | None = self
-        while acc is not None:
-            subtree = acc.subtree
-            for key, value in usage.items():
-                subtree[key] = subtree.get(key, 0) + value
-            acc.spent += total
-            if acc.limit is not None and acc.spent >= acc.limit and not acc._fired:
-                acc._exhausted()
-            acc = acc.parent
+        self.add_to_subtree(usage, total)
+
+    def add_to_subtree(self, usage: Mapping[str, int], total: int) -> None:
+        """Count usage spent in this account's subtree here, then in every ancestor's."""
+        subtree = self.subtree
+        for key, value in usage.items():
+            subtree[key] = subtree.get(key, 0) + value
+        self.spent += total
+        if self.limit is not None and self.spent >= self.limit and not self._fired:
+            self._exhausted()
+        if self.parent is not None:
+            self.parent.add_to_subtree(usage, total)
 
     def _exhausted(self) -> None:
         if self.on_exceeded is not None:

@@ -149,7 +149,7 @@ class RunHandle:
         # An infrastructure fault is reported through `result`, not by dispose.
         with contextlib.suppress(Exception):
             self.result.get()
-        self._service._sync()
+        self._service.sync()
 
 
 class SteerableRunHandle(RunHandle):
@@ -457,7 +457,7 @@ class SubagentService:
         self._relays.spawn(relay)
         return relayed
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
             self._ref.ask(reg.Providers())
