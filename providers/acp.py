@@ -318,7 +318,8 @@ class AcpRun(RemoteRun):
         """The process-group leader's pid (the group id too)."""
         return self._child.group.pid
 
-    def _begin(self, prompt: list[dict[str, Any]]) -> None:
+    def begin(self, prompt: list[dict[str, Any]]) -> None:
+        """Send the prompt turn (once, right after the provider built the run)."""
         self._prompting = True
         self._turn = self._tasks.spawn(self._run_turn, prompt)
 
@@ -544,7 +545,7 @@ class AcpProvider:
             child.teardown(graceful=False)
             raise
         run = AcpRun(run_id, child, sid, signal, self.config.on_progress, child_log)
-        run._begin(blocks)
+        run.begin(blocks)
         return run
 
 
