@@ -55,6 +55,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 _pykka_logger = logging.getLogger("pykka")
 
+# The pykka seam: the private parts of Pykka this runtime relies on (pinned: pykka 4.5), read
+# here once so nothing else reaches into Pykka. The registry's list and lock let an actor
+# register and unregister in O(1); the stop message is what `ActorRef.stop` queues; a ref's
+# weakref is the only way from a ref to its actor object. Pykka never rebinds the first two.
+_REGISTRY_REFS: list[ActorRef[Any]] = ActorRegistry._actor_refs  # noqa: SLF001
+_REGISTRY_LOCK = ActorRegistry._actor_refs_lock  # noqa: SLF001
+_ActorStop: type[messages._ActorStop] = messages._ActorStop  # noqa: SLF001
+
 T = TypeVar("T")
 
 
@@ -299,8 +307,8 @@ class GeventActor(Actor):
             "Did you forget to call super() in your override?"
         )
         ref = obj.actor_ref
-        with ActorRegistry._actor_refs_lock:
-            ActorRegistry._actor_refs.append(ref)
+        with _REGISTRY_LOCK:
+            _REGISTRY_REFS.append(ref)
         if _pykka_logger.isEnabledFor(logging.DEBUG):
             _pykka_logger.debug(f"Registered {ref}")
             _pykka_logger.debug(f"Starting {obj}")
@@ -407,7 +415,7 @@ class GeventActor(Actor):
                 if isinstance(carried, Deferred):
                     carried.reject(ActorDeadError(f"{self.actor_ref} stopped before handling it"))
                 continue
-            if isinstance(envelope.message, messages._ActorStop):
+            if isinstance(envelope.message, _ActorStop):
                 envelope.reply_to.set(None)
             else:
                 envelope.reply_to.set_exception(
@@ -463,8 +471,8 @@ class GeventActor(Actor):
             return
         self._unregistered = True
         ref = self._actor_ref
-        with ActorRegistry._actor_refs_lock:
-            refs = ActorRegistry._actor_refs
+        with _REGISTRY_LOCK:
+            refs = _REGISTRY_REFS
             if refs and refs[-1] is ref:
                 refs.pop()
             elif refs and refs[0] is ref:
@@ -569,7 +577,7 @@ def actor_of(ref: ActorRef[Any] | GeventActor) -> GeventActor | None:
     actor. Pykka has no public accessor: this is the one place that reads the ref's weakref."""
     if isinstance(ref, GeventActor):
         return ref
-    actor = ref._actor_weakref()
+    actor = ref._actor_weakref()  # noqa: SLF001  (the pykka seam: no public accessor)
     if not isinstance(actor, GeventActor):
         if actor is None:
             return None
@@ -621,7 +629,7 @@ def stop_all(timeout: float | None = None, *, refs: Iterable[ActorRef[Any]] | No
         actors = list(reversed(_live.values()))
     else:
         actors = [a for a in (actor_of(r) for r in refs) if a is not None]
-    stop = messages._ActorStop
+    stop = _ActorStop
     for actor in actors:
         if not actor.actor_stopped.is_set():
             actor.actor_inbox.put(Envelope(stop()))

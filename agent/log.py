@@ -420,7 +420,8 @@ class EventView(Sequence[Event]):
     def __repr__(self) -> str:
         return f"<EventView of {len(self)} events>"
 
-    def _append_payload(self, payload: bytes) -> None:
+    def append_payload(self, payload: bytes) -> None:
+        """Keep one more event's encoded payload (the writer appends as it writes)."""
         self._payloads.append(payload)
 
 
@@ -494,7 +495,7 @@ class SessionLog:
         buffer = self._buffer
         buffer += _pack_prefix(len(payload), _crc32(payload))
         buffer += payload
-        events._append_payload(payload)
+        events.append_payload(payload)
         return event
 
     def checkpoint(self, point: Literal["step", "turn"]) -> None:
