@@ -38,9 +38,13 @@ class AgentLifecycle:
         remover."""
         _check(fn)
         self._published = (*self._published, fn)
+        removed = False
 
         def remove() -> None:
-            self._published = _without(self._published, fn)
+            nonlocal removed
+            if not removed:
+                removed = True
+                self._published = _without(self._published, fn)
 
         return remove
 
@@ -48,9 +52,13 @@ class AgentLifecycle:
         """Call `fn(agent)` before an agent closes (its children go first); returns the remover."""
         _check(fn)
         self._closing = (*self._closing, fn)
+        removed = False
 
         def remove() -> None:
-            self._closing = _without(self._closing, fn)
+            nonlocal removed
+            if not removed:
+                removed = True
+                self._closing = _without(self._closing, fn)
 
         return remove
 
@@ -59,9 +67,13 @@ class AgentLifecycle:
         remover."""
         _check(fn)
         self._cancelled = (*self._cancelled, fn)
+        removed = False
 
         def remove() -> None:
-            self._cancelled = _without(self._cancelled, fn)
+            nonlocal removed
+            if not removed:
+                removed = True
+                self._cancelled = _without(self._cancelled, fn)
 
         return remove
 
@@ -86,7 +98,7 @@ def _check(fn: object) -> None:
 
 
 def _without(listeners: tuple[F, ...], fn: F) -> tuple[F, ...]:
-    """`listeners` less one registration of `fn` (none if it was already removed)."""
+    """`listeners` less one registration of `fn`."""
     for i, registered in enumerate(listeners):
         if registered is fn:
             return listeners[:i] + listeners[i + 1 :]
