@@ -33,6 +33,7 @@ from actors.supervised import ActorChild
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
+from subagent.listings import Listings
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     MessageSource,
@@ -200,6 +201,7 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
+        self._listings = Listings(ctx.store, ctx.agents, self._continuation.activation)
         ctx.on_agent_published.append(self._on_agent_published)
         ctx.on_agent_closing.append(self._on_parent_closing)
         ctx.on_agent_cancelled.append(self._on_parent_cancelled)
@@ -268,7 +270,7 @@ class SubagentService:
         if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
             # A cold resume (its own turns are in the log, not only a fork's seed): what its
             # stored descendants spent still counts against its budget.
-            for row in self._continuation.list_descendants(agent.id):
+            for row in self._listings.list_descendants(agent.id):
                 account.add_subtree(row.get("usage") or {})
         agent_id = agent.id
         account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
@@ -495,10 +497,10 @@ class SubagentService:
         return self._continuation.interrupt(child_id, by=by)
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
-        return self._continuation.list_children(parent_session_id)
+        return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
-        return self._continuation.list_descendants(root_session_id)
+        return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
 
