@@ -34,6 +34,7 @@ from gevent.lock import Semaphore
 from actors.agents import new_session_id
 from agent.events import SessionLogError, validate_session_id
 from agent.store import SessionExistsError, SessionNotFoundError
+from subagent import settlement
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -412,12 +413,8 @@ class ContinuationManager:
 
     def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
         """When the activation ends: notify the parent, release the run, settle the task."""
-        outcome: SubagentResult | BaseException
         try:
-            try:
-                outcome = handle.result.get()
-            except BaseException as exc:
-                outcome = exc
+            outcome = settlement.outcome_of(handle.result)
             with child.lock:
                 try:
                     self._notify_parent(child, handle, outcome)
@@ -425,46 +422,25 @@ class ContinuationManager:
                     handle.dispose()
                     if child.handle is handle:
                         child.handle = None
-                    self._settle_task(task_id, outcome)
+                    settlement.settle_task(self._ctx.tasks, task_id, outcome)
                     child.settled.set()
             if isinstance(outcome, Exception):
                 self._maybe_restart(child, handle, outcome)
         finally:
             self._release(child)
 
-    def _notify_parent(
-        self, child: _Child, handle: Any, outcome: SubagentResult | BaseException
-    ) -> None:
+    def _notify_parent(self, child: _Child, handle: Any, outcome: settlement.Outcome) -> None:
         parent = self._ctx.agents.get(handle.parent_id)
         if parent is None:
             log.info(
                 "parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id
             )
             return
-        summary = _summary(child.label, handle.id, outcome)
+        summary = settlement.summary(child.label, handle.id, outcome)
         content: list[Mapping[str, Any]] = [{"type": "text", "text": summary}]
         if isinstance(outcome, SubagentResult):
             content.extend(outcome.output)
-        try:
-            parent.send(content, MessageSource.subagent_settled(summary)).get()
-        except Exception:
-            log.exception("could not deliver the settlement notice of %s", handle.id)
-
-    def _settle_task(self, task_id: str, outcome: SubagentResult | BaseException) -> None:
-        tasks = self._ctx.tasks
-        if isinstance(outcome, BaseException):
-            tasks.settle(task_id, "failed", detail=f"{type(outcome).__name__}: {outcome}")
-        elif outcome.stop_reason == "completed":
-            tasks.settle(task_id, "completed", output=list(outcome.output))
-        elif outcome.stop_reason == "aborted":
-            tasks.settle(task_id, "killed", output=list(outcome.output), detail=outcome.diagnostic)
-        else:
-            tasks.settle(
-                task_id,
-                "failed",
-                output=list(outcome.output),
-                detail=outcome.diagnostic or outcome.stop_reason,
-            )
+        settlement.tell_parent(parent, content, summary)
 
     def _maybe_restart(self, child: _Child, handle: Any, failure: BaseException) -> None:
         """Transient restart: a crashed activation is resumed cold, within the intensity.
@@ -500,7 +476,7 @@ class ContinuationManager:
             self._report(
                 parent,
                 f"Subagent {child.child_id} crashed and could not be restarted "
-                f"({_one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
+                f"({settlement.one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
             )
 
     def _report(self, parent: Any, text: str) -> None:
@@ -525,23 +501,3 @@ class ContinuationManager:
 
 def _message_id(handle: Any) -> str:
     return str(getattr(handle, "message_id", "") or "")
-
-
-MAX_SUMMARY_CHARS = 300
-
-
-def _one_line(text: str, limit: int = MAX_SUMMARY_CHARS) -> str:
-    """Whitespace collapsed to single spaces, clipped to `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
-
-
-def _summary(label: str, child_id: str, outcome: SubagentResult | BaseException) -> str:
-    """The one-line summary of how an activation ended."""
-    who = f"Subagent {label!r} ({child_id})" if label else f"Subagent {child_id}"
-    if isinstance(outcome, BaseException):
-        return _one_line(f"{who} crashed: {type(outcome).__name__}: {outcome}")
-    if outcome.stop_reason == "completed":
-        return _one_line(f"{who} completed.")
-    detail = f": {outcome.diagnostic}" if outcome.diagnostic else ""
-    return _one_line(f"{who} ended {outcome.stop_reason}{detail}.")
