@@ -137,6 +137,7 @@ class ContinuationManager:
             persona=request.persona,
             tool_filter=request.tool_filter,
             token_budget=request.token_budget,
+            cost_budget=None if request.cost_budget is None else float(request.cost_budget),
         )
         # The caller's signal guards only the start: once accepted, the activation is its own.
         activation = AbortController()

@@ -52,7 +52,7 @@ _HEADLINES: Final = {
     ERROR: "Subagent failed with an error.",
     MAX_TOKENS: "Subagent ran out of output tokens before it finished.",
     REFUSAL: "Subagent declined the task.",
-    BUDGET_EXCEEDED: "Subagent used up its token budget before it finished.",
+    BUDGET_EXCEEDED: "Subagent used up its token or cost budget before it finished.",
 }
 
 
