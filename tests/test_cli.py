@@ -154,6 +154,7 @@ def test_ls_and_tree_read_the_store_without_building_a_runtime(made: tuple[Path,
         proc = gsub.run(argv, cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         answers[command] = {r["id"]: r for r in json.loads(proc.stdout)}
+    assert answers["tree"].pop(m.root)["mode"] == "root"  # `tree` shows its root row too
     for rows in answers.values():
         assert set(rows) == {m.foreground, m.continuable}
         assert rows[m.continuable]["label"] == "keeper"
