@@ -23,7 +23,7 @@ from pykka import ActorDeadError, Future
 
 from actors import gevent_actor
 from actors import registry_actor as reg
-from actors.agent_actor import Steer, check_content
+from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
