@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.events import SessionLogError
+from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
 from agent.usage import PICO, add_usage, cost_of_events, pico_to_usd, usage_of_events
 from subagent.descriptor import (
@@ -43,12 +43,22 @@ class Activation:
 ActivationView = Callable[[str], Activation | None]
 
 
+class _Loaded(Protocol):
+    """A stored session as `inspect` reads it (`agent.store.LoadedSession`)."""
+
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+    @property
+    def header(self) -> SessionHeader: ...
+
+
 class ListingStore(Protocol):
     """The part of a session store a listing reads."""
 
     def list(self) -> Sequence[Any]: ...
 
-    def inspect(self, session_id: str) -> Any: ...
+    def inspect(self, session_id: str) -> _Loaded: ...
 
     def is_held(self, session_id: str) -> bool: ...
 

@@ -60,7 +60,7 @@ class TaskSettler(Protocol):
     """The part of the task service a settlement uses (`subagent.tasks.TaskService`)."""
 
     def settle(
-        self, task_id: str, status: str, output: Any = None, detail: str | None = None
+        self, task_id: str, status: str, output: object = None, detail: str | None = None
     ) -> bool: ...
 
 
@@ -68,11 +68,15 @@ class _Result(Protocol):
     def get(self) -> SubagentResult: ...
 
 
+class _Reply(Protocol):
+    def get(self) -> object: ...
+
+
 class _Parent(Protocol):
     @property
     def id(self) -> str: ...
 
-    def send(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Any: ...
+    def send(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> _Reply: ...
 
 
 def headline(stop_reason: str) -> str:
