@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from actors.agent_actor import Agent
+from actors.agent_handle import Agent
 from agent.context import AgentContext
 from agent.events import Event, SessionHeader
 from agent.loop import AgentCore
@@ -117,8 +117,7 @@ def _build(
 def _publish(ctx: AgentContext, agent: Agent) -> Agent:
     """Make the agent visible (`ctx.agents`) and tell the hooks, before its first turn runs."""
     ctx.agents[agent.id] = agent
-    for hook in ctx.on_agent_published:
-        hook(agent)
+    ctx.lifecycle.published(agent)
     return agent
 
 

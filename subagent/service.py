@@ -23,7 +23,7 @@ from pykka import ActorDeadError, Future
 
 from actors import gevent_actor
 from actors import registry_actor as reg
-from actors.agent_actor import Steer, check_content
+from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
@@ -34,6 +34,7 @@ from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
+from subagent.listings import Listings
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     MessageSource,
@@ -43,6 +44,7 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
@@ -149,7 +151,7 @@ class RunHandle:
         # An infrastructure fault is reported through `result`, not by dispose.
         with contextlib.suppress(Exception):
             self.result.get()
-        self._service._sync()
+        self._service.sync()
 
 
 class SteerableRunHandle(RunHandle):
@@ -194,16 +196,17 @@ class SubagentService:
         self._progress: list[Callable[[Mapping[str, Any]], None]] = []
         # Greenlets that wait on the results of foreign runs (a provider whose result is not
         # one of our futures cannot be observed with a done callback).
-        self._relays: set[gevent.Greenlet] = set()
+        self._relays = TaskGroup("service-relays")
         self._closed = False
         # The supervision tree: the runtime's root, one supervisor per parent agent holding the
         # actors of that parent's child runs, nested under the supervisor of the parent's own run.
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        ctx.on_agent_published.append(self._on_agent_published)
-        ctx.on_agent_closing.append(self._on_parent_closing)
-        ctx.on_agent_cancelled.append(self._on_parent_cancelled)
+        self._listings = Listings(ctx.store, ctx.agents, self._continuation.activation)
+        ctx.lifecycle.on_published(self._on_agent_published)
+        ctx.lifecycle.on_closing(self._on_parent_closing)
+        ctx.lifecycle.on_cancelled(self._on_parent_cancelled)
 
     # -- providers --------------------------------------------------------------------------------
 
@@ -269,7 +272,7 @@ class SubagentService:
         if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
             # A cold resume (its own turns are in the log, not only a fork's seed): what its
             # stored descendants spent still counts against its budget.
-            for row in self._continuation.list_descendants(agent.id):
+            for row in self._listings.list_descendants(agent.id):
                 account.add_subtree(
                     row.get("usage") or {}, round(float(row.get("cost_usd") or 0) * PICO)
                 )
@@ -468,12 +471,10 @@ class SubagentService:
             except BaseException as exc:
                 relayed.reject(exc)
 
-        glet = gevent.spawn(relay)
-        self._relays.add(glet)
-        glet.link(self._relays.discard)
+        self._relays.spawn(relay)
         return relayed
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
             self._ref.ask(reg.Providers())
@@ -510,10 +511,10 @@ class SubagentService:
         return self._continuation.interrupt(child_id, by=by)
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
-        return self._continuation.list_children(parent_session_id)
+        return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
-        return self._continuation.list_descendants(root_session_id)
+        return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
 
@@ -558,7 +559,7 @@ class SubagentService:
         self._supervisors.clear()
         # Let the registry deliver the last end events before it stops.
         self._ref.stop(block=True)
-        gevent.killall(list(self._relays))
+        self._relays.close()
 
     def _ask(self, message: Any) -> Any:
         try:

@@ -11,6 +11,7 @@ from supervision.errors import (
     SupervisorError,
 )
 from supervision.greenlet_child import GreenletChild, spawn_child
+from supervision.group import TaskGroup
 from supervision.signal import AbortController, AbortSignal
 from supervision.supervisor import ChildSpec, RestartType, Strategy, Supervisor
 
@@ -32,5 +33,6 @@ __all__ = [
     "Supervisor",
     "SupervisorClosedError",
     "SupervisorError",
+    "TaskGroup",
     "spawn_child",
 ]

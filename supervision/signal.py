@@ -103,7 +103,13 @@ class AbortSignal:
             event.unlink(switch)
         return self._aborted
 
-    def _abort(self, reason: object) -> None:
+    @classmethod
+    def with_trigger(cls) -> tuple[AbortSignal, Callable[[Any], None]]:
+        """A new signal and the one function that aborts it (what `AbortController` holds)."""
+        signal = cls()
+        return signal, signal._abort
+
+    def _abort(self, reason: Any) -> None:
         if self._aborted:
             return
         self._aborted = True
@@ -164,14 +170,15 @@ class AbortSignal:
 class AbortController:
     """The owner's side of a signal."""
 
-    __slots__ = ("signal",)
+    __slots__ = ("_abort", "signal")
 
     def __init__(self) -> None:
-        self.signal = AbortSignal()
+        # Only the controller that made the signal holds its trigger.
+        self.signal, self._abort = AbortSignal.with_trigger()
 
     def abort(self, reason: object = None) -> None:
         """Abort once; later calls are ignored (the first reason wins)."""
-        self.signal._abort(reason)
+        self._abort(reason)
 
 
 def _call_listener(fn: Listener, reason: object) -> None:

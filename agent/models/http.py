@@ -36,6 +36,7 @@ from agent.errors import Retryable
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
+from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -216,6 +217,8 @@ class HTTPModel:
             "network_timeout": read_timeout,
         }
         self._client_instance: HTTPClient | None = None
+        # In-flight calls' workers; each call joins or kills its own before returning.
+        self._calls = TaskGroup(f"http-model:{self.base_url}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url}>"
@@ -268,7 +271,7 @@ class HTTPModel:
             ).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ModelError(f"{self.label}: request is not JSON-serializable: {e}") from None
-        worker = gevent.spawn(self._guarded, body, on_progress)
+        worker = self._calls.spawn(self._guarded, body, on_progress)
         remove = signal.add_listener(lambda _reason: worker.kill(_Abandoned, block=False))
         try:
             outcome = worker.get()

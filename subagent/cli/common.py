@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -16,9 +16,7 @@ from subagent.errors import CliError, UsageError
 
 if TYPE_CHECKING:  # imported where used, to keep the command's start fast
     from agent.models import ModelRegistry
-    from agent.store import MemoryStore, SessionStore
-    from subagent.runtime import Runtime
-    from subagent.service import SubagentService
+    from agent.store import SessionStore
 
 __all__ = [
     "EXIT_ERROR",
@@ -40,7 +38,6 @@ __all__ = [
     "print_json",
     "read_prompt",
     "require_session",
-    "runtime_over",
     "store_root",
     "when",
 ]
@@ -224,27 +221,13 @@ def model_route(model: str | None) -> tuple[str, str]:
     return "openai", model
 
 
-def runtime_over(store: SessionStore | MemoryStore | None) -> Runtime:
-    from providers.inprocess import ForkProvider, SpawnProvider
-    from subagent.runtime import Runtime
+def listing_rows(store: Any, listing: Any) -> list[dict[str, Any]]:
+    """One listing over `store` alone: reading the store needs no runtime (nothing is live in
+    this process, so every child is stored, or running elsewhere when another process holds it)."""
+    from subagent.listings import Listings
 
-    rt = Runtime(store=store)
-    rt.subagents.register(SpawnProvider())
-    rt.subagents.register(ForkProvider())
-    return rt
-
-
-def listing_rows(
-    store: SessionStore | MemoryStore | None,
-    listing: Callable[[SubagentService], list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
-    """One listing of the service over `store`, in a runtime opened and closed for it."""
-    rt = runtime_over(store)
-    try:
-        rows: list[dict[str, Any]] = listing(rt.subagents)
-        return rows
-    finally:
-        rt.close()
+    rows: list[dict[str, Any]] = listing(Listings(store))
+    return rows
 
 
 def require_session(store: Any, session_id: str) -> None:
