@@ -77,3 +77,40 @@ def test_a_file_size_limit_fails_the_demo_instead_of_hanging(tmp_path: Path) -> 
 def test_a_demo_whose_logs_fit_exits_zero(tmp_path: Path) -> None:
     proc = demo(tmp_path, limit_bytes=1024 * 1024)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def read_only_store(tmp_path: Path) -> Iterator[Path]:
+    """A home with one stored session, bind-mounted read-only (root can write anything else)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root")
+    from agent.store import SessionStore
+    from subagent.runtime import Runtime
+
+    home = tmp_path / "home"
+    with Runtime(store=SessionStore(home / "sessions")) as rt:
+        rt.agent().close()
+    view = tmp_path / "ro"
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", str(home), str(view)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        remount = ["mount", "-o", "remount,bind,ro", str(view)]
+        if subprocess.run(remount).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        yield view
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=False)
+
+
+def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    argv = [sys.executable, "-m", "subagent.cli", "--home", str(read_only_store), "gc", "--all"]
+    proc = gsub.run(argv, cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[Errno 30] Read-only file system" in proc.stdout
+    assert "1 session(s) could not be deleted" in proc.stderr
+    json_run = gsub.run(
+        [*argv, "--json"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert json_run.returncode == 1
