@@ -569,7 +569,10 @@ class ResumableAcpProvider(AcpProvider):
                     origin="subagent",
                     delegation_depth=parent.depth + 1,
                 )
-                return ChildLog.create(store, header, blocks, source, data, self._record(sid, cwd))
+                record = self._record(sid, cwd)
+                # The first activation's traceparent: a resumed activation links to it.
+                first = tracing.carrier(request.trace)
+                return ChildLog.create(store, header, blocks, source, data, record, first)
 
         run = self._establish(
             request.prompt,

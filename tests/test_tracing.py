@@ -16,6 +16,7 @@ from typing import Any
 import gevent
 import pytest
 from acp_peers.support import Parent as AcpParent
+from acp_peers.support import peer_config
 from gevent import subprocess as gsub
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -26,16 +27,16 @@ from agent.model import ModelRequest, ModelResponse, ProgressSink
 from agent.models import ModelRegistry
 from agent.models import scripted as S
 from agent.options import AgentOptions
-from agent.store import MemoryStore
+from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool, ToolContext
-from providers.acp import AcpConfig, AcpProvider
+from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider
 from providers.inprocess import SpawnProvider
 from subagent import telemetry
 from subagent.demo import Demo
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
-from subagent.types import SubagentStartRequest, text_block
-from supervision.signal import AbortController
+from subagent.types import MessageSource, SubagentStartRequest, text_block
+from supervision.signal import AbortController, AbortSignal
 
 REPO = Path(__file__).resolve().parent.parent
 TRACED_PEER = str(Path(__file__).parent / "acp_peers" / "traced_agent.py")
@@ -346,6 +347,41 @@ def test_an_acp_childs_spans_join_the_trace_through_meta(tmp_path: Path) -> None
     assert remote["chat peer-model"]["parent_id"] == remote["invoke_agent peer"]["span_id"]
 
 
+def test_a_resumed_acp_childs_activation_links_to_its_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "agent-state"
+    state.mkdir()
+    monkeypatch.setenv("ACP_PEER_STATE", str(state))  # the SDK peer keeps its sessions there
+    with installed() as exporter:
+        rt = Runtime(store=SessionStore(tmp_path / "sessions"))
+        try:
+            rt.subagents.register(
+                ResumableAcpProvider(peer_config("normal", pass_env=["ACP_PEER_STATE"]))
+            )
+            parent = rt.agent()
+            request = SubagentStartRequest(
+                prompt=[text_block("first")], parent=parent, signal=AbortSignal.never()
+            )
+            started = rt.subagents.start_continuable("acp", request, label="remote helper")
+            assert rt.tasks.wait(started.task_id, timeout=60).status == "completed"
+            sent = rt.subagents.send_message(
+                parent, started.child_id, "recall", MessageSource.coordinator(parent.id)
+            )
+            assert sent.kind == "started"
+            assert rt.tasks.wait(sent.task_id or "", timeout=60).status == "completed"
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    activations = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.provider")]
+    first, resumed = sorted(activations, key=lambda s: s.start_time or 0)
+    assert attr(first, "subagent.provider") == attr(resumed, "subagent.provider") == "acp"
+    assert attr(resumed, "subagent.resumed") is True
+    assert attr(resumed, "gen_ai.agent.id") == started.child_id
+    assert [link.context.span_id for link in resumed.links] == [first.context.span_id]
+    assert resumed.links[0].context.trace_id == first.context.trace_id
+
+
 def test_without_tracing_the_acp_child_gets_no_meta(tmp_path: Path) -> None:
     config = AcpConfig(command=sys.executable, args=[TRACED_PEER], eof_grace=2.0)
     with no_provider():
@@ -505,7 +541,7 @@ import sys
 sys.modules["opentelemetry"] = None  # as without the otel extra: every import of it fails
 from agent import tracing
 from agent.models import scripted as S
-from agent.store import MemoryStore
+from agent.store import MemoryStore, SessionStore
 from providers.inprocess import SpawnProvider
 from subagent import telemetry
 from subagent.runtime import Runtime
