@@ -270,12 +270,12 @@ class AgentCore:
             self.log.checkpoint("step")
             state.partial.clear()
             tt = self._trace
+            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced.
             response = (
-                self.model.complete(request, sink)
+                without_lone_surrogates(self.model.complete(request, sink))
                 if tt is None
-                else tt.chat(self.model.complete, request, sink)
+                else tt.chat(self.model.complete, request, sink, without_lone_surrogates)
             )
-            response = without_lone_surrogates(response)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             self._log_assistant(response, calls)

@@ -440,6 +440,9 @@ class AcpRun(RemoteRun):
 class AcpProvider:
     """Runs an external ACP agent per child. No `resume`: see `ResumableAcpProvider`."""
 
+    # The child runs in another process: its activation span is a CLIENT (docs/tracing.md).
+    remote_process = True
+
     def __init__(self, config: AcpConfig) -> None:
         if not isinstance(config, AcpConfig):
             raise TypeError(f"config must be an AcpConfig, got {type(config).__name__}")
