@@ -470,9 +470,7 @@ class AgentCore:
             if tt is None:
                 results[i] = self.tools.execute(call, self._context(call, signal))
             else:
-                results[i] = tt.tool(
-                    self.tools.execute, call, lambda trace: self._context(call, signal, trace)
-                )
+                results[i] = tt.tool(self.tools.execute, call, self._context, signal)
         except AbortError:
             pass
         except Exception as exc:  # execute() must contain tool errors: this is a defect

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
     from agent.model import ModelRequest, ModelResponse, ProgressSink, ToolCall
     from agent.tools import ToolContext, ToolResult
+    from supervision.signal import AbortSignal
 
 try:
     from opentelemetry import context as _context
@@ -297,42 +299,52 @@ class TurnTrace:
         runs before anything of the reply is recorded, and its result is returned."""
         if not self.recording:
             return repair(complete(request, sink))
-        span = self.tracer.start_span(
-            f"chat {request.model}",
-            context=self.context,
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": self._provider,
-                "gen_ai.request.model": request.model,
-            },
-        )
+        # The span is made when the call returns, with the call's start time and every
+        # attribute in one dict: nothing nests under a model call, and a span object held
+        # across the model's wait would outlive young collections (docs/performance.md).
+        start = time.time_ns()
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": self._provider,
+            "gen_ai.request.model": request.model,
+        }
         try:
             response = complete(request, sink)
         except BaseException as exc:
-            _fail(span, exc)
+            _fail(self._chat_span(request, attributes, start), exc)
             raise
         response = repair(response)  # what the loop logs and acts on is what the span records
-        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (response.finish,)}
+        attributes["gen_ai.response.finish_reasons"] = (response.finish,)
         if self._content:
             attributes["gen_ai.output.messages"] = output_messages(response)
         if response.usage:
             attributes.update(usage_attributes(response.usage))
-        span.set_attributes(attributes)
-        span.end()
+        self._chat_span(request, attributes, start).end()
         return response
+
+    def _chat_span(self, request: ModelRequest, attributes: dict[str, Any], start: int) -> Span:
+        return self.tracer.start_span(
+            f"chat {request.model}",
+            context=self.context,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=start,
+        )
 
     def tool(
         self,
         execute: Callable[[ToolCall, ToolContext], ToolResult],
         call: ToolCall,
-        make_context: Callable[[TraceParent], ToolContext],
+        make_context: Callable[[ToolCall, AbortSignal, TraceParent], ToolContext],
+        signal: AbortSignal,
     ) -> ToolResult:
-        """Run one tool call inside an `execute_tool` span, current in this greenlet."""
+        """Run one tool call inside an `execute_tool` span, current in this greenlet.
+
+        `make_context(call, signal, parent)` builds the tool's context (no closure per call)."""
         if not self.recording:
             token = _context.attach(self.context)
             try:
-                return execute(call, make_context(self._here))
+                return execute(call, make_context(call, signal, self._here))
             finally:
                 _context.detach(token)
         span = self.tracer.start_span(
@@ -348,7 +360,7 @@ class TurnTrace:
         ctx = _trace.set_span_in_context(span, self.context)
         token = _context.attach(ctx)
         try:
-            result = execute(call, make_context(TraceParent(ctx)))
+            result = execute(call, make_context(call, signal, TraceParent(ctx)))
         except BaseException as exc:  # abandoned (_Abandon, GreenletExit) or a tool-layer bug
             _fail(span, exc)
             raise

@@ -6,8 +6,12 @@ fresh process so no mode inherits another's imports, tracer provider or heap:
 
 - `none`: the OpenTelemetry packages made unimportable (as without the `otel` extra);
 - `off`: the packages importable, no tracer provider set (the API's proxy default);
-- `on`: an SDK tracer provider with a `BatchSpanProcessor` over an exporter that counts and
-  drops (so the figure is the runtime's and the SDK's cost, not a backend's or the network's).
+- `on`: an SDK tracer provider with the SDK's `BatchSpanProcessor` over an exporter that reads
+  and drops each span (so the figure is the runtime's and the SDK's cost, not a backend's or the
+  network's): what a host that sets up its own provider gets;
+- `compact`: as `on` with the runtime's `CompactBatchSpanProcessor` (what `OTEL_*` set-up
+  installs, `subagent/span_batch.py`);
+- `sampled`: as `on` with parent-based 10 % sampling.
 
 Modes are interleaved round by round (none, off, on, none, off, on, ...) so a machine whose
 load changes during the run shifts every mode alike; the figures are each mode's median and the
@@ -17,6 +21,7 @@ ratios of medians. Targets: off within 3 % of none, on within 30 %.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -30,7 +35,7 @@ ROUNDS = 5
 QUICK_ROUNDS = 2
 STEPS = 10
 LATENCY = 0.01
-MODES = ("none", "off", "on", "sampled")
+MODES = ("none", "off", "on", "compact", "sampled")
 FREEZE_EVERY: int | None = None
 
 TARGETS = {"off_over_none": 1.03, "on_over_none": 1.30}
@@ -48,9 +53,15 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
     for mode in MODES:
         figures[f"wall_s_{mode}"] = round(statistics.median(s["wall_s"] for s in samples[mode]), 4)
         figures[f"cpu_s_{mode}"] = round(statistics.median(s["cpu_s"] for s in samples[mode]), 4)
+    for mode in MODES:
+        figures[f"full_gc_s_{mode}"] = round(
+            statistics.median(s["full_gc_s"] for s in samples[mode]), 4
+        )
+        figures[f"full_gcs_{mode}"] = statistics.median(s["full_gcs"] for s in samples[mode])
     figures["spans_per_run_on"] = samples["on"][0]["spans"]
+    figures["spans_per_run_compact"] = samples["compact"][0]["spans"]
     figures["spans_per_run_sampled"] = samples["sampled"][0]["spans"]
-    for mode in ("off", "on", "sampled"):
+    for mode in ("off", "on", "compact", "sampled"):
         for what in ("wall", "cpu"):
             figures[f"{what}_{mode}_over_none"] = round(
                 figures[f"{what}_s_{mode}"] / figures[f"{what}_s_none"], 3
@@ -78,7 +89,7 @@ def _job(mode: str, n: int) -> dict[str, Any]:
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import now fails
     counted = [0]
     provider: Any = None
-    if mode in ("on", "sampled"):
+    if mode in ("on", "compact", "sampled"):
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import (
@@ -88,8 +99,12 @@ def _job(mode: str, n: int) -> dict[str, Any]:
         )
 
         class Dropping(SpanExporter):
+            """Reads each span's name and attributes, as an encoding exporter would, then
+            drops it: the figure is the runtime's and the SDK's cost, not a backend's."""
+
             def export(self, spans: Any) -> SpanExportResult:
-                counted[0] += len(spans)
+                for span in spans:
+                    counted[0] += 1 if span.name and span.attributes is not None else 0
                 return SpanExportResult.SUCCESS
 
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -97,7 +112,12 @@ def _job(mode: str, n: int) -> dict[str, Any]:
         # `sampled`: what OTEL_TRACES_SAMPLER=parentbased_traceidratio with arg 0.1 sets up.
         sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
         provider = TracerProvider(sampler=sampler)
-        provider.add_span_processor(BatchSpanProcessor(Dropping()))
+        if mode == "compact":
+            from subagent.span_batch import CompactBatchSpanProcessor
+
+            provider.add_span_processor(CompactBatchSpanProcessor(Dropping()))
+        else:
+            provider.add_span_processor(BatchSpanProcessor(Dropping()))
         trace.set_tracer_provider(provider)
 
     import os
@@ -113,7 +133,7 @@ def _job(mode: str, n: int) -> dict[str, Any]:
     from subagent.types import SubagentStartRequest, text_block
     from supervision.signal import AbortController
 
-    assert (tracing.tracer() is not None) == (mode in ("on", "sampled")), mode
+    assert (tracing.tracer() is not None) == (mode in ("on", "compact", "sampled")), mode
     tool_step = S.tool_call("noop", {}, latency=LATENCY)
     final_step = S.text("done", latency=LATENCY)
     model = S.ScriptedModel(lambda r: tool_step if r.step < STEPS else final_step, record=False)
@@ -122,6 +142,18 @@ def _job(mode: str, n: int) -> dict[str, Any]:
     rt.ctx.tools.register(Tool("noop", "does nothing", {"type": "object"}, lambda a, c: "ok"))
     parent = rt.agent()
     gevent.sleep(0)
+    collections = [0, 0.0, 0.0]  # full collections, their CPU time, the current one's start
+
+    def watch(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            collections[2] = time.process_time()
+        else:
+            collections[0] += 1
+            collections[1] += time.process_time() - collections[2]
+
+    gc.callbacks.append(watch)
     t0 = time.perf_counter()
     c0 = sum(os.times()[:2])
     runs = [
@@ -136,13 +168,21 @@ def _job(mode: str, n: int) -> dict[str, Any]:
     results = [r.result.get() for r in runs]
     wall = time.perf_counter() - t0
     cpu = sum(os.times()[:2]) - c0
+    gc.callbacks.remove(watch)
     for r in runs:
         r.dispose()
     rt.close()
     assert all(r.stop_reason == "completed" for r in results)
     if provider is not None:
         provider.shutdown()  # exports what the batch still holds
-    return {"mode": mode, "wall_s": wall, "cpu_s": cpu, "spans": counted[0]}
+    return {
+        "mode": mode,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "spans": counted[0],
+        "full_gcs": collections[0],
+        "full_gc_s": collections[1],
+    }
 
 
 if __name__ == "__main__":
