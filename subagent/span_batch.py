@@ -22,9 +22,11 @@ import marshal
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -33,6 +35,11 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 __all__ = ["CompactBatchSpanProcessor"]
 
 log = logging.getLogger(__name__)
+
+# The context key every OpenTelemetry instrumentation checks before making spans (the SDK's
+# own batch processor sets it around an export), so an instrumented HTTP client does not trace
+# the exporter's requests. The API names it with an underscore; absent, nothing is suppressed.
+_SUPPRESS = getattr(otel_context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
 
 _KINDS = tuple(SpanKind)
 _CODES = tuple(StatusCode)
@@ -50,6 +57,12 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         log.warning("%s=%r is not an integer; using %d", name, text, default)
         return default
     return value if value > 0 else default
+
+
+def _call(ref: weakref.WeakMethod[Any]) -> None:
+    method = ref()
+    if method is not None:
+        method()
 
 
 class _Batch(Sequence[ReadableSpan]):
@@ -107,8 +120,22 @@ class CompactBatchSpanProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
         self._shutdown = False
-        self._worker = threading.Thread(target=self._work, name="subagent-span-batch", daemon=True)
-        self._worker.start()
+        self._worker = self._start_worker()
+        if hasattr(os, "register_at_fork"):  # a forked child gets its own worker, queue empty
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: _call(ref))
+
+    def _start_worker(self) -> threading.Thread:
+        worker = threading.Thread(target=self._work, name="subagent-span-batch", daemon=True)
+        worker.start()
+        return worker
+
+    def _after_fork(self) -> None:
+        self._queue.clear()
+        self._export_lock = threading.Lock()
+        self._wake = threading.Event()
+        if not self._shutdown:
+            self._worker = self._start_worker()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
@@ -198,10 +225,16 @@ class CompactBatchSpanProcessor(SpanProcessor):
                     return False
                 count = min(self._batch, len(queue))
                 batch = _Batch([queue.popleft() for _ in range(count)], self._expand)
+                token = None
+                if _SUPPRESS is not None:
+                    token = otel_context.attach(otel_context.set_value(_SUPPRESS, True))
                 try:
                     self._exporter.export(batch)
                 except Exception:
                     log.exception("exporting %d spans failed", count)
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
         return True
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
