@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 
@@ -48,11 +48,16 @@ from subagent.errors import SubagentError
 from subagent.types import MessageSource
 from supervision.signal import AbortController
 
+if TYPE_CHECKING:
+    from actors.local_run import LocalRun
+
 __all__ = [
     "Agent",
     "AgentActor",
     "Cancel",
+    "CancelRun",
     "Close",
+    "DisposeRun",
     "Send",
     "Steer",
     "WhenIdle",
@@ -66,13 +71,15 @@ _NO_STEERS: list[PendingSteer] = []
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Queue the next turn; wakes an idle agent. Replies with the message id."""
+    """Queue the next turn; wakes an idle agent. Replies with the message id. With `run`, the
+    message is that run's activation prompt: the actor settles the run's result."""
 
     content: Sequence[Mapping[str, Any]]
     source: MessageSource
     message_id: str | None = None
     # Where the turn hangs in a trace (agent.tracing), carried across the mailbox explicitly.
     trace: tracing.TraceParent | None = field(default=None, compare=False)
+    run: LocalRun | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +90,7 @@ class Steer:
 
     content: Sequence[Mapping[str, Any]]
     source: MessageSource
-    reply: Deferred | None = field(default=None, compare=False)
+    reply: Deferred[Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,19 @@ class Cancel:
 
     cause: Any = None
     keep_inbox: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """For a run's ref: abort the activation (its result settles `aborted` unless it already
+    completed), and the runs this agent started."""
+
+    cause: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DisposeRun:
+    """For a run's ref: cancel what remains, close the agent, stop. Replies at quiescence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +126,10 @@ class Close:
     sends stay pending in the log for a later resume."""
 
     cause: Any = None
+
+
+def _admitted(reply: Deferred[Any], message_id: str) -> None:
+    reply.resolve(message_id)
 
 
 def check_content(content: Any) -> list[Mapping[str, Any]]:
@@ -128,19 +152,43 @@ class AgentActor(GeventActor):
         self.core = core
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._steers: list[PendingSteer] = []
-        self._steer_replies: dict[str, Deferred] = {}
-        self._worker: gevent.Greenlet | None = None
+        self._steer_replies: dict[str, Deferred[Any]] = {}
+        # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
+        self._worker: object | None = None
         self._turn_abort: AbortController | None = None
-        self._idle_waiters: list[Deferred] = []
+        self._idle_waiters: list[Deferred[Any]] = []
         self._last_outcome: TurnOutcome | None = None
         self._closing = False
-        self._close_waiters: list[Deferred] = []
+        self._close_waiters: list[Deferred[Any]] = []
         self._on_closed = on_closed
         # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
         self._held = False
         self.turn_listeners: list[Callable[[TurnOutcome], None]] = []
         self.turn_running = False
         self.before_first_request: Callable[[], None] | None = None
+        # The run whose activation prompt this agent answers (a child's run), if any.
+        self.run: LocalRun | None = None
+        self._close_cause: Any = None
+        self._dispose_reply: Deferred[None] | None = None
+        self._disposer: gevent.Greenlet | None = None
+
+    def activate(
+        self,
+        run: LocalRun,
+        content: Sequence[Mapping[str, Any]],
+        source: MessageSource,
+        trace: tracing.TraceParent | None = None,
+    ) -> str:
+        """Queue `run`'s prompt; returns its message id. Called by whoever just created or
+        resumed this agent, in the same greenlet: while the actor has not served anyone yet
+        (its loop has not started), the prompt is accepted right here, with no mailbox round
+        trip; otherwise it goes through the mailbox like any `Send`."""
+        trace = trace or tracing.ambient()
+        message = Send(check_content(content), source, run.message_id, trace, run)
+        loop = self._greenlet
+        if loop is not None and not loop and not loop.dead:
+            return self._send(message)
+        return str(self.actor_ref.ask(message))
 
     def restore_queue(self, messages: Sequence[dict[str, Any]]) -> None:
         """Before the actor serves anyone: requeue accepted work found in a stored log. It does
@@ -161,6 +209,10 @@ class AgentActor(GeventActor):
             return self._when_idle()
         if isinstance(message, Close):
             return self._close(message)
+        if isinstance(message, CancelRun):
+            return self._cancel_run(message)
+        if isinstance(message, DisposeRun):
+            return self._dispose_run()
         return rejected(TypeError(f"AgentActor does not understand {type(message).__name__}"))
 
     def _send(self, message: Send) -> str:
@@ -178,19 +230,25 @@ class AgentActor(GeventActor):
         if message.trace is not None:
             entry["trace"] = self.core.trace = message.trace
         self._queue.append(entry)
+        if message.run is not None:
+            self.run = message.run
         self._held = False
         if self._worker is None:
-            self._worker = gevent.spawn(self._work)
+            self._worker = gevent.spawn_raw(self._work_guarded)
         return message_id
 
-    def _steer(self, message: Steer) -> Deferred:
+    def _steer(self, message: Steer) -> Deferred[Any]:
         # A rejection is a rejected reply, never a raise: a told Steer must not crash the actor.
-        reply = message.reply if message.reply is not None else Deferred()
+        reply: Deferred[Any] = message.reply if message.reply is not None else Deferred()
         if self._closing:
             reply.reject(SubagentError("RUN_DISPOSED", "the agent is closed"))
             return reply
         abort = self._turn_abort
-        if not self.turn_running or abort is None or abort.signal.aborted:
+        running = self.turn_running and abort is not None and not abort.signal.aborted
+        # A turn about to start (its prompt queued, the worker scheduled: a child just started)
+        # admits the steer at its first step boundary, as a running turn would at its next.
+        starting = not self.turn_running and self._worker is not None and bool(self._queue)
+        if not (running or (starting and not self._held)):
             reply.reject(SubagentError("RUN_TERMINAL", "no running turn to steer"))
             return reply
         log_ = self.core.log
@@ -206,31 +264,69 @@ class AgentActor(GeventActor):
                 message_id=message_id,
                 content=content,
                 source=source,
-                on_admitted=partial(reply.resolve, message_id),
+                on_admitted=partial(_admitted, reply, message_id),
             )
         )
         self._steer_replies[message_id] = reply
         return reply
 
-    def _cancel(self, message: Cancel) -> Deferred:
+    def _cancel(self, message: Cancel) -> Deferred[Any]:
         if message.keep_inbox:
             self._held = bool(self._queue)
+            if self._turn_abort is not None:
+                self._turn_abort.abort(message.cause if message.cause is not None else "cancelled")
         else:
-            self._discard_queue("cancelled")
-        if self._turn_abort is not None:
-            self._turn_abort.abort(message.cause if message.cause is not None else "cancelled")
+            self._abort_turn(message.cause)
         return self._when_idle()
 
-    def _when_idle(self) -> Deferred:
-        reply = Deferred()
+    def _abort_turn(self, cause: Any) -> None:
+        """Drop the queued sends and abort the running turn (a cancel without keep_inbox)."""
+        self._discard_queue("cancelled", cause)
+        if self._turn_abort is not None:
+            self._turn_abort.abort(cause if cause is not None else "cancelled")
+
+    def _cancel_run(self, message: CancelRun) -> None:
+        run = self.run
+        if run is not None and not run.settled:
+            run.cancel_requested = True
+        agent = self.core.agent
+        if agent is not None:  # the runs this agent started go too
+            for hook in list(agent.ctx.on_agent_cancelled):
+                hook(agent, message.cause)
+        self._abort_turn(message.cause)
+
+    def _dispose_run(self) -> Deferred[None]:
+        """Close through the run (or the agent) off the mailbox: closing waits for this actor."""
+        if self._dispose_reply is not None:
+            return self._dispose_reply
+        reply = self._dispose_reply = Deferred()
+        run, agent = self.run, self.core.agent
+        if run is None and agent is None:  # already released
+            reply.resolve(None)
+            return reply
+
+        def dispose() -> None:
+            try:
+                if run is not None:
+                    run.dispose()
+                elif agent is not None:
+                    agent.close("disposed")
+            finally:
+                reply.resolve(None)
+
+        self._disposer = gevent.spawn(dispose)
+        return reply
+
+    def _when_idle(self) -> Deferred[Any]:
+        reply: Deferred[Any] = Deferred()
         if self._worker is None:
             reply.resolve(self._last_outcome)
         else:
             self._idle_waiters.append(reply)
         return reply
 
-    def _close(self, message: Close) -> Deferred:
-        reply = Deferred()
+    def _close(self, message: Close) -> Deferred[Any]:
+        reply: Deferred[Any] = Deferred()
         if self._closing and self._worker is None and not self._close_waiters:
             reply.resolve(None)
             return reply
@@ -238,6 +334,7 @@ class AgentActor(GeventActor):
         if self._closing:
             return reply
         self._closing = True
+        self._close_cause = message.cause
         if self._turn_abort is not None:
             self._turn_abort.abort(message.cause if message.cause is not None else "closed")
         if self._worker is None:
@@ -253,6 +350,13 @@ class AgentActor(GeventActor):
         for steer in steers:
             self._steer_replies.pop(steer.message_id, None)
         return steers
+
+    def _work_guarded(self) -> None:
+        """The worker's body: a raw greenlet must let nothing but its exit escape."""
+        try:
+            self._work()
+        except Exception:
+            log.exception("agent %s: the turn worker failed", self.core.session_id)
 
     def _work(self) -> None:
         core = self.core
@@ -276,18 +380,26 @@ class AgentActor(GeventActor):
                     self._reject_steers("the turn ended before a step boundary admitted it")
                 outcome.message_id = message["id"]
                 self._last_outcome = outcome
-                for listener in list(self.turn_listeners):
-                    try:
-                        listener(outcome)
-                    except Exception:
-                        log.exception("turn listener raised")
+                run = self.run
+                if run is not None and run.message_id == message["id"]:
+                    run.finish(outcome)
+                self._tell_turn_listeners(outcome)
         finally:
             self._worker = None
+            if self._steers:  # accepted for a turn that never started (its prompt was dropped)
+                self._reject_steers("no turn ran to admit it")
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 waiter.resolve(self._last_outcome)
             if self._closing:
                 self._finish_close()
+
+    def _tell_turn_listeners(self, outcome: TurnOutcome) -> None:
+        for listener in list(self.turn_listeners):
+            try:
+                listener(outcome)
+            except Exception:
+                log.exception("turn listener raised")
 
     def _reject_steers(self, why: str) -> None:
         steers, self._steers = self._steers, []
@@ -302,16 +414,26 @@ class AgentActor(GeventActor):
             if reply is not None:
                 reply.reject(SubagentError("RUN_TERMINAL", why))
 
-    def _discard_queue(self, reason: str) -> None:
+    def _discard_queue(self, reason: str, cause: Any = None) -> None:
+        """Drop queued sends. A run whose prompt is dropped before any turn claimed it settles
+        `aborted` here: no turn will ever answer it."""
+        run = self.run
         while self._queue:
             message = self._queue.popleft()
             self.core.log.append("inbox/discarded", {"message_id": message["id"], "reason": reason})
+            if run is not None and run.message_id == message["id"]:
+                why = reason if cause is None else str(cause)
+                run.finish(TurnOutcome(self.core.turn, "aborted", cause=why))
 
     def _finish_close(self) -> None:
         try:
             self.core.log.close()
         except Exception:
             log.exception("closing the log of %s failed", self.core.session_id)
+        run = self.run
+        if run is not None:  # closed before a turn answered its prompt
+            cause = self._close_cause
+            run.abandon("closed" if cause is None else str(cause))
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
             waiter.resolve(None)
@@ -325,6 +447,7 @@ class AgentActor(GeventActor):
         freed by reference counting as soon as its handle goes, instead of waiting for a full
         cyclic collection (which, with thousands of live children, is a long hub pause)."""
         self._on_closed = None
+        self.run = None
         self.turn_listeners.clear()
         self.before_first_request = None
         self.core.agent = None
@@ -336,13 +459,15 @@ class AgentActor(GeventActor):
             self._turn_abort.abort("stopped")
         worker = self._worker
         if worker is not None and worker is not gevent.getcurrent():
-            worker.kill(block=False)
+            gevent.kill(worker)
 
     def on_failure(self, *exc_info: Any) -> None:
         """The actor crashed or was killed: end the turn as a stop would, and settle every reply
         it still owes, so no asker waits for ever on a dead actor."""
         self.on_stop()
         dead = SubagentError("RUN_DISPOSED", "the agent's actor died")
+        if self.run is not None:
+            self.run.abandon("the agent's actor died")
         replies, self._steer_replies = self._steer_replies, {}
         self._steers = []
         for reply in replies.values():
@@ -373,6 +498,11 @@ class Agent:
         self.prompt = prompt
         self.options = options
         self.created = time.time()
+        # Delegation depth, computed once: the greater of the durable header and the runtime
+        # option (both immutable).
+        runtime_depth = options.subagent_depth
+        durable: int = header.delegation_depth
+        self.depth: int = durable if runtime_depth is None else max(durable, runtime_depth)
         self._closed = False
         # Keyed by a token per registration, so each remover removes exactly its own entry.
         self._progress_listeners: dict[object, Callable[[dict[str, Any]], None]] = {}
@@ -402,13 +532,6 @@ class Agent:
     def usage(self) -> UsageAccount:
         """This session's token spend, its subtree's, and its budget (see `agent.usage`)."""
         return self.core.usage
-
-    @property
-    def depth(self) -> int:
-        """Delegation depth: the greater of the durable header and the runtime option."""
-        runtime = self.options.subagent_depth
-        durable: int = self.header.delegation_depth
-        return durable if runtime is None else max(durable, runtime)
 
     @property
     def status(self) -> str:

@@ -31,8 +31,6 @@ import gevent.queue
 from pykka import Actor, ActorDeadError, ActorRef, ActorRegistry, Future, Timeout, messages
 from pykka._envelope import Envelope
 
-from actors.deferred import Deferred
-
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -42,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActorKilled",
+    "Deferred",
     "GeventActor",
     "GeventFuture",
     "freeze_gc",
@@ -49,6 +48,7 @@ __all__ = [
     "kill",
     "live_actors",
     "live_count",
+    "outcome_of",
     "stop_all",
 ]
 
@@ -75,12 +75,18 @@ class _FutureResult:
 
 
 class GeventFuture(Future[T]):
-    """A Pykka future that waits cooperatively; its event is made only if someone waits."""
+    """A Pykka future that waits cooperatively; its event is made only if someone waits.
+
+    `add_done_callback` lets an owner react to the outcome in the settling greenlet (no
+    watcher greenlet parked on `get()`)."""
+
+    __slots__ = ("_callbacks", "_event", "_get_hook", "_get_hook_result", "_result")
 
     def __init__(self) -> None:
         super().__init__()
         self._result: _FutureResult | None = None
         self._event: gevent.event.Event | None = None
+        self._callbacks: list[Callable[[GeventFuture[T]], None]] | None = None
 
     def get(self, *, timeout: float | None = None) -> Any:
         try:
@@ -106,6 +112,21 @@ class GeventFuture(Future[T]):
             raise exc_value
         return result.value
 
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def add_done_callback(self, fn: Callable[[GeventFuture[T]], None]) -> None:
+        """Call `fn(self)` once the future is settled (at once if it is), in the greenlet that
+        settles it. `fn` must not block; one that raises is logged."""
+        if self._result is not None:
+            _call_done(fn, self)
+            return
+        if self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
     def set(self, value: Any | None = None) -> None:
         if isinstance(value, Deferred):
             # A handler answered "later": this future settles when the deferred does.
@@ -129,8 +150,92 @@ class GeventFuture(Future[T]):
         if self._result is not None or self._get_hook is not None:
             raise gevent.queue.Full
         self._result = result
+        callbacks, self._callbacks = self._callbacks, None
+        if callbacks is not None:
+            for fn in callbacks:
+                _call_done(fn, self)
         if self._event is not None:
             self._event.set()
+
+
+def _call_done(fn: Callable[[Any], None], future: GeventFuture[Any]) -> None:
+    try:
+        fn(future)
+    except Exception:
+        logger.exception("done callback %r raised", fn)
+
+
+class Deferred(GeventFuture[T]):
+    """The one settle-once primitive: every run's result, task outcome and late actor reply.
+
+    The producer calls `resolve(value)` or `reject(exc)`; only the first call counts (it returns
+    True), later ones are ignored. Consumers hold it as a Pykka future (`get(timeout=...)`). A
+    handler that returns one binds the asker's future to it (see `GeventFuture.set`)."""
+
+    __slots__ = ()
+
+    @property
+    def settled(self) -> bool:
+        return self._result is not None
+
+    def resolve(self, value: Any = None) -> bool:
+        if self._result is not None:
+            return False
+        self._resolve(_FutureResult(value=value))
+        return True
+
+    def reject(self, exc: BaseException) -> bool:
+        if self._result is not None:
+            return False
+        self._resolve(_FutureResult(exc_info=(type(exc), exc, exc.__traceback__)))
+        return True
+
+    def reject_current(self) -> None:
+        """Reject with the exception being handled."""
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            self.reject(exc)
+
+    def bind(self, future: Future[Any]) -> None:
+        """Settle `future` with this deferred's outcome, now or when it arrives."""
+        self.add_done_callback(lambda me: _copy_outcome(me, future))
+
+    def copy_from(self, source: GeventFuture[Any]) -> None:
+        """Settle with `source`'s outcome (a settled future); a done callback."""
+        result = source._result
+        assert result is not None
+        if result.exc_info is None:
+            self.resolve(result.value)
+        else:
+            exc = result.exc_info[1]
+            self.reject(exc if exc is not None else RuntimeError("failed"))
+
+    def outcome(self) -> Any:
+        """The settled value, or the exception it failed with (call only once settled)."""
+        return outcome_of(self)
+
+
+def outcome_of(future: GeventFuture[Any]) -> Any:
+    """A settled future's value, or the exception it failed with."""
+    result = future._result
+    assert result is not None
+    if result.exc_info is None:
+        return result.value
+    exc = result.exc_info[1]
+    if exc is None:
+        exc_type = result.exc_info[0]
+        assert exc_type is not None
+        exc = exc_type()
+    return exc
+
+
+def _copy_outcome(source: GeventFuture[Any], target: Future[Any]) -> None:
+    result = source._result
+    assert result is not None
+    if result.exc_info is None:
+        target.set(result.value)
+    else:
+        target.set_exception(result.exc_info)
 
 
 # uuid4() reads os.urandom per call (a syscall, ~4 us); a seeded generator makes the same
@@ -166,6 +271,7 @@ class GeventActor(Actor):
     _exit_callbacks: list[Callable[[GeventActor], None]] | None
     _unregistered: bool
     _in_teardown: bool
+    _in_handler: bool
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
@@ -182,6 +288,7 @@ class GeventActor(Actor):
         self._exit_callbacks = None
         self._unregistered = False
         self._in_teardown = False
+        self._in_handler = False
 
     @classmethod
     def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
@@ -256,8 +363,14 @@ class GeventActor(Actor):
             if self._killed is not None:
                 raise self._killed
             envelope = self.actor_inbox.get()
+            while self._in_handler:  # a direct `ask_now` handler switched out: let it finish
+                gevent.sleep(0)
             try:
-                response = self._handle_receive(envelope.message)
+                self._in_handler = True
+                try:
+                    response = self._handle_receive(envelope.message)
+                finally:
+                    self._in_handler = False
                 if envelope.reply_to is not None:
                     envelope.reply_to.set(response)
             except (ActorKilled, gevent.GreenletExit):
@@ -289,6 +402,10 @@ class GeventActor(Actor):
         while not self.actor_inbox.empty():
             envelope = self.actor_inbox.get()
             if envelope.reply_to is None:
+                # A told message may carry its own reply (e.g. `Steer(..., reply)`): fail it too.
+                carried = getattr(envelope.message, "reply", None)
+                if isinstance(carried, Deferred):
+                    carried.reject(ActorDeadError(f"{self.actor_ref} stopped before handling it"))
                 continue
             if isinstance(envelope.message, messages._ActorStop):
                 envelope.reply_to.set(None)
@@ -363,6 +480,44 @@ class GeventActor(Actor):
     def _record_crash(self, exc: BaseException | None) -> None:
         if self._crash is None and exc is not None:
             self._crash = exc
+
+    # -- the run-to-completion shortcut -------------------------------------------------------
+
+    def ask_now(self, message: Any, *, block: bool = True) -> Any:
+        """`ref.ask(message, block=...)`, minus the mailbox when that changes nothing: if this
+        actor is idle (its loop is parked on an empty inbox, no handler is running), the handler
+        runs right here, in the caller's greenlet, exactly as the loop would run it next.
+        Otherwise the message is queued behind the others, as any ask. With `block=False` the
+        answer comes as a future (a handler's `Deferred` itself). Same thread only; handlers
+        reached this way must not depend on the current greenlet. Should one switch out, the
+        loop holds its next message until it is done, so the order stays the mailbox's."""
+        glet = self._greenlet
+        if (
+            self._in_handler
+            or glet is None
+            or not glet  # not started yet (or dead)
+            or self.actor_stopped.is_set()
+            or not self.actor_inbox.empty()
+        ):
+            return self._actor_ref.ask(message, block=block)
+        self._in_handler = True
+        try:
+            response = self._handle_receive(message)
+        except Exception as exc:
+            if block:
+                raise
+            failed: Deferred[Any] = Deferred()
+            failed.reject(exc)
+            return failed
+        finally:
+            self._in_handler = False
+        if block:
+            return response.get() if isinstance(response, Deferred) else response
+        if isinstance(response, Deferred):
+            return response
+        done: Deferred[Any] = Deferred()
+        done.resolve(response)
+        return done
 
     # -- used by kill(), join(), the supervision adapter -------------------------------------
 

@@ -1,9 +1,13 @@
-"""The registry actor: one mailbox serializes provider selection, start validation, admission and
-lifecycle-event fan-out, so those decisions happen in one order for everyone.
+"""The registry actor: one mailbox serializes provider selection, start validation, depth,
+admission, the run table and lifecycle-event fan-out, so those decisions happen in one order
+for everyone.
 
 It never waits on a provider: `Admit` answers with the provider once the request passed every
 check and a concurrency slot is free; the caller's own greenlet then runs `provider.start` and
-reports back with `Published` (or `Released` on failure).
+tells `Published` (or `Released` on failure). `Published` enters the run in the table, emits
+`subagent/start` and only then starts observing the run's result (a done callback, no greenlet):
+its settlement comes back as `Ended` through this same mailbox, so a run's end can never
+overtake its start, whatever the provider did meanwhile.
 """
 
 from __future__ import annotations
@@ -13,21 +17,26 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from pykka import ActorDeadError
 
 from actors.deferred import Deferred
-from actors.gevent_actor import GeventActor
+from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
 from subagent.types import Resumable, SubagentProvider, SubagentStartRequest
 
 __all__ = [
     "Admit",
-    "Ended",
+    "CancelChildren",
+    "Known",
     "Published",
+    "PublishedRun",
     "Register",
     "RegistryActor",
     "Released",
+    "Runs",
     "Subscribe",
     "Unregister",
 ]
@@ -37,6 +46,26 @@ log = logging.getLogger(__name__)
 MAX_SAFE_INTEGER = 2**53 - 1
 
 Listener = Callable[[Mapping[str, Any]], None]
+
+
+class PublishedRun(Protocol):
+    """What the registry keeps of a published run (the face's run handle)."""
+
+    run_id: str
+    parent_id: str
+    provider: str
+    ticket: int
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def local_agent(self) -> Any: ...
+
+    @property
+    def result(self) -> GeventFuture[Any]: ...
+
+    def cancel(self, cause: Any = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +116,42 @@ class Released:
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    ticket: int
-    event: Mapping[str, Any]
+    """Told once the provider's start returned: enter the run, emit `subagent/start`, observe
+    its result."""
+
+    run: PublishedRun
 
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    ticket: int
-    event: Mapping[str, Any]
+    """Told by the run's result as it settles (never before `Published` was handled)."""
+
+    run: PublishedRun
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Replies with the live runs (all, or one parent's), in start order."""
+
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelChildren:
+    """Cancel every live run of one parent (its turn was cancelled), or with `subtree` every
+    live run below it (its token budget is used up)."""
+
+    parent_id: str
+    cause: Any = None
+    subtree: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """Replies with the provider of that name ever registered (a stored child resumes with the
+    provider named in its descriptor even after it was unregistered), or None."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +188,9 @@ class _Waiting:
     ticket: int
     parent_id: str | None
     provider: SubagentProvider
-    reply: Deferred
+    reply: Deferred[Any]
     run_id: str = ""
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -153,11 +211,18 @@ class RegistryActor(GeventActor):
             if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
                 raise ValueError(f"{name} must be a positive int or None")
         self._providers: dict[str, SubagentProvider] = {}
+        self._known: dict[str, SubagentProvider] = {}
+        # The run table: live runs by run id, and by parent.
+        self._live: dict[str, PublishedRun] = {}
+        self._by_parent: dict[str, dict[str, PublishedRun]] = {}
         self._max_total = max_children
         self._max_per_parent = max_children_per_parent
         self._slots = _Slots()
         self._holders: dict[int, str | None] = {}
-        self._waiting: collections.deque[_Waiting] = collections.deque()
+        # Starts waiting for a slot, per parent, each in FIFO order; `seq` orders them globally.
+        self._waiting: dict[str | None, collections.deque[_Waiting]] = {}
+        self._waiting_count = 0
+        self._seqs = itertools.count()
         self._listeners: list[Listener] = []
         self._parent_listeners: dict[str, list[Listener]] = {}
         self._run_ids = itertools.count(1)
@@ -166,8 +231,9 @@ class RegistryActor(GeventActor):
     def on_stop(self) -> None:
         """Starts still waiting for a slot will never get one: tell them, never leave them
         hanging."""
-        waiting, self._waiting = self._waiting, collections.deque()
-        for entry in waiting:
+        waiting, self._waiting = self._waiting, {}
+        self._waiting_count = 0
+        for entry in (e for queue in waiting.values() for e in queue):
             entry.reply.reject(SubagentError("RUNTIME_CLOSED", "the runtime closed first"))
 
     def on_receive(self, message: Any) -> Any:
@@ -175,12 +241,25 @@ class RegistryActor(GeventActor):
         if kind is Admit:
             return self._admit(message)
         if kind is Published:
-            self._fan_out(message.event)
+            self._run_published(message.run)
             return None
         if kind is Ended:
-            self._fan_out(message.event)
-            self._release(message.ticket)
+            self._run_ended(message.run)
             return None
+        if kind is Runs:
+            if message.parent_id is None:
+                return list(self._live.values())
+            return list(self._by_parent.get(message.parent_id, {}).values())
+        if kind is CancelChildren:
+            pending = [message.parent_id]
+            while pending:
+                for run in list(self._by_parent.get(pending.pop(), {}).values()):
+                    run.cancel(message.cause)
+                    if message.subtree:
+                        pending.append(run.id)
+            return None
+        if kind is Known:
+            return self._known.get(message.name)
         if kind is Released:
             self._release(message.ticket)
             return None
@@ -219,6 +298,7 @@ class RegistryActor(GeventActor):
         if name in self._providers:
             raise SubagentError("DUPLICATE_PROVIDER", f"a provider named {name!r} is registered")
         self._providers[name] = provider
+        self._known[name] = provider
         self._fan_out({"type": "subagent/provider-added", "provider": name})
 
     def _unregister(self, provider: SubagentProvider) -> None:
@@ -228,7 +308,7 @@ class RegistryActor(GeventActor):
 
     # -- start validation, in the seed's order ---------------------------------------------------
 
-    def _admit(self, message: Admit) -> Deferred:
+    def _admit(self, message: Admit) -> Deferred[Any]:
         request = message.request
         provider = self._providers.get(message.name)
         if provider is None:
@@ -268,7 +348,7 @@ class RegistryActor(GeventActor):
         _check_budget(request)
         return self._enqueue(message.ticket, message.parent_id, provider)
 
-    def _admit_resume(self, message: AdmitResume) -> Deferred:
+    def _admit_resume(self, message: AdmitResume) -> Deferred[Any]:
         provider = message.provider
         if not isinstance(provider, Resumable):
             raise SubagentError(
@@ -278,13 +358,17 @@ class RegistryActor(GeventActor):
 
     # -- admission control -------------------------------------------------------------------------
 
-    def _enqueue(self, ticket: int, parent_id: str | None, provider: SubagentProvider) -> Deferred:
-        reply = Deferred()
+    def _enqueue(
+        self, ticket: int, parent_id: str | None, provider: SubagentProvider
+    ) -> Deferred[Any]:
+        reply: Deferred[Any] = Deferred()
         waiting = _Waiting(ticket, parent_id, provider, reply)
-        if not self._waiting and self._has_slot(parent_id):
+        if not self._waiting_count and self._has_slot(parent_id):
             self._grant(waiting)
         else:
-            self._waiting.append(waiting)
+            waiting.seq = next(self._seqs)
+            self._waiting.setdefault(parent_id, collections.deque()).append(waiting)
+            self._waiting_count += 1
         return reply
 
     def _has_slot(self, parent_id: str | None) -> bool:
@@ -318,32 +402,98 @@ class RegistryActor(GeventActor):
 
     def _drain(self) -> None:
         """Grant waiting starts in FIFO order; a start blocked only by its own parent's cap does
-        not hold back other parents' starts."""
-        if not self._waiting:
-            return
-        kept: collections.deque[_Waiting] = collections.deque()
-        while self._waiting:
-            waiting = self._waiting.popleft()
+        not hold back other parents' starts. O(parents with waiters) per grant."""
+        while self._waiting_count:
             if self._max_total is not None and self._slots.total >= self._max_total:
-                kept.append(waiting)
-                kept.extend(self._waiting)
-                self._waiting.clear()
-                break
-            if self._has_slot(waiting.parent_id):
-                self._grant(waiting)
-            else:
-                kept.append(waiting)
-        self._waiting = kept
+                return
+            best: collections.deque[_Waiting] | None = None
+            for parent_id, queue in self._waiting.items():
+                if (best is None or queue[0].seq < best[0].seq) and self._has_slot(parent_id):
+                    best = queue
+            if best is None:
+                return
+            waiting = best.popleft()
+            self._waiting_count -= 1
+            if not best:
+                del self._waiting[waiting.parent_id]
+            self._grant(waiting)
 
     def _withdraw(self, message: Withdraw) -> None:
-        for waiting in self._waiting:
-            if waiting.ticket == message.ticket:
-                self._waiting.remove(waiting)
-                waiting.reply.reject(
-                    SubagentError("ABORTED", f"the start was aborted: {message.reason}")
-                )
-                return
+        for parent_id, queue in self._waiting.items():
+            for waiting in queue:
+                if waiting.ticket == message.ticket:
+                    queue.remove(waiting)
+                    self._waiting_count -= 1
+                    if not queue:
+                        del self._waiting[parent_id]
+                    waiting.reply.reject(
+                        SubagentError("ABORTED", f"the start was aborted: {message.reason}")
+                    )
+                    return
         # Already granted: the caller releases the slot itself.
+
+    # -- the run table ---------------------------------------------------------------------------
+
+    def has_children(self, parent_id: str) -> bool:
+        """Whether `parent_id` has live runs. A same-thread read of the table (no message), for
+        a caller that only needs to know whether asking is worth it. Conservative: while
+        messages are queued (a `Published` among them, perhaps), the answer is yes."""
+        return parent_id in self._by_parent or not self.actor_inbox.empty()
+
+    def _run_published(self, run: PublishedRun) -> None:
+        run_id = run.run_id
+        self._live[run_id] = run
+        self._by_parent.setdefault(run.parent_id, {})[run_id] = run
+        self._fan_out(
+            {
+                "type": "subagent/start",
+                "run_id": run_id,
+                "provider": run.provider,
+                "id": run.id,
+                "local": run.local_agent is not None,
+                "parent_id": run.parent_id,
+            }
+        )
+        # Observed only now: a result already settled reports at once, after the start above.
+        me = self.actor_ref
+
+        def ended(_future: GeventFuture[Any]) -> None:
+            try:  # noqa: SIM105 - no context manager on this hot path
+                me.tell(Ended(run))
+            except ActorDeadError:  # the runtime closed meanwhile
+                pass
+
+        run.result.add_done_callback(ended)
+
+    def _run_ended(self, run: PublishedRun) -> None:
+        if self._live.pop(run.run_id, None) is None:
+            return
+        siblings = self._by_parent.get(run.parent_id)
+        if siblings is not None:
+            siblings.pop(run.run_id, None)
+            if not siblings:
+                del self._by_parent[run.parent_id]
+        outcome = outcome_of(run.result)
+        event: dict[str, Any] = {
+            "type": "subagent/end",
+            "run_id": run.run_id,
+            "provider": run.provider,
+            "id": run.id,
+            "local": run.local_agent is not None,
+            "parent_id": run.parent_id,
+        }
+        if isinstance(outcome, BaseException):
+            event["stop_reason"] = "error"
+            event["failure"] = f"{type(outcome).__name__}: {outcome}"
+        else:
+            event["stop_reason"] = outcome.stop_reason
+            usage = outcome.extra.get("usage")
+            if usage:
+                event["usage"] = dict(usage)
+            if outcome.output:
+                event["last_assistant_message"] = list(outcome.output)
+        self._fan_out(event)
+        self._release(run.ticket)
 
     # -- lifecycle events ----------------------------------------------------------------------
 

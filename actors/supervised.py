@@ -33,9 +33,13 @@ _names = itertools.count(1)
 class ActorChild:
     """Wraps a started GeventActor's ref; satisfies `supervision.child.Child`."""
 
-    __slots__ = ("_actor", "_notices", "_stop_requested", "name", "ref")
+    __slots__ = ("_actor", "_notices", "_stop_message", "_stop_requested", "name", "ref")
 
-    def __init__(self, ref: ActorRef[Any], name: str | None = None) -> None:
+    def __init__(
+        self, ref: ActorRef[Any], name: str | None = None, *, stop_message: Any = None
+    ) -> None:
+        """`stop_message`, when given, is told instead of Pykka's stop to ask the actor to
+        stop (e.g. a run's `DisposeRun`, so the child closes cleanly before it stops)."""
         actor = ref._actor_weakref()
         if not isinstance(actor, GeventActor):
             msg = f"{ref} is not a live GeventActor"
@@ -45,6 +49,7 @@ class ActorChild:
         # A strong reference: the exit must be readable after the actor object would be freed.
         self._actor = actor
         self._stop_requested = False
+        self._stop_message = stop_message
         self._notices = ExitNotices()
         actor._add_exit_callback(self._on_actor_exit)
 
@@ -65,7 +70,10 @@ class ActorChild:
         self._stop_requested = True
         log.debug("stop requested for %s: %s", self.name, reason)
         if self.ref.is_alive():
-            self.ref.stop(block=False)
+            if self._stop_message is not None:
+                self.ref.tell(self._stop_message)
+            else:
+                self.ref.stop(block=False)
 
     def kill(self) -> None:
         gevent_actor.kill(self._actor, reason=f"killed as child {self.name}")

@@ -6,10 +6,63 @@ model: only user, assistant and tool-result messages do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
-__all__ = ["history_from_events", "last_turn_number"]
+__all__ = ["HistoryView", "history_from_events", "last_turn_number"]
+
+
+class HistoryView(Sequence[dict[str, Any]]):
+    """The first `length` messages of an agent's history, without copying them.
+
+    The history only ever grows by appending (earlier entries are never changed), so a view
+    taken for a model request stays exactly what the request saw, at O(1) per step instead of
+    a copy of the whole conversation per step (O(n^2) over a long turn)."""
+
+    __slots__ = ("_items", "_length")
+
+    def __init__(self, items: list[dict[str, Any]], length: int | None = None) -> None:
+        self._items = items
+        self._length = len(items) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return self._items[: self._length][index]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("history index out of range")
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return itertools.islice(self._items, self._length)
+
+    def __reversed__(self) -> Iterator[dict[str, Any]]:
+        items = self._items
+        for i in range(self._length - 1, -1, -1):
+            yield items[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (HistoryView, list, tuple)):
+            return len(other) == self._length and all(
+                a == b for a, b in zip(self, other, strict=True)
+            )
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 def history_from_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

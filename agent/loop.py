@@ -29,7 +29,7 @@ import gevent
 from gevent.event import Event as GEvent
 
 from agent import tracing
-from agent.history import history_from_events, last_turn_number
+from agent.history import HistoryView, history_from_events, last_turn_number
 from agent.log import SessionLog
 from agent.model import (
     ModelAdapter,
@@ -327,7 +327,7 @@ class AgentCore:
             session_id=self.session_id,
             model=self.model_name,
             system=system,
-            messages=tuple(self.history),
+            messages=HistoryView(self.history),
             tools=tuple(specs),
             signal=signal,
             max_tokens=self.options.max_tokens,
@@ -406,7 +406,14 @@ class AgentCore:
             )
             open_calls[call.id] = call.name
             if self.on_progress is not None:
-                self._progress({"kind": "tool/call", "name": call.name, "call_id": call.id})
+                self._progress(
+                    {
+                        "kind": "tool/call",
+                        "name": call.name,
+                        "call_id": call.id,
+                        "arguments": call.arguments,
+                    }
+                )
         results: list[ToolResult | None] = [None] * len(calls)
         started = [False] * len(calls)
         crash: list[BaseException] = []
@@ -566,7 +573,16 @@ class AgentCore:
             }
         )
         if self.on_progress is not None:
-            self._progress({"kind": "tool/result", "name": name, "is_error": data["is_error"]})
+            self._progress(
+                {
+                    "kind": "tool/result",
+                    "name": name,
+                    "call_id": call_id,
+                    "is_error": data["is_error"],
+                    "code": data.get("code"),
+                    "content": data["content"],
+                }
+            )
 
     # -- ending ----------------------------------------------------------------------------------
 

@@ -41,10 +41,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_table(figures: dict[str, Any], prefix: str = "") -> None:
     for key, value in figures.items():
-        if isinstance(value, dict):
+        if key == "targets" and isinstance(value, list):
+            _print_targets(value)
+        elif isinstance(value, dict):
             _print_table(value, prefix=f"{prefix}{key}.")
         else:
             print(f"{prefix}{key:<40} {value}")
+
+
+def _print_targets(rows: list[dict[str, Any]]) -> None:
+    """The issue's table: each figure, ours, the same-run peer, the ratio, the target."""
+    print(f"{'figure':<72} {'ours':>10} {'peer':>10} {'ratio':>8} {'floor':>10}  target  met")
+    for row in rows:
+        cells = [_cell(row.get(k)) for k in ("ours", "peer", "ratio", "floor")]
+        met = {True: "yes", False: "NO", None: "-"}[row.get("met")]
+        print(
+            f"{row['figure']:<72} {cells[0]:>10} {cells[1]:>10} {cells[2]:>8} {cells[3]:>10}  "
+            f"{row['target']}  {met}"
+        )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 if __name__ == "__main__":

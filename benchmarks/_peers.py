@@ -30,10 +30,13 @@ from typing import Any
 __all__ = [
     "autogen_creation",
     "autogen_fanout",
+    "autogen_fanout_one_message",
+    "autogen_idle_kib",
     "cpu_s",
     "langgraph_resume",
     "openai_agents_fanout",
     "peer_failure",
+    "pykka_threads_fanout",
 ]
 
 
@@ -113,6 +116,145 @@ def autogen_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, 
         steps,
         "no log, no lifecycle events; agents created lazily by the first message",
     )
+
+
+def autogen_fanout_one_message(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, Any]:
+    """N agents, one message each; the handler sleeps `latency` `steps` times (no per-step
+    work at all): the shape closest to one child doing `steps` model calls."""
+    try:
+        from autogen_core import (
+            AgentId,
+            MessageContext,
+            RoutedAgent,
+            SingleThreadedAgentRuntime,
+            message_handler,
+        )
+    except Exception as exc:
+        return peer_failure("autogen-core", exc)
+
+    async def on_round(self: Any, message: _Round, ctx: MessageContext) -> _Round:
+        for _ in range(steps):
+            await asyncio.sleep(latency)
+        return _Round(message.index + steps)
+
+    on_round.__annotations__ = {"message": _Round, "ctx": MessageContext, "return": _Round}
+    Worker = _routed_agent(RoutedAgent, "bench worker", message_handler(on_round))
+
+    async def main() -> dict[str, Any]:
+        runtime = SingleThreadedAgentRuntime()
+        await Worker.register(runtime, "worker", Worker)
+        runtime.start()
+        import gc
+
+        gc.collect()
+        t0 = time.perf_counter()
+        c0 = cpu_s()
+        done = await asyncio.gather(
+            *(runtime.send_message(_Round(0), AgentId("worker", str(k))) for k in range(n))
+        )
+        gc.collect()  # the deferred collection is part of the cost
+        wall = time.perf_counter() - t0
+        cpu = cpu_s() - c0
+        await runtime.stop_when_idle()
+        await runtime.close()
+        if [d.index for d in done] != [steps] * n:
+            raise AssertionError("autogen: a message was not answered")
+        return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
+
+    return _run_fanout_peer(
+        "autogen-core",
+        main,
+        n,
+        steps,
+        "one message per agent, `steps` sleeps in its handler; no log, no events",
+    )
+
+
+def autogen_idle_kib(n: int) -> dict[str, Any]:
+    """RSS per idle autogen agent: N agents instantiated (one message each), then kept."""
+    try:
+        from autogen_core import (
+            AgentId,
+            MessageContext,
+            RoutedAgent,
+            SingleThreadedAgentRuntime,
+            message_handler,
+        )
+    except Exception as exc:
+        return peer_failure("autogen-core", exc)
+    from benchmarks._measure import rss_bytes
+
+    async def on_hello(self: Any, message: _Hello, ctx: MessageContext) -> _Hello:
+        return message
+
+    on_hello.__annotations__ = {"message": _Hello, "ctx": MessageContext, "return": _Hello}
+    Greeter = _routed_agent(RoutedAgent, "bench greeter", message_handler(on_hello))
+
+    async def main() -> dict[str, Any]:
+        import gc
+
+        runtime = SingleThreadedAgentRuntime()
+        await Greeter.register(runtime, "greeter", Greeter)
+        runtime.start()
+        gc.collect()
+        rss0 = rss_bytes()
+        await asyncio.gather(
+            *(runtime.send_message(_Hello(), AgentId("greeter", str(k))) for k in range(n))
+        )
+        gc.collect()
+        per = (rss_bytes() - rss0) / n
+        await runtime.stop_when_idle()
+        await runtime.close()
+        return {"available": True, "n": n, "rss_per_idle_agent_kib": round(per / 1024, 2)}
+
+    try:
+        return asyncio.run(main())
+    except Exception as exc:
+        return peer_failure("autogen-core", exc)
+
+
+def pykka_threads_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, Any]:
+    """Pykka's own ThreadingActor at the same N: one OS thread per actor, one message each whose
+    handler sleeps `latency` `steps` times."""
+    import gc
+    import threading
+
+    import pykka
+
+    class Sleeper(pykka.ThreadingActor):
+        use_daemon_thread = True
+
+        def on_receive(self, message: Any) -> Any:
+            for _ in range(steps):
+                time.sleep(latency)
+            return steps
+
+    stack = threading.stack_size()
+    try:
+        threading.stack_size(256 * 1024)  # N threads must fit the machine
+        gc.collect()
+        t0 = time.perf_counter()
+        c0 = cpu_s()
+        refs = [Sleeper.start() for _ in range(n)]
+        futures = [ref.ask("go", block=False) for ref in refs]
+        done = pykka.get_all(futures)
+        wall = time.perf_counter() - t0
+        cpu = cpu_s() - c0
+        pykka.get_all([ref.stop(block=False) for ref in refs])
+    except Exception as exc:
+        return peer_failure("pykka ThreadingActor", exc)
+    finally:
+        threading.stack_size(stack)
+    if done != [steps] * n:
+        return {"available": False, "reason": "pykka threads: a message was not answered"}
+    return {
+        "available": True,
+        "n": n,
+        "wall_s": round(wall, 4),
+        "cpu_s": round(cpu, 4),
+        "cpu_per_step_us": round(cpu / (n * steps) * 1e6, 2),
+        "note": "one OS thread per actor (256 KiB stacks), started inside the timed window",
+    }
 
 
 def _run_fanout_peer(

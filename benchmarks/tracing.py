@@ -36,7 +36,6 @@ QUICK_ROUNDS = 2
 STEPS = 10
 LATENCY = 0.01
 MODES = ("none", "off", "on", "compact", "sampled")
-FREEZE_EVERY: int | None = None
 
 TARGETS = {"off_over_none": 1.03, "on_over_none": 1.30}
 
@@ -137,7 +136,7 @@ def _job(mode: str, n: int) -> dict[str, Any]:
     tool_step = S.tool_call("noop", {}, latency=LATENCY)
     final_step = S.text("done", latency=LATENCY)
     model = S.ScriptedModel(lambda r: tool_step if r.step < STEPS else final_step, record=False)
-    rt = Runtime(store=MemoryStore(), scripted=model, gc_freeze_every=FREEZE_EVERY)
+    rt = Runtime(store=MemoryStore(), scripted=model)  # the runtime's own GC policy, as users get
     rt.subagents.register(SpawnProvider())
     rt.ctx.tools.register(Tool("noop", "does nothing", {"type": "object"}, lambda a, c: "ok"))
     parent = rt.agent()

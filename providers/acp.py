@@ -63,6 +63,7 @@ from subagent.types import (
 from supervision.signal import AbortSignal
 
 __all__ = [
+    "DEPTH_META",
     "PROTOCOL_VERSION",
     "STOP_REASONS",
     "AcpConfig",
@@ -72,6 +73,7 @@ __all__ = [
     "ResumableAcpProvider",
     "discover_acp_provider",
     "provider_for_stored_child",
+    "session_params",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,10 +121,19 @@ def _parent_cwd(parent: Any) -> str:
         raise SubagentError("START_FAILED", str(exc)) from None
 
 
-def _session_params(cwd: str, parent: Any, trace: Any = None) -> dict[str, Any]:
+# `_meta` key of session/new and session/load: the delegation depth the agent's session starts
+# at (the parent's depth + 1). A runtime served with `subagent acp` starts its coordinator there,
+# so the depth cap holds across the process boundary; other agents ignore the key.
+DEPTH_META = "subagent-runtime/depth"
+
+
+def session_params(cwd: str, parent: Any, trace: Any = None) -> dict[str, Any]:
     """The params of `session/new` (and, with a `sessionId`, `session/load`): built in one place
-    so per-parent metadata (`_meta`) reaches both."""
+    so per-parent metadata (`_meta`: the delegation depth, the trace context) reaches both."""
     params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}
+    depth = getattr(parent, "depth", None)
+    if isinstance(depth, int) and not isinstance(depth, bool):
+        params["_meta"] = {DEPTH_META: depth + 1}
     # The W3C trace context of this activation (docs/tracing.md): the agent's spans join it.
     meta = tracing.carrier(trace)
     if meta:
@@ -504,7 +515,7 @@ class AcpProvider:
         child_log: ChildLog | None = None
         try:
             child.handshake(signal)
-            params = _session_params(cwd, parent, trace)
+            params = session_params(cwd, parent, trace)
             if load_session_id is None:
                 reply = child.request("session/new", params, signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None

@@ -24,12 +24,14 @@ from supervision.signal import AbortSignal
 
 __all__ = [
     "METHOD_NOT_FOUND",
+    "NO_REPLY",
     "ConnectionClosed",
     "JsonRpcConnection",
     "MethodNotFound",
     "RequestAborted",
     "RequestTimedOut",
     "RpcError",
+    "RpcFault",
     "StderrTail",
     "clean_text",
     "describe_data",
@@ -133,6 +135,21 @@ class MethodNotFound(Exception):
     """Raised by a request handler for a method it does not serve (answered -32601)."""
 
 
+class RpcFault(Exception):
+    """Raised by a request handler to answer with this JSON-RPC error (e.g. -32602)."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+# A deferred handler (see `JsonRpcConnection`) that returns this sends no answer at all: the
+# peer cancelled the request (MCP `notifications/cancelled`).
+NO_REPLY: Any = object()
+
+
 class StderrTail:
     """Drains a stderr pipe so a chatty child never blocks, keeping the tail for diagnostics."""
 
@@ -160,7 +177,12 @@ class StderrTail:
 
 
 class JsonRpcConnection:
-    """One JSON-RPC peer. Handlers run on the reader greenlet and must not block."""
+    """One JSON-RPC peer. Handlers run on the reader greenlet and must not block.
+
+    A request handler that needs to wait (a server running a tool) returns a `gevent.Greenlet`
+    it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`),
+    sent when it ends, so the reader keeps reading meanwhile.
+    """
 
     def __init__(
         self,
@@ -182,9 +204,15 @@ class JsonRpcConnection:
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
         self._outbox: Queue = Queue()
         self._closed: ConnectionClosed | None = None
+        self._request_id: Any = None
         self.closed = Event()
         self._reader = gevent.spawn(self._read_loop)
         self._writer = gevent.spawn(self._write_loop)
+
+    @property
+    def request_id(self) -> Any:
+        """The id of the peer's request whose handler is running (None outside a handler)."""
+        return self._request_id
 
     @property
     def failure(self) -> ConnectionClosed | None:
@@ -354,18 +382,40 @@ class JsonRpcConnection:
         )
 
     def _answer(self, rid: Any, method: str, params: Any) -> None:
+        self._request_id = rid
         try:
             result = self._on_request(method, params)
-        except MethodNotFound:
-            error = {"code": METHOD_NOT_FOUND, "message": f"method not found: {method}"}
-            self._send({"jsonrpc": "2.0", "id": rid, "error": error})
+        except Exception as exc:
+            self._reply_error(rid, method, exc)
             return
-        except Exception:
-            log.exception("%s: handler for %s raised", self._name, method)
-            error = {"code": INTERNAL_ERROR, "message": "internal error"}
-            self._send({"jsonrpc": "2.0", "id": rid, "error": error})
+        finally:
+            self._request_id = None
+        if isinstance(result, gevent.Greenlet):
+            # rawlink: the answer is queued from the hub callback itself (a non-blocking put).
+            result.rawlink(lambda done: self._deferred(rid, method, done))
             return
         self._send({"jsonrpc": "2.0", "id": rid, "result": result})
+
+    def _deferred(self, rid: Any, method: str, done: gevent.Greenlet) -> None:
+        if done.successful():
+            if done.value is not NO_REPLY:
+                self._send({"jsonrpc": "2.0", "id": rid, "result": done.value})
+        elif isinstance(done.exception, Exception):
+            self._reply_error(rid, method, done.exception)
+        # killed (GreenletExit): the connection is shutting down; nobody waits for an answer
+
+    def _reply_error(self, rid: Any, method: str, exc: Exception) -> None:
+        error: dict[str, Any]
+        if isinstance(exc, MethodNotFound):
+            error = {"code": METHOD_NOT_FOUND, "message": f"method not found: {method}"}
+        elif isinstance(exc, RpcFault):
+            error = {"code": exc.code, "message": exc.message}
+            if exc.data is not None:
+                error["data"] = exc.data
+        else:
+            log.error("%s: handler for %s raised", self._name, method, exc_info=exc)
+            error = {"code": INTERNAL_ERROR, "message": "internal error"}
+        self._send({"jsonrpc": "2.0", "id": rid, "error": error})
 
     def _guard(self, fn: NotificationHandler, method: str, params: Any) -> None:
         try:

@@ -14,13 +14,13 @@ from typing import Any
 
 from actors.agent_actor import Agent
 from actors.agents import create_agent, resume_agent
+from actors.local_run import LocalRun
 from agent import tracing
 from agent.log import completed_turn_prefix
 from agent.options import AgentOptions
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
 from agent.tools import Tool, ToolContext, ToolScope
 from agent.usage import child_budget
-from providers.local_run import LocalRun
 from subagent.errors import SubagentError
 from subagent.schema import check_output_schema
 from subagent.types import (
@@ -186,9 +186,9 @@ class InProcessProvider:
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
-            options=_options_for(parent, options, None).with_(
-                subagent_depth=depth, token_budget=token_budget
-            ),
+            # The depth is the child's header's (Agent.depth reads it): the options are copied
+            # only to carry a token budget.
+            options=_with_budget(_options_for(parent, options, None), token_budget),
             cwd=parent.cwd,
             session_id=session_id,
             parent_session=parent.id,
@@ -224,6 +224,12 @@ def _options_for(parent: Agent, options: AgentOptions | None, model: str | None)
     if model is not None:
         base = base.with_(model=model)
     return base
+
+
+def _with_budget(options: AgentOptions, token_budget: Any) -> AgentOptions:
+    if options.token_budget == token_budget:
+        return options
+    return options.with_(token_budget=token_budget)
 
 
 def _raise_if_aborted(signal: AbortSignal) -> None:

@@ -489,10 +489,14 @@ class ContinuationManager:
         child.task_id = task.id
         child.settled.clear()
         child.users += 1  # released by `_settle`
-        settler = gevent.spawn(self._settle, child, handle, task.id)
+        # No greenlet waits for the activation: one is started when its result settles.
+        handle.result.add_done_callback(lambda _f: self._start_settling(child, handle, task.id))
+        return str(task.id)
+
+    def _start_settling(self, child: _Child, handle: Any, task_id: str) -> None:
+        settler = gevent.spawn(self._settle, child, handle, task_id)
         self._settlers.add(settler)
         settler.link(self._settlers.discard)
-        return str(task.id)
 
     def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
         """When the activation ends: notify the parent, release the run, settle the task."""
@@ -608,8 +612,7 @@ class ContinuationManager:
 
 
 def _message_id(handle: Any) -> str:
-    run = handle._run
-    return str(getattr(run, "message_id", "") or "")
+    return str(getattr(handle, "message_id", "") or "")
 
 
 MAX_SUMMARY_CHARS = 300

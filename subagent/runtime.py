@@ -6,7 +6,6 @@ agent, and stops every actor it started, returning only at quiescence.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from subagent import telemetry
 from subagent.errors import SubagentError
 from subagent.service import SubagentService
 from subagent.tasks import TaskService
+from supervision.gc_policy import DEFAULT_FREEZE_EVERY, GcPolicy
 
 __all__ = ["Runtime"]
 
@@ -39,12 +39,15 @@ class Runtime:
         scripted: ScriptedModel | None = None,
         max_children: int | None = None,
         max_children_per_parent: int | None = None,
-        gc_freeze_every: int | None = None,
+        gc_policy: bool = True,
+        gc_freeze_every: int | None = DEFAULT_FREEZE_EVERY,
     ) -> None:
-        """`gc_freeze_every=N` (opt-in, process-wide): after every N child starts, move what is
-        alive into the collector's permanent generation (`gc.freeze()`), so full collections
-        stop rescanning thousands of live children; `close()` unfreezes. See
-        docs/performance.md for what it buys and what it costs."""
+        """The runtime owns a cyclic-GC policy by default (`supervision.gc_policy`): a larger
+        young generation while it is open, and after every `gc_freeze_every` child starts what
+        is alive moves to the collector's permanent generation (`gc.freeze()`), so full
+        collections stop rescanning thousands of live children; `close()` undoes both.
+        `gc_freeze_every=None` keeps the larger young generation but never freezes;
+        `gc_policy=False` leaves the collector alone. See docs/performance.md."""
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -76,13 +79,14 @@ class Runtime:
             or gc_freeze_every < 1
         ):
             raise ValueError("gc_freeze_every must be a positive int or None")
-        self._gc_freeze_every = gc_freeze_every
         self.subagents = SubagentService(
             self.ctx, max_children=max_children, max_children_per_parent=max_children_per_parent
         )
-        if gc_freeze_every is not None:
-            self.subagents.subscribe(self._count_start)
-        self._starts = 0
+        self._gc: GcPolicy | None = None
+        if gc_policy:
+            self._gc = GcPolicy(freeze_every=gc_freeze_every)
+            if gc_freeze_every is not None:
+                self.subagents.subscribe(self._count_start)
         self.ctx.subagents = self.subagents
         self._closed = False
 
@@ -113,11 +117,8 @@ class Runtime:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closed")
 
     def _count_start(self, event: Mapping[str, Any]) -> None:
-        if event["type"] != "subagent/start":
-            return
-        self._starts += 1
-        if self._gc_freeze_every is not None and self._starts % self._gc_freeze_every == 0:
-            gc.freeze()
+        if event["type"] == "subagent/start" and self._gc is not None:
+            self._gc.child_started()
 
     def close(self) -> None:
         """Dispose every run, close every agent (children first), stop the registry."""
@@ -125,13 +126,13 @@ class Runtime:
             return
         self._closed = True
         self.ctx.closed = True
-        if self._gc_freeze_every is not None:
-            gc.unfreeze()  # what was frozen is collectable again once released
         self.subagents.close()
         self.tasks.close()
         # Deepest first, so a parent never outlives a child it owns.
         for agent in sorted(self.ctx.agents.values(), key=lambda a: -a.depth):
             agent.close("runtime closed")
+        if self._gc is not None:
+            self._gc.close()  # what was frozen is collectable again once released
 
     def __enter__(self) -> Runtime:
         return self

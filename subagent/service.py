@@ -1,10 +1,12 @@
 """`ctx.subagents`: the `SubagentService` facade over the registry actor.
 
 `start()` runs in the caller's greenlet: it asks the registry to validate and admit the request
-(in the seed's order, before any child exists), runs the provider's `start` itself, wraps the
-returned run in a `RunActor`, and has the registry emit `subagent/start` before returning. The
-run's end is reported through the same mailbox, so each run's start precedes its end for every
-listener, and every start has exactly one end.
+(in the seed's order, before any child exists: one round trip), runs the provider's `start`
+itself, and asks the registry to publish it (the seam wants `subagent/start` emitted before
+`start()` returns). The registry owns the run table, emits
+`subagent/start`, and observes the run's result; its end comes back through the same mailbox,
+so each run's start precedes its end for every listener, and every start has exactly one end.
+A local child's own actor is its run's actor; only a remote run gets a `RunActor`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import gevent
 from pykka import ActorDeadError, Future
 
+from actors import gevent_actor
 from actors import registry_actor as reg
 from actors.agent_actor import Steer, check_content
-from actors.gevent_actor import GeventFuture
+from actors.deferred import Deferred
+from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
@@ -50,27 +55,50 @@ Listener = Callable[[Mapping[str, Any]], None]
 # teardown graces fit well inside) before the supervisor kills the actor.
 RUN_SHUTDOWN_GRACE = 60.0
 
+# A start whose registry is idle makes no greenlet switch; one start in this many yields.
+YIELD_EVERY = 8
+
 
 class RunHandle:
-    """What `start()` returns: the provider's run behind its own actor (`ref`).
+    """What `start()` returns: the provider's run, its id in this runtime and its actor (`ref`).
 
-    `result` resolves after the run's `subagent/end` was emitted. Always `dispose()`.
+    For a local child `ref` is the child's own `AgentActor`; for a remote one it is the run's
+    `RunActor`. `result` is the run's own future (settled once by whoever produces the run);
+    the registry emits `subagent/end` when it settles. Always `dispose()`.
     """
 
+    __slots__ = (
+        "_disposed",
+        "_run",
+        "_service",
+        "_trace",
+        "parent_id",
+        "provider",
+        "ref",
+        "result",
+        "run_id",
+        "started_at",
+        "ticket",
+    )
+
     def __init__(
-        self, service: SubagentService, run: SubagentRun, run_id: str, provider: str, parent_id: str
+        self,
+        service: SubagentService,
+        run: SubagentRun,
+        run_id: str,
+        provider: str,
+        parent_id: str,
+        ticket: int,
+        result: GeventFuture[SubagentResult],
     ) -> None:
         self._service = service
         self._run = run
         self.run_id = run_id
         self.provider = provider
         self.parent_id = parent_id
+        self.ticket = ticket
         self.started_at = time.monotonic()
-        self.result: GeventFuture[SubagentResult] = GeventFuture()
-        self._ticket = 0
-        self._published = False
-        self._pending_end: SubagentResult | BaseException | None = None
-        self._ended = False
+        self.result = result
         self._disposed = False
         self.ref: Any = None
         self._trace: Any = None  # the activation's span (agent.tracing.Activation), if tracing
@@ -88,8 +116,13 @@ class RunHandle:
         return self._run.local_agent
 
     @property
+    def message_id(self) -> str:
+        """The id of the activation's prompt, where the provider tells it ("" otherwise)."""
+        return str(getattr(self._run, "message_id", "") or "")
+
+    @property
     def settled(self) -> bool:
-        return self._ended
+        return self.result.done
 
     @property
     def usage(self) -> dict[str, int]:
@@ -100,59 +133,46 @@ class RunHandle:
 
     def cancel(self, cause: Any = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
-        with contextlib.suppress(ActorDeadError):
+        try:  # noqa: SIM105 - no context manager on this hot path
             self.ref.tell(CancelRun(cause))
+        except ActorDeadError:  # already disposed: nothing left to cancel
+            pass
 
     def dispose(self) -> None:
-        """Cancel what remains and return at quiescence (the result is settled). Idempotent."""
+        """Cancel what remains and return at quiescence (the result settled, `subagent/end`
+        emitted). Idempotent; the run's actor disposes the run exactly once."""
         self._disposed = True
         with contextlib.suppress(ActorDeadError):
             self.ref.ask(DisposeRun())
-        # Quiescence includes the end event: wait for it whoever triggered the disposal. An
-        # infrastructure fault is reported through `result`, not by dispose.
+        gevent_actor.join(self.ref)
+        # An infrastructure fault is reported through `result`, not by dispose.
         with contextlib.suppress(Exception):
             self.result.get()
-
-    # -- settlement, called by the run actor and the service --------------------------------------
-
-    def _on_settled(self, outcome: SubagentResult | BaseException) -> None:
-        if self._published:
-            self._end(outcome)
-        else:
-            self._pending_end = outcome
-
-    def _mark_published(self) -> None:
-        self._published = True
-        if self._pending_end is not None:
-            outcome, self._pending_end = self._pending_end, None
-            self._end(outcome)
-
-    def _end(self, outcome: SubagentResult | BaseException) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        if self._trace is not None:
-            self._trace.end(outcome)
-        self._service._emit_end(self, outcome)
-        if isinstance(outcome, BaseException):
-            self.result.set_exception((type(outcome), outcome, outcome.__traceback__))
-        else:
-            self.result.set(outcome)
+        self._service._sync()
 
 
 class SteerableRunHandle(RunHandle):
     """A run whose provider offers live steering (the `Steerable` capability)."""
 
+    __slots__ = ()
+
     def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
         """Fulfils once the child's running turn admitted the message at a step boundary."""
-        message = Steer(check_content(content), source or MessageSource.user())
+        reply: Deferred[Any] = Deferred()
+        message = Steer(check_content(content), source or MessageSource.user(), reply)
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
         if not self.ref.is_alive():  # never Pykka's raw ActorDeadError
             closed = self._service.closed
             return _failed(SubagentError("RUNTIME_CLOSED" if closed else "RUN_DISPOSED"))
-        future: Future[None] = self.ref.ask(message, block=False)
-        return future
+        if self.result.done:
+            return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
+        try:
+            # One tell; the run's actor settles `reply` itself (no ask future to bind to it).
+            self.ref.tell(message)
+        except ActorDeadError:
+            return _failed(SubagentError("RUN_DISPOSED"))
+        return reply
 
 
 class SubagentService:
@@ -170,12 +190,10 @@ class SubagentService:
             RegistryActor, max_children, max_children_per_parent
         )
         self._tickets = itertools.count(1)
-        self._live: dict[str, RunHandle] = {}
-        self._by_parent: dict[str, dict[str, RunHandle]] = {}
         self._progress: list[Callable[[Mapping[str, Any]], None]] = []
-        # Every provider ever registered: a stored child resumes with the provider named in its
-        # descriptor even after that provider was unregistered (removal blocks new starts only).
-        self._known: dict[str, SubagentProvider] = {}
+        # Greenlets that wait on the results of foreign runs (a provider whose result is not
+        # one of our futures cannot be observed with a done callback).
+        self._relays: set[gevent.Greenlet] = set()
         self._closed = False
         # The supervision tree: the runtime's root, one supervisor per parent agent holding the
         # actors of that parent's child runs, nested under the supervisor of the parent's own run.
@@ -191,7 +209,6 @@ class SubagentService:
     def register(self, provider: SubagentProvider) -> Callable[[], None]:
         """Register a provider; returns its unregister function. Removal blocks new starts only."""
         self._ask(reg.Register(provider))
-        self._known[provider.name] = provider
 
         def unregister() -> None:
             self._ask(reg.Unregister(provider))
@@ -257,12 +274,10 @@ class SubagentService:
         account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
 
     def _cancel_subtree(self, agent_id: str, cause: str) -> None:
-        """Cancel every live run below `agent_id`; the agent itself ends at its next step."""
-        pending = [agent_id]
-        while pending:
-            for handle in self.runs(pending.pop()):
-                handle.cancel(cause)
-                pending.append(handle.id)
+        """Cancel every live run below `agent_id`; the agent itself ends at its next step. Told
+        to the registry (it holds the run table): this runs inside a turn, which must not wait."""
+        with contextlib.suppress(ActorDeadError):
+            self._ref.tell(reg.CancelChildren(agent_id, cause, subtree=True))
 
     def relay_progress(self, event: Mapping[str, Any]) -> None:
         """For remote providers: hand one child's progress event (tagged with its id) to the
@@ -279,9 +294,9 @@ class SubagentService:
     # -- runs -------------------------------------------------------------------------------------
 
     def runs(self, parent_id: str | None = None) -> list[RunHandle]:
-        if parent_id is None:
-            return list(self._live.values())
-        return list(self._by_parent.get(parent_id, {}).values())
+        """The live runs (all, or one parent's), from the registry's run table."""
+        runs: list[RunHandle] = self._ask(reg.Runs(parent_id))
+        return runs
 
     @property
     def closed(self) -> bool:
@@ -307,6 +322,10 @@ class SubagentService:
                 check_output_schema(request.output_schema, run=offload)
         parent_id = _parent_id(request.parent)
         ticket = next(self._tickets)
+        if ticket % YIELD_EVERY == 0:
+            # An idle registry answers in place (no switch), so a loop of starts would never
+            # yield: give the other greenlets the hub now and then.
+            gevent.sleep(0)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
         provider, run_id = admitted
         request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider)
@@ -328,7 +347,7 @@ class SubagentService:
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
-        known = self._known.get(name)
+        known = self._ask(reg.Known(name))
         if known is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
@@ -339,7 +358,7 @@ class SubagentService:
         return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 
     def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
-        future = self._ref.ask(message, block=False)
+        future = self._registry.ask_now(message, block=False)
         remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
         try:
             admitted: tuple[Any, str] = future.get()
@@ -378,18 +397,23 @@ class SubagentService:
         # Method presence is the capability (the seed's narrowing); a direct attribute check is
         # exact and far cheaper than a runtime-checkable Protocol `isinstance` on every start.
         cls = SteerableRunHandle if callable(getattr(run, "steer", None)) else RunHandle
-        handle = cls(self, run, run_id, provider.name, parent_id)
-        handle._ticket = ticket
+        handle = cls(self, run, run_id, provider.name, parent_id, ticket, self._result_of(run))
         if trace is not None:
             handle._trace = trace
             trace.published(run.id)
+            # The activation's span ends with its result (a done callback: no greenlet).
+            handle.result.add_done_callback(lambda future: trace.end(outcome_of(future)))
         try:
             supervisor = self._supervisor_for(parent_id)
-            handle.ref = RunActor.start(run, handle._on_settled)
+            # A local child's own actor is the run's actor; a remote run gets one.
+            ref = getattr(run, "ref", None)
+            handle.ref = ref if ref is not None else RunActor.start(run)
             supervisor.start_child(
                 ChildSpec(
                     id=run_id,
-                    start=lambda: ActorChild(handle.ref, name=f"run {run_id}"),
+                    start=lambda: ActorChild(
+                        handle.ref, name=f"run {run_id}", stop_message=DisposeRun()
+                    ),
                     restart="temporary",
                     shutdown=RUN_SHUTDOWN_GRACE,
                 )
@@ -397,7 +421,8 @@ class SubagentService:
         except SupervisorClosedError:
             # The parent is being disposed while this child was starting: undo, emit nothing.
             if handle.ref is not None:
-                handle.ref.ask(DisposeRun())
+                with contextlib.suppress(ActorDeadError):
+                    handle.ref.ask(DisposeRun())
             else:
                 run.dispose()
             self._release(ticket)
@@ -405,52 +430,38 @@ class SubagentService:
             if trace is not None:
                 trace.failed(failure)
             raise failure from None
-        self._live[run_id] = handle
-        self._by_parent.setdefault(parent_id, {})[run_id] = handle
-        agent = run.local_agent
-        self._ask(
-            reg.Published(
-                ticket,
-                {
-                    "type": "subagent/start",
-                    "run_id": run_id,
-                    "provider": provider.name,
-                    "id": run.id,
-                    "local": agent is not None,
-                    "parent_id": parent_id,
-                },
-            )
-        )
-        handle._mark_published()
+        # The registry enters the run, emits its start (before start() returns, as the seam
+        # says), then observes its result.
+        try:
+            self._registry.ask_now(reg.Published(handle))
+        except ActorDeadError:
+            handle.dispose()
+            raise SubagentError("RUNTIME_CLOSED") from None
         return handle
 
-    def _emit_end(self, handle: RunHandle, outcome: SubagentResult | BaseException) -> None:
-        event: dict[str, Any] = {
-            "type": "subagent/end",
-            "run_id": handle.run_id,
-            "provider": handle.provider,
-            "id": handle.id,
-            "local": handle.local_agent is not None,
-            "parent_id": handle.parent_id,
-        }
-        if isinstance(outcome, BaseException):
-            event["stop_reason"] = "error"
-            event["failure"] = f"{type(outcome).__name__}: {outcome}"
-        else:
-            event["stop_reason"] = outcome.stop_reason
-            usage = outcome.extra.get("usage")
-            if usage:
-                event["usage"] = dict(usage)
-            if outcome.output:
-                event["last_assistant_message"] = list(outcome.output)
-        self._live.pop(handle.run_id, None)
-        siblings = self._by_parent.get(handle.parent_id)
-        if siblings is not None:
-            siblings.pop(handle.run_id, None)
-            if not siblings:
-                del self._by_parent[handle.parent_id]
+    def _result_of(self, run: SubagentRun) -> GeventFuture[SubagentResult]:
+        """The run's result as one of our futures. Ours are already; a foreign provider's
+        future is relayed by a greenlet this service owns (joined at close)."""
+        result = run.result
+        if isinstance(result, GeventFuture):
+            return result
+        relayed: Deferred[SubagentResult] = Deferred()
+
+        def relay() -> None:
+            try:
+                relayed.resolve(result.get())
+            except BaseException as exc:
+                relayed.reject(exc)
+
+        glet = gevent.spawn(relay)
+        self._relays.add(glet)
+        glet.link(self._relays.discard)
+        return relayed
+
+    def _sync(self) -> None:
+        """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
-            self._ref.tell(reg.Ended(handle._ticket, event))
+            self._ref.ask(reg.Providers())
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 
@@ -519,8 +530,10 @@ class SubagentService:
             supervisor.dispose(f"parent {agent.id} closing")
 
     def _on_parent_cancelled(self, agent: Any, cause: Any) -> None:
-        for handle in list(self._by_parent.get(agent.id, {}).values()):
-            handle.cancel(cause)
+        if not self._registry.has_children(agent.id):
+            return  # most agents (every leaf child) started no run: no message at all
+        with contextlib.suppress(ActorDeadError):
+            self._ref.tell(reg.CancelChildren(agent.id, cause))
 
     def close(self) -> None:
         """Dispose every live run, then stop the registry. Every start gets its end first."""
@@ -530,6 +543,7 @@ class SubagentService:
         self._supervisors.clear()
         # Let the registry deliver the last end events before it stops.
         self._ref.stop(block=True)
+        gevent.killall(list(self._relays))
 
     def _ask(self, message: Any) -> Any:
         try:

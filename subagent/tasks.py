@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import gevent
+import pykka
 from gevent import Greenlet, GreenletExit
-from gevent.event import Event
 
+from actors.gevent_actor import Deferred
 from subagent.errors import SubagentError
 from supervision.signal import AbortController, AbortSignal
 
@@ -141,7 +142,8 @@ class _Record:
         self.status = RUNNING
         self.output: Any = None
         self.detail: str | None = None
-        self.done = Event()
+        # The runtime's settle-once primitive: the first settlement wins (see `_mark`).
+        self.done: Deferred[str] = Deferred()
         self.controller: AbortController | None = None
         self.greenlet: Greenlet | None = None
         self.entered = False
@@ -157,6 +159,10 @@ class _Record:
             self.created_at,
             self.ended_at,
         )
+
+
+_SETTLED: Deferred[str] = Deferred()
+_SETTLED.resolve("settled")
 
 
 class TaskService:
@@ -269,8 +275,10 @@ class TaskService:
             if timeout < 0 or timeout != timeout:
                 raise ValueError(f"timeout must be >= 0, got {timeout}")
         rec = self._record(task_id)
-        if rec.status == RUNNING and not rec.done.wait(timeout):
-            raise TimeoutError(f"task {task_id} did not settle within {timeout} s")
+        try:
+            rec.done.get(timeout=timeout)
+        except pykka.Timeout:
+            raise TimeoutError(f"task {task_id} did not settle within {timeout} s") from None
         return rec.snapshot()
 
     def _record(self, task_id: str) -> _Record:
@@ -325,7 +333,7 @@ class TaskService:
 
     def _mark(self, rec: _Record, status: str, output: Any, detail: str | None) -> bool:
         """The single check-and-set every settlement goes through: no switch can intervene."""
-        if rec.status != RUNNING:
+        if not rec.done.resolve(status):
             return False
         rec.status = status
         rec.output = output
@@ -356,7 +364,8 @@ class TaskService:
         # A settled task needs no way to stop what backs it: dropping the kill callable frees
         # that (a whole child run, for a continuable activation) for the collector.
         rec.kill_fn = None
-        rec.done.set()
+        # Waiters already hold the settled future; later waits need none of their own.
+        rec.done = _SETTLED
         self._settled_order.append(rec.id)
         while len(self._settled_order) > self._keep_settled:
             self._tasks.pop(self._settled_order.popleft(), None)

@@ -352,3 +352,40 @@ def test_freeze_gc_freezes() -> None:
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_ask_now_runs_an_idle_actors_handler_in_place_and_keeps_mailbox_order() -> None:
+    """The run-to-completion shortcut: an idle actor answers in the caller's greenlet (no
+    switch); a busy one (queued messages) answers in mailbox order, as a plain ask would."""
+    import greenlet as _greenlet
+
+    from actors.gevent_actor import Deferred, GeventActor
+
+    seen: list[object] = []
+
+    class Recorder(GeventActor):
+        def on_receive(self, message: object) -> object:
+            seen.append(message)
+            if message == "later":
+                reply: Deferred[str] = Deferred()
+                reply.resolve("resolved")
+                return reply
+            if message == "boom":
+                raise ValueError("boom")
+            return ("handled in", _greenlet.getcurrent())
+
+    ref = Recorder.start()
+    actor = ref._actor_weakref()
+    gevent.sleep(0)  # the loop is parked on its empty inbox
+    assert actor.ask_now("idle") == ("handled in", _greenlet.getcurrent())
+    assert actor.ask_now("later") == "resolved"
+    assert actor.ask_now("later", block=False).get(timeout=1) == "resolved"
+    with pytest.raises(ValueError):
+        actor.ask_now("boom")
+    with pytest.raises(ValueError):
+        actor.ask_now("boom", block=False).get(timeout=1)
+    ref.tell("queued first")
+    where = actor.ask_now("busy")
+    assert where[1] is not _greenlet.getcurrent()  # handled by the actor's own loop
+    assert seen[-2:] == ["queued first", "busy"]
+    ref.stop()

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from subagent import telemetry
-from subagent.cli import demo, gc, listing, run, send
+from subagent.cli import demo, gc, listing, run, send, serve
 from subagent.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -32,7 +32,7 @@ from subagent.cli.text import shown
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "CliError", "build_parser", "main"]
 
 # One module per command group; each adds its subcommands to the parser.
-COMMANDS = (demo, run, listing, send, gc)
+COMMANDS = (demo, run, listing, send, gc, serve)
 
 
 def _global_options(parser: argparse.ArgumentParser, *, default: object) -> None:
@@ -74,7 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import gevent
 
     # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
-    terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
+    # A command that stops gracefully on SIGTERM itself (the servers) says so.
+    terminate = None
+    if not getattr(args, "handles_sigterm", False):
+        terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
     try:
         telemetry.configure_from_env()  # OTEL_TRACES_EXPORTER etc. (docs/tracing.md)
         return fn(args)
@@ -95,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"subagent: error: {_one_line(message) or type(exc).__name__}\n")
         return EXIT_ERROR
     finally:
-        terminate.cancel()
+        if terminate is not None:
+            terminate.cancel()
         telemetry.flush()
 
 

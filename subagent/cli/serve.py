@@ -1,0 +1,67 @@
+"""`subagent mcp` and `subagent acp`: serve the runtime to another agent on stdin/stdout."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from subagent.cli.common import (
+    UsageError,
+    home_dir,
+    model_registry,
+    model_route,
+    non_negative_int,
+)
+
+__all__ = ["cmd_serve", "register"]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Validate everything first (errors are one stderr line); then stdout is the protocol's."""
+    from subagent.serve.run import serve
+    from subagent.serve.wiring import ServeConfig, load_config, merge_flags
+
+    try:
+        base = load_config(args.config) if args.config else ServeConfig()
+        home = home_dir(args)
+        config = merge_flags(
+            base,
+            model=args.model,
+            base_url=args.base_url,
+            max_depth=args.max_depth,
+            store_dir=str(Path(home) / "sessions") if home else None,
+            acp=args.acp or (),
+        )
+    except ValueError as exc:  # a bad flag, config file or ACP command: exit 2, like argparse
+        raise UsageError(str(exc)) from None
+    # The same model routes as `run` (`--model anthropic:NAME`, `openai:NAME` or a bare NAME).
+    route = None
+    if config.model:
+        prefix, name = model_route(config.model)
+        route = f"{prefix}:{name}"
+    models = model_registry(argparse.Namespace(base_url=config.base_url, model=config.model))
+    return serve(args.command, config, models=models, route=route)
+
+
+def _add(sub: Any, name: str, help_text: str) -> None:
+    serve = sub.add_parser(name, help=help_text)
+    serve.add_argument("--config", metavar="FILE", help="a JSON config file (see docs/serve.md)")
+    serve.add_argument("--model", help="the agents' model at --base-url (default: offline)")
+    serve.add_argument("--base-url", help="an OpenAI-compatible endpoint")
+    serve.add_argument(
+        "--acp",
+        action="append",
+        metavar="NAME=COMMAND",
+        help="an ACP agent as the delegation tool subagent_NAME (repeatable)",
+    )
+    serve.add_argument(
+        "--max-depth", type=non_negative_int, metavar="D", help="the delegation depth cap (3)"
+    )
+    # The server stops gracefully on SIGTERM (children cancelled, logs closed), then exits 143.
+    serve.set_defaults(fn=cmd_serve, handles_sigterm=True)
+
+
+def register(sub: Any) -> None:
+    _add(sub, "mcp", "serve the subagent tools to an MCP client on stdio")
+    _add(sub, "acp", "serve a coordinator agent to an ACP client (editor) on stdio")

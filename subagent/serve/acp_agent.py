@@ -1,0 +1,455 @@
+"""`subagent acp`: the runtime as an ACP agent over stdio (protocol version 1).
+
+Each ACP session is one coordinator agent with the subagent tools; its session id is the
+coordinator's session id in the store, so `session/load` continues it (and, through it, its
+stored continuable children) in a later process. `session/prompt` is one coordinator turn;
+`session/update` streams the coordinator's text (`agent_message_chunk`), its tool calls
+(`tool_call` / `tool_call_update`) and every descendant's start, progress and end as tool calls
+of their own (id `child:<session id>`, `_meta` naming the parent), so an editor can draw the tree.
+`session/cancel` cancels the coordinator's turn, which cascades to every child it started.
+
+Depth crosses processes in `_meta`: a `session/new` (or `session/load`) whose `_meta` carries
+`subagent-runtime/depth: N` starts the coordinator at delegation depth N, so a runtime started by
+another runtime's `acp` provider keeps counting from the parent's depth and the cap holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import gevent
+from gevent.event import AsyncResult, Event
+from gevent.pool import Group
+
+from agent.options import AgentOptions
+from providers.acp import DEPTH_META
+from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
+from subagent.serve.progress import ChildFeed, describe
+from subagent.serve.stdio import ProtocolPipes
+from subagent.serve.wiring import Served
+from subagent.tools import child_labels, install_subagent_tools
+
+__all__ = ["DEPTH_META", "PROTOCOL_VERSION", "AcpAgentServer"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION: Final = 1
+
+PARENT_META: Final = "subagent-runtime/parent"
+
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+MAX_LINE_BYTES = 16 * 1024 * 1024
+PROMPT_GRACE = 10.0
+
+STOP_REASONS: Final = {
+    "completed": "end_turn",
+    "aborted": "cancelled",
+    "max-tokens": "max_tokens",
+    "refusal": "refusal",
+}
+
+
+def meta_depth(params: Mapping[str, Any]) -> int | None:
+    """The delegation depth a session starts at, from `_meta`; `RpcFault` when malformed."""
+    meta = params.get("_meta")
+    if not isinstance(meta, Mapping) or DEPTH_META not in meta:
+        return None
+    depth = meta[DEPTH_META]
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise RpcFault(INVALID_PARAMS, f"_meta {DEPTH_META} must be a non-negative integer")
+    return depth
+
+
+def prompt_blocks(prompt: Any) -> list[dict[str, Any]]:
+    """ACP content blocks as the runtime's text blocks (text, resource links, text resources)."""
+    if not isinstance(prompt, list) or not prompt:
+        raise RpcFault(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
+    blocks: list[dict[str, Any]] = []
+    for block in prompt:
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            blocks.append({"type": "text", "text": block["text"]})
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            blocks.append({"type": "text", "text": f"[resource {block['uri']}]"})
+        elif kind == "resource" and isinstance(block.get("resource"), Mapping):
+            resource = block["resource"]
+            text = resource.get("text")
+            if not isinstance(text, str):
+                raise RpcFault(INVALID_PARAMS, "only text resources are supported")
+            blocks.append({"type": "text", "text": f"[resource {resource.get('uri')}]\n{text}"})
+        else:
+            raise RpcFault(INVALID_PARAMS, f"unsupported prompt block type {kind!r}")
+    return blocks
+
+
+def _text_content(content: Any) -> list[dict[str, Any]]:
+    text = "\n".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping))
+    return [{"type": "content", "content": {"type": "text", "text": text}}] if text else []
+
+
+class _Session:
+    """One ACP session: its coordinator, the streams that report on it, its running prompt."""
+
+    def __init__(self, server: AcpAgentServer, agent: Any) -> None:
+        self.server = server
+        self.agent = agent
+        self.prompting = False
+        self.removers: list[Callable[[], None]] = []
+        runtime = server.runtime
+        self.feed = ChildFeed(runtime.subagents, runtime.ctx.agents, agent.id)
+        self.removers.append(self.feed.close)
+        self.removers.append(self.feed.add(self._on_child))
+        self.removers.append(agent.add_progress_listener(self._on_own))
+        self.turn_waiters: dict[str, AsyncResult] = {}
+        self.opened: set[str] = set()  # children whose tool call the client has seen
+        agent.actor.turn_listeners.append(self._on_turn_end)
+        self.removers.append(lambda: agent.actor.turn_listeners.remove(self._on_turn_end))
+
+    @property
+    def id(self) -> str:
+        return str(self.agent.id)
+
+    def update(self, update: dict[str, Any]) -> None:
+        self.server.conn.notify("session/update", {"sessionId": self.id, "update": update})
+
+    def _on_turn_end(self, outcome: Any) -> None:
+        waiter = self.turn_waiters.pop(str(outcome.message_id), None)
+        if waiter is not None:
+            waiter.set(outcome)
+
+    def _on_own(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "model/chunk" and event.get("type") == "text" and event.get("text"):
+            self.update(
+                {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": str(event["text"])},
+                }
+            )
+        elif kind == "tool/call":
+            arguments = event.get("arguments")
+            title = str(event.get("name"))
+            if isinstance(arguments, Mapping) and isinstance(arguments.get("description"), str):
+                title = f"{title}: {arguments['description']}"
+            self.update(
+                {
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": str(event.get("call_id")),
+                    "title": title,
+                    "kind": "other",
+                    "status": "in_progress",
+                    "rawInput": dict(arguments) if isinstance(arguments, Mapping) else {},
+                }
+            )
+        elif kind == "tool/result":
+            update: dict[str, Any] = {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": str(event.get("call_id")),
+                "status": "failed" if event.get("is_error") else "completed",
+                "content": _text_content(event.get("content")),
+            }
+            if event.get("code"):
+                update["_meta"] = {"subagent-runtime/code": event["code"]}
+            self.update(update)
+
+    def _parent_of(self, child: str, event: Mapping[str, Any]) -> Any:
+        parent = event.get("parent_id")
+        if parent is None:
+            agent = self.server.runtime.ctx.agents.get(child)
+            parent = agent.header.parent_session if agent is not None else child.rpartition(".")[0]
+        return parent
+
+    def _on_child(self, event: Mapping[str, Any]) -> None:
+        """A child's events as one tool call: opened at its first event (a child's progress can
+        precede its `subagent/start`), back to `in_progress` when it starts again (a resumed
+        continuable child), closed `completed`/`failed` at its end."""
+        labels = child_labels(self.server.runtime.ctx)
+        kind = event.get("type")
+        child = str(event.get("id") or event.get("agent_id"))
+        call_id = f"child:{child}"
+        line = describe(event, labels)
+        label = labels.get(child)
+        title = f"subagent {child}" + (f": {label}" if label else "")
+        meta = {PARENT_META: self._parent_of(child, event)}
+        if child not in self.opened:
+            self.opened.add(child)
+            self.update(
+                {
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": call_id,
+                    "title": title,
+                    "kind": "other",
+                    "status": "in_progress",
+                    "_meta": meta,
+                }
+            )
+        elif kind == "subagent/start":
+            self.update(
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "title": title,
+                    "status": "in_progress",
+                    "_meta": meta,
+                }
+            )
+        if kind == "subagent/end":
+            failed = event.get("stop_reason") != "completed"
+            content = _text_content(event.get("last_assistant_message"))
+            if line:
+                content.insert(0, {"type": "content", "content": {"type": "text", "text": line}})
+            self.update(
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "status": "failed" if failed else "completed",
+                    "content": content,
+                }
+            )
+        elif kind != "subagent/start" and line is not None:
+            self.update(
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "content": [{"type": "content", "content": {"type": "text", "text": line}}],
+                }
+            )
+
+    def send(self, blocks: list[dict[str, Any]]) -> tuple[Any, AsyncResult]:
+        """Queue the prompt's turn now (in mailbox order, before any later cancel)."""
+        message_id = "acp-" + secrets.token_hex(6)
+        waiter: AsyncResult = AsyncResult()
+        self.turn_waiters[message_id] = waiter
+        return self.agent.send(blocks, message_id=message_id), waiter
+
+    def wait(self, accepted: Any, waiter: AsyncResult) -> dict[str, Any]:
+        """The queued turn's stop reason (`cancelled` when a cancel discarded it unstarted)."""
+        try:
+            accepted.get()
+            outcome = waiter.get()
+        finally:
+            for key, pending in list(self.turn_waiters.items()):
+                if pending is waiter:
+                    del self.turn_waiters[key]
+        if outcome is None:
+            return {"stopReason": "cancelled"}
+        stop = STOP_REASONS.get(outcome.reason)
+        if stop is None:
+            why = outcome.message or outcome.cause or outcome.reason
+            raise RpcFault(INTERNAL_ERROR, f"the coordinator's turn ended {outcome.reason}: {why}")
+        return {"stopReason": stop}
+
+    def cancelled(self, idle: Any, before: list[AsyncResult]) -> None:
+        """After a cancel settles: a prompt sent `before` it whose message was discarded before
+        its turn began gets no turn, so it is answered `cancelled` here."""
+        with contextlib.suppress(Exception):
+            idle.get()
+        for waiter in before:
+            if not waiter.ready():
+                waiter.set(None)
+
+    def close(self) -> None:
+        while self.removers:
+            with contextlib.suppress(ValueError):
+                self.removers.pop()()
+
+
+class AcpAgentServer:
+    """One ACP client over `pipes`, served until it hangs up or `stop()`."""
+
+    def __init__(self, served: Served, pipes: ProtocolPipes) -> None:
+        self._served = served
+        self.runtime = served.runtime
+        self._sessions: dict[str, _Session] = {}
+        self._group = Group()
+        self._stop = Event()
+        self._initialized = False
+        self._uninstall = install_subagent_tools(self.runtime, tools=served.tools)
+        self.conn = JsonRpcConnection(
+            pipes.writer,
+            pipes.reader,
+            on_request=self._on_request,
+            on_notification=self._on_notification,
+            max_line_bytes=MAX_LINE_BYTES,
+            name="acp-server",
+        )
+
+    def serve(self) -> None:
+        self.conn.closed.rawlink(lambda _event: self._stop.set())
+        try:
+            while not self._stop.wait(timeout=1.0):
+                pass
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        """Cancel running prompts (their children with them), then close the runtime."""
+        for session in list(self._sessions.values()):
+            if session.agent.status == "running":
+                session.agent.cancel("the ACP agent is shutting down")
+        self._group.join(timeout=PROMPT_GRACE)
+        self._group.kill(block=True)
+        for session in list(self._sessions.values()):
+            session.close()
+        self._uninstall()
+        self._served.close()
+        self.conn.shutdown("the ACP agent stopped")
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _on_request(self, method: str, params: Any) -> Any:
+        if method == "initialize":
+            self._initialized = True
+            return {
+                "protocolVersion": PROTOCOL_VERSION,
+                "agentCapabilities": {
+                    "loadSession": True,
+                    "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                },
+                "agentInfo": {"name": "subagent-runtime", "title": "Subagent runtime"},
+                "authMethods": [],
+            }
+        if not self._initialized:
+            raise RpcFault(-32600, "initialize first")
+        if not isinstance(params, Mapping):
+            raise RpcFault(INVALID_PARAMS, f"{method} needs an object of params")
+        if method == "session/new":
+            return self._spawn(self._new_session, params)
+        if method == "session/load":
+            return self._spawn(self._load_session, params)
+        if method == "session/prompt":
+            session = self._session(params)
+            if session.prompting:
+                raise RpcFault(INVALID_PARAMS, "a prompt is already running in this session")
+            blocks = prompt_blocks(params.get("prompt"))
+            session.prompting = True
+            accepted, waiter = session.send(blocks)
+            return self._spawn(self._prompt, session, accepted, waiter)
+        raise MethodNotFound(method)
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> gevent.Greenlet:
+        greenlet: gevent.Greenlet = self._group.spawn(self._guarded, fn, *args)
+        return greenlet
+
+    @staticmethod
+    def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (RpcFault, MethodNotFound):
+            raise
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RpcFault(INVALID_PARAMS, f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            log.exception("acp server: request failed")
+            raise RpcFault(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from exc
+
+    def _session(self, params: Mapping[str, Any]) -> _Session:
+        session = self._sessions.get(str(params.get("sessionId")))
+        if session is None:
+            raise RpcFault(INVALID_PARAMS, f"unknown session {params.get('sessionId')!r}")
+        return session
+
+    @staticmethod
+    def _cwd(params: Mapping[str, Any]) -> str:
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
+            raise RpcFault(INVALID_PARAMS, f"cwd must be an absolute directory, got {cwd!r}")
+        return cwd
+
+    def _options(self, depth: int | None) -> AgentOptions:
+        return AgentOptions(model=self._served.model, subagent_depth=depth)
+
+    @staticmethod
+    def _note_mcp_servers(params: Mapping[str, Any]) -> None:
+        servers = params.get("mcpServers")
+        if isinstance(servers, list) and servers:
+            # Not silent: the coordinator's tools are the subagent tools; it does not connect
+            # to the client's MCP servers (docs/serve.md).
+            log.warning("acp server: ignoring %d MCP server(s) from the client", len(servers))
+
+    def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        self._note_mcp_servers(params)
+        depth = meta_depth(params)
+        agent = self.runtime.agent(
+            options=self._options(depth), cwd=self._cwd(params), delegation_depth=depth or 0
+        )
+        self._sessions[agent.id] = _Session(self, agent)
+        log.info("acp server: session %s at depth %s", agent.id, agent.depth)
+        return {"sessionId": agent.id}
+
+    def _load_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session_id = params.get("sessionId")
+        self._cwd(params)
+        depth = meta_depth(params)
+        if not isinstance(session_id, str):
+            raise RpcFault(INVALID_PARAMS, "sessionId must be a string")
+        if session_id not in self._sessions:
+            store = self.runtime.store
+            if not store.exists(session_id):
+                raise RpcFault(INVALID_PARAMS, f"no stored session {session_id!r}")
+            header = store.inspect(session_id).header
+            if header.parent_session is not None:
+                raise RpcFault(INVALID_PARAMS, f"{session_id} is a subagent, not a coordinator")
+            agent = self.runtime.resume_agent(session_id, options=self._options(depth))
+            self._sessions[session_id] = _Session(self, agent)
+        self._replay(self._sessions[session_id])
+        return {}
+
+    def _replay(self, session: _Session) -> None:
+        """The conversation so far as updates, as `session/load` promises the client."""
+        loaded = self.runtime.store.inspect(session.id)
+        for event in loaded.events[loaded.header.seed_length :]:
+            kind, data = event["type"], event["data"]
+            if kind == "user/message":
+                for block in _text_content(data["message"].get("content")):
+                    session.update({"sessionUpdate": "user_message_chunk", **block})
+            elif kind == "assistant/message":
+                for block in _text_content(data["message"].get("content")):
+                    session.update({"sessionUpdate": "agent_message_chunk", **block})
+            elif kind == "tool/call":
+                session.update(
+                    {
+                        "sessionUpdate": "tool_call",
+                        "toolCallId": str(data["call_id"]),
+                        "title": str(data["name"]),
+                        "kind": "other",
+                        "status": "in_progress",
+                        "rawInput": data.get("arguments", {}),
+                    }
+                )
+            elif kind == "tool/result":
+                session.update(
+                    {
+                        "sessionUpdate": "tool_call_update",
+                        "toolCallId": str(data["call_id"]),
+                        "status": "failed" if data.get("is_error") else "completed",
+                        "content": _text_content(data.get("content")),
+                    }
+                )
+
+    def _prompt(self, session: _Session, accepted: Any, waiter: AsyncResult) -> dict[str, Any]:
+        try:
+            return session.wait(accepted, waiter)
+        finally:
+            session.prompting = False
+
+    # -- notifications ---------------------------------------------------------------------
+
+    def _on_notification(self, method: str, params: Any) -> None:
+        if method != "session/cancel" or not isinstance(params, Mapping):
+            return
+        session = self._sessions.get(str(params.get("sessionId")))
+        if session is not None:
+            # The agent's cancel hook cancels every run it started; the turn ends `aborted`.
+            before = list(session.turn_waiters.values())
+            idle = session.agent.cancel("cancelled by the ACP client")
+            self._group.spawn(session.cancelled, idle, before)

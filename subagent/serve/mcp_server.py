@@ -1,0 +1,233 @@
+"""`subagent mcp`: the model-facing subagent tools as an MCP server over stdio.
+
+One process serves one MCP connection, and the connection owns one root agent: every tool call
+runs on that agent's behalf (its children, its tasks, its depth), so `task_output` reads the
+tasks an earlier `subagent` call started and `send_message` reaches the children it made. The
+root agent stands in for the client and runs no real model: it only acknowledges the
+settlement notices its continuable children send it.
+
+Protocol (MCP 2025-06-18; 2025-03-26 and 2024-11-05 are accepted when a client asks for them):
+`initialize`, `ping`, `tools/list`, `tools/call` (each call in its own greenlet, so calls run
+side by side), `notifications/cancelled` (aborts that call's signal, which is its foreground
+children's signal; no answer is sent), and `notifications/progress` while the call runs when the
+client sent a `progressToken`. Any tool failure (a crashing child, a bad argument, a depth or
+capability refusal) is a result with `isError: true` whose text starts with the seam's code in
+brackets (also in `_meta`), never a JSON-RPC error; an unknown tool name or malformed params is
+a JSON-RPC `-32602`, as the spec asks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Final
+
+import gevent
+from gevent.event import Event
+from gevent.pool import Group
+
+from agent.model import ToolCall
+from agent.options import AgentOptions
+from agent.tools import ToolContext, ToolResult
+from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcFault
+from subagent.serve.offline import CLIENT_PROXY_MODEL
+from subagent.serve.progress import ChildFeed, describe
+from subagent.serve.stdio import ProtocolPipes
+from subagent.serve.wiring import Served
+from subagent.tools import child_labels, install_subagent_tools
+from supervision.signal import AbortController, AbortError
+
+__all__ = ["CODE_META", "LATEST_VERSION", "SUPPORTED_VERSIONS", "McpServer"]
+
+log = logging.getLogger(__name__)
+
+LATEST_VERSION: Final = "2025-06-18"
+SUPPORTED_VERSIONS: Final = ("2025-06-18", "2025-03-26", "2024-11-05")
+CODE_META: Final = "subagent-runtime/code"
+
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+MAX_LINE_BYTES = 16 * 1024 * 1024
+CALL_GRACE = 10.0  # seconds a cancelled call gets to settle at shutdown before it is killed
+
+INSTRUCTIONS = (
+    "Delegate self-contained tasks to subagents with the `subagent` tool (foreground, or "
+    "run_in_background for a task id / child id). Read background results with task_output, "
+    "stop them with task_kill, follow up with send_message, see them with list_agents and stop "
+    "a running one with interrupt_agent. Cancelling a call cancels its foreground subagents."
+)
+
+
+def tool_result_json(result: ToolResult) -> dict[str, Any]:
+    """A `ToolResult` as an MCP `CallToolResult`; an error leads with `[CODE]`."""
+    content = [dict(block) for block in result.content]
+    out: dict[str, Any] = {"content": content, "isError": result.is_error}
+    if result.is_error:
+        code = result.code or "TOOL_FAILED"
+        if content and content[0].get("type") == "text":
+            content[0]["text"] = f"[{code}] {content[0].get('text', '')}"
+        else:
+            content.insert(0, {"type": "text", "text": f"[{code}]"})
+        out["_meta"] = {CODE_META: code}
+    return out
+
+
+class McpServer:
+    """One MCP connection over `pipes`, served until the client closes it or `stop()`."""
+
+    def __init__(self, served: Served, pipes: ProtocolPipes, *, cwd: str | None = None) -> None:
+        self._served = served
+        self._runtime = served.runtime
+        self._cwd = cwd or os.getcwd()
+        self._root: Any = None
+        self._feed: ChildFeed | None = None
+        self._version: str | None = None
+        self._calls: dict[Any, AbortController] = {}
+        self._group = Group()
+        self._stop = Event()
+        self._ticks = itertools.count(1)
+        self._uninstall = install_subagent_tools(self._runtime, tools=served.tools)
+        self.conn = JsonRpcConnection(
+            pipes.writer,
+            pipes.reader,
+            on_request=self._on_request,
+            on_notification=self._on_notification,
+            max_line_bytes=MAX_LINE_BYTES,
+            name="mcp",
+        )
+
+    # -- life ------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Block (cooperatively) until the client hangs up or `stop()`; then tear down."""
+        self.conn.closed.rawlink(lambda _event: self._stop.set())
+        try:
+            # Timed: with every greenlet parked, a plain wait could end in LoopExit.
+            while not self._stop.wait(timeout=1.0):
+                pass
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        """Cancel every call (and so its foreground children), then close the runtime."""
+        for controller in list(self._calls.values()):
+            controller.abort("the MCP server is shutting down")
+        self._group.join(timeout=CALL_GRACE)
+        self._group.kill(block=True)
+        if self._feed is not None:
+            self._feed.close()
+        self._uninstall()
+        self._served.close()
+        self.conn.shutdown("the MCP server stopped")
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _on_request(self, method: str, params: Any) -> Any:
+        if method == "initialize":
+            return self._initialize(params)
+        if method == "ping":
+            return {}
+        if self._root is None:
+            raise RpcFault(INVALID_REQUEST, "the server is not initialized")
+        if method == "tools/list":
+            return {"tools": self._tools()}
+        if method == "tools/call":
+            return self._call(params)
+        raise MethodNotFound(method)
+
+    def _initialize(self, params: Any) -> dict[str, Any]:
+        if self._root is not None:
+            raise RpcFault(INVALID_REQUEST, "initialize was already called on this connection")
+        asked = params.get("protocolVersion") if isinstance(params, Mapping) else None
+        self._version = asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION
+        self._root = self._runtime.agent(
+            options=AgentOptions(model=CLIENT_PROXY_MODEL), cwd=self._cwd
+        )
+        self._feed = ChildFeed(self._runtime.subagents, self._runtime.ctx.agents, self._root.id)
+        log.info("mcp: root agent %s (protocol %s)", self._root.id, self._version)
+        return {
+            "protocolVersion": self._version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {
+                "name": "subagent-runtime",
+                "title": "Subagent runtime",
+                "version": _version(),
+            },
+            "instructions": INSTRUCTIONS,
+        }
+
+    def _tools(self) -> list[dict[str, Any]]:
+        return [
+            {"name": s.name, "description": s.description, "inputSchema": dict(s.parameters)}
+            for s in self._root.tools.specs()
+        ]
+
+    def _call(self, params: Any) -> gevent.Greenlet:
+        if not isinstance(params, Mapping) or not isinstance(params.get("name"), str):
+            raise RpcFault(INVALID_PARAMS, "tools/call needs params with a string name")
+        name = params["name"]
+        if name not in self._root.tools.names() and self._root.tools.registry.get(name) is None:
+            raise RpcFault(INVALID_PARAMS, f"unknown tool: {name}")
+        arguments = params.get("arguments")
+        arguments = {} if arguments is None else arguments
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+        rid = self.conn.request_id
+        controller = AbortController()
+        self._calls[rid] = controller
+        call = ToolCall(f"mcp-{rid}", name, arguments)
+        greenlet: gevent.Greenlet = self._group.spawn(self._run_call, rid, call, controller, token)
+        return greenlet
+
+    def _run_call(self, rid: Any, call: ToolCall, controller: AbortController, token: Any) -> Any:
+        remove = None
+        if isinstance(token, (str, int)) and not isinstance(token, bool) and self._feed:
+            remove = self._feed.add(lambda event: self._progress(token, event))
+        ctx = ToolContext(
+            agent=self._root, session_id=self._root.id, call_id=call.id, signal=controller.signal
+        )
+        try:
+            result = self._root.tools.execute(call, ctx)
+        except AbortError:
+            return NO_REPLY
+        finally:
+            if remove is not None:
+                remove()
+            self._calls.pop(rid, None)
+        if controller.signal.aborted:
+            return NO_REPLY  # the client cancelled: it expects no answer
+        return tool_result_json(result)
+
+    def _progress(self, token: str | int, event: Mapping[str, Any]) -> None:
+        text = describe(event, child_labels(self._runtime.ctx))
+        if text is None:
+            return
+        self.conn.notify(
+            "notifications/progress",
+            {"progressToken": token, "progress": next(self._ticks), "message": text},
+        )
+
+    # -- notifications ---------------------------------------------------------------------
+
+    def _on_notification(self, method: str, params: Any) -> None:
+        if method == "notifications/cancelled" and isinstance(params, Mapping):
+            controller = self._calls.get(params.get("requestId"))
+            if controller is not None:
+                reason = params.get("reason")
+                why = f": {reason}" if isinstance(reason, str) and reason else ""
+                controller.abort(f"cancelled by the MCP client{why}")
+        # notifications/initialized and anything else: nothing to do
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("subagent-runtime")
+    except PackageNotFoundError:
+        return "0.0.0"

@@ -1,0 +1,76 @@
+"""Starting a server process: claim stdio, build the runtime, serve, tear down on EOF/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Literal
+
+import gevent
+
+from agent.models import ModelRegistry
+from subagent.serve.stdio import claim_stdio
+from subagent.serve.wiring import ServeConfig, build_served
+
+__all__ = ["serve"]
+
+log = logging.getLogger(__name__)
+
+
+class _Signals:
+    """First SIGTERM/SIGINT: a graceful stop (cancel, close every child, flush the logs). A
+    second one: SIGKILL the external agents' process groups and exit at once."""
+
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self._stop = stop
+        self.received: int | None = None
+        self._watchers = [
+            gevent.signal_handler(s, self._on_signal, s) for s in (signal.SIGTERM, signal.SIGINT)
+        ]
+
+    def _on_signal(self, signum: int) -> None:
+        if self.received is not None:
+            from providers.acp_process import kill_all_groups
+
+            kill_all_groups()
+            os._exit(128 + signum)
+        self.received = signum
+        self._stop()
+
+    def cancel(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+
+
+def serve(
+    kind: Literal["mcp", "acp"],
+    config: ServeConfig,
+    *,
+    models: ModelRegistry | None = None,
+    route: str | None = None,
+) -> int:
+    """Serve one client on stdin/stdout until it hangs up (0) or a signal stops it (128 + its
+    number, after the same graceful teardown)."""
+    pipes = claim_stdio()
+    server: object
+    if kind == "mcp":
+        from subagent.serve.mcp_server import McpServer
+
+        served = build_served(config, fork=False, child_options=True, models=models, route=route)
+        server = mcp = McpServer(served, pipes)
+        stop, run = mcp.stop, mcp.serve
+    else:
+        from subagent.serve.acp_agent import AcpAgentServer
+
+        served = build_served(config, fork=True, child_options=False, models=models, route=route)
+        server = acp = AcpAgentServer(served, pipes)
+        stop, run = acp.stop, acp.serve
+    signals = _Signals(stop)
+    log.info("subagent %s: serving on stdio with %r", kind, server)
+    try:
+        run()
+    finally:
+        signals.cancel()
+    return 0 if signals.received is None else 128 + signals.received

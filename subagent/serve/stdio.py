@@ -1,0 +1,40 @@
+"""The server's stdio: fd 0 and fd 1 belong to the protocol, and only to it.
+
+A stray `print`, a library's warning or a child process inheriting our stdout would corrupt the
+JSON-RPC stream, so `claim_stdio` moves the protocol's stdout to a private descriptor and points
+fd 1 (and `sys.stdout`) at stderr. Both ends are gevent file objects: reads and writes are
+cooperative, so one slow client never blocks the hub.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from gevent.fileobject import FileObjectPosix
+
+__all__ = ["ProtocolPipes", "claim_stdio"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolPipes:
+    """Where the client's messages come from (`reader`) and where ours go (`writer`)."""
+
+    reader: Any
+    writer: Any
+
+
+def claim_stdio() -> ProtocolPipes:
+    """Take fd 0 and fd 1 for the protocol; fd 1 then refers to stderr for everything else."""
+    protocol_out = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    protocol_in = os.dup(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a child process we start never reads the client's messages
+    os.close(devnull)
+    reader = FileObjectPosix(protocol_in, "rb", bufsize=65536)
+    writer = FileObjectPosix(protocol_out, "wb", bufsize=65536)
+    return ProtocolPipes(reader, writer)

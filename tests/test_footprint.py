@@ -1,0 +1,131 @@
+"""What one live child costs the cyclic collector, and the GC policy the runtime owns.
+
+Every tracked object of a live child is work for each full collection, so the count per parked
+child is held under a bound (the redesign that made the child's own actor its run's actor took
+it from ~148 to ~107). The runtime's GC policy: a larger young generation while a runtime is
+open, freezing after bursts of starts, both undone at close; a host's own tuning is kept.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+from seam_kit import kit, wait_until
+
+from agent.models import scripted as S
+from agent.store import MemoryStore
+from subagent.runtime import Runtime
+from supervision.gc_policy import DEFAULT_GEN0
+
+# Tracked (gc.get_objects) objects per live child parked in a model call, measured: ~107.
+MAX_TRACKED_PER_CHILD = 125
+
+
+@pytest.fixture
+def default_collector() -> Iterator[None]:
+    """Each test starts and ends with CPython's default collector settings, nothing frozen."""
+    saved = gc.get_threshold()
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)
+
+
+def test_tracked_objects_per_live_child_stay_under_the_bound(default_collector: None) -> None:
+    with kit(gc_policy=False) as k:
+        parked = [0]
+
+        def hang(request: object) -> S.Step:
+            parked[0] += 1
+            return S.hang()
+
+        k.respond = hang  # type: ignore[assignment]
+        parent = k.parent()
+        warm = [k.start(parent) for _ in range(20)]
+        wait_until(lambda: parked[0] == 20)
+        k.events.clear()
+        gc.collect()
+        before = len(gc.get_objects())
+        n = 300
+        runs = [k.start(parent) for _ in range(n)]
+        wait_until(lambda: parked[0] == 20 + n)
+        k.events.clear()  # the test's own event log is not the child's cost
+        gc.collect()
+        per_child = (len(gc.get_objects()) - before) / n
+        assert per_child <= MAX_TRACKED_PER_CHILD, f"{per_child:.1f} tracked objects per child"
+        for run in warm + runs:
+            run.dispose()
+
+
+def test_the_runtime_owns_a_gc_policy_by_default_and_undoes_it(default_collector: None) -> None:
+    rt = Runtime(store=MemoryStore())
+    try:
+        assert gc.get_threshold()[0] == DEFAULT_GEN0
+        second = Runtime(store=MemoryStore())
+        second.close()
+        assert gc.get_threshold()[0] == DEFAULT_GEN0  # still held by the first runtime
+    finally:
+        rt.close()
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_host_tuned_collector_is_left_alone(default_collector: None) -> None:
+    gc.set_threshold(5_000, 20, 20)
+    with Runtime(store=MemoryStore()):
+        assert gc.get_threshold() == (5_000, 20, 20)
+    assert gc.get_threshold() == (5_000, 20, 20)
+
+
+def test_gc_policy_false_opts_out(default_collector: None) -> None:
+    with kit(gc_policy=False, gc_freeze_every=2) as k:
+        assert gc.get_threshold() == (700, 10, 10)
+        parent = k.parent()
+        runs = [k.start(parent, str(i)) for i in range(3)]
+        k.flush_events()
+        assert gc.get_freeze_count() == 0
+        for run in runs:
+            run.dispose()
+
+
+def test_the_default_policy_freezes_after_bursts_of_starts(default_collector: None) -> None:
+    with kit(gc_freeze_every=5) as k:
+        parent = k.parent()
+        runs = [k.start(parent, str(i)) for i in range(4)]
+        k.flush_events()
+        assert gc.get_freeze_count() == 0
+        runs.append(k.start(parent, "fifth"))
+        k.flush_events()
+        assert gc.get_freeze_count() > 0
+        for run in runs:
+            run.dispose()
+    assert gc.get_freeze_count() == 0
+
+
+def test_model_requests_view_the_history_without_copying_it() -> None:
+    """Each step's request sees the conversation up to that step, and keeps seeing exactly
+    that after later steps appended to it: a view of the one history, not a copy per step."""
+    from agent.history import HistoryView
+    from agent.tools import Tool
+
+    with kit() as k:
+        k.runtime.ctx.tools.register(
+            Tool(
+                name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
+            )
+        )
+        steps = iter([S.tool_call("noop", {}), S.tool_call("noop", {}), S.text("done")])
+        k.respond = lambda request: next(steps)
+        agent = k.parent()
+        agent.send("go").get(timeout=5)
+        agent.when_idle().get(timeout=5)
+        requests = k.model.requests_for(agent.id)
+        assert [len(r.messages) for r in requests] == [1, 3, 5]
+        assert all(isinstance(r.messages, HistoryView) for r in requests)
+        assert [m["role"] for m in requests[0].messages] == ["user"]
+        assert requests[2].messages[:3] == list(requests[1].messages)
+        assert next(reversed(requests[1].messages))["role"] == "tool"

@@ -1,0 +1,263 @@
+"""`subagent acp`, driven by the ACP SDK client in its own process, and run as the child of
+another runtime's `acp` provider (a runtime as a child of a runtime, the depth cap across both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gevent import subprocess as gsub
+
+from agent.model import ModelRequest
+from agent.models import scripted as S
+from agent.options import AgentOptions
+from agent.store import SessionStore
+from providers.acp import DEPTH_META, AcpConfig, AcpProvider, session_params
+from subagent.runtime import Runtime
+from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT = REPO / "tests" / "serve_clients" / "acp_client.py"
+
+
+def drive(
+    scenario: str, home: Path, *server_args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    environ = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    environ.update(env or {})
+    proc = gsub.run(
+        [sys.executable, str(CLIENT), scenario, str(home), *server_args],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def child_calls(turn: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in turn["calls"].items() if k.startswith("child:")}
+
+
+def own_calls(turn: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v for k, v in turn["calls"].items() if not k.startswith("child:")]
+
+
+@pytest.fixture(scope="module")
+def basic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return drive("basic", tmp_path_factory.mktemp("acp-home"), "--max-depth", "3")
+
+
+def test_initialize_advertises_load_session(basic: dict[str, Any]) -> None:
+    assert basic["protocol"] == 1
+    assert basic["load_session"] is True
+
+
+def test_a_prompt_streams_text_the_tool_call_and_the_childs_life(basic: dict[str, Any]) -> None:
+    turn = basic["delegate"]
+    assert turn["stop"] == "end_turn"
+    assert turn["message"].endswith(
+        "subagent returned: (offline scripted model) received: hello child"
+    )
+    (call,) = own_calls(turn)
+    assert call["title"] == "subagent: hello child" and call["status"] == "completed"
+    assert call["rawInput"] == {"description": "hello child", "prompt": "hello child"}
+    ((_child_id, child),) = child_calls(turn).items()
+    assert child["first"] == "tool_call"  # opened before any update, though progress may lead
+    assert child["status"] == "completed"
+    assert child["meta"] == {"subagent-runtime/parent": basic["session"]}
+    assert child["lines"][0].endswith(": turn 1 started")  # progress while it ran
+    assert any(line.endswith(": step 1") for line in child["lines"])
+    assert child["lines"][-1].endswith("received: hello child")  # its answer at the end
+
+
+def test_background_child_and_task_output_in_one_turn(basic: dict[str, Any]) -> None:
+    turn = basic["background"]
+    assert turn["stop"] == "end_turn"
+    started, output = own_calls(turn)
+    assert started["rawInput"]["run_in_background"] is True
+    assert "Started continuable subagent" in started["lines"][0]
+    assert output["title"] == "task_output" and output["rawInput"]["task_id"] == "task-1"
+    assert output["lines"][0].startswith("Task task-1 (background work): completed")
+
+
+def test_a_crashing_child_fails_its_call_with_the_code(basic: dict[str, Any]) -> None:
+    turn = basic["crash"]
+    assert turn["stop"] == "end_turn"  # the coordinator survives and reports
+    (call,) = own_calls(turn)
+    assert call["status"] == "failed"
+    assert call["meta"] == {"subagent-runtime/code": "SUBAGENT_ERROR"}
+    assert "Diagnostic: boom" in call["lines"][0]
+    ((_, child),) = child_calls(turn).items()
+    assert child["status"] == "failed" and child["lines"][-1].endswith("ended error")
+
+
+def test_bad_tool_arguments_fail_the_call_with_the_code(basic: dict[str, Any]) -> None:
+    (call,) = own_calls(basic["bad_args"])
+    assert call["status"] == "failed"
+    assert call["meta"] == {"subagent-runtime/code": "INVALID_ARGS"}
+    assert not child_calls(basic["bad_args"])  # nothing was started
+
+
+def test_bad_protocol_arguments_are_json_rpc_errors(basic: dict[str, Any]) -> None:
+    assert basic["unknown_session"]["code"] == -32602
+    assert basic["bad_depth"]["code"] == -32602
+    assert DEPTH_META in basic["bad_depth"]["message"]
+
+
+def test_a_coordinator_turn_that_ends_error_is_a_json_rpc_error(basic: dict[str, Any]) -> None:
+    error = basic["coordinator_error"]
+    assert error["code"] == -32603
+    assert "ended error: the coordinator's model broke" in error["message"]
+
+
+def test_a_session_started_at_the_cap_by_meta_cannot_delegate(basic: dict[str, Any]) -> None:
+    turn = basic["at_cap"]
+    assert turn["message"].endswith("cannot delegate: no subagent tool at this depth")
+    assert not child_calls(turn)
+
+
+def test_session_cancel_cascades_to_the_child(tmp_path: Path) -> None:
+    seen = drive("cancel", tmp_path)
+    assert seen["stop"] == "cancelled"
+    child = seen["calls"][seen["child"]]
+    assert child["status"] == "failed" and child["lines"][-1].endswith("ended aborted")
+    events = SessionStore(tmp_path / "sessions").inspect(seen["child"][len("child:") :]).events
+    (end,) = [e["data"] for e in events if e["type"] == "turn/end"]
+    assert end["reason"] == "aborted"
+
+
+def test_session_load_continues_the_coordinator_and_its_children(tmp_path: Path) -> None:
+    first = drive("load_first", tmp_path)
+    again = drive(
+        "load_again",
+        tmp_path,
+        env={"ACP_LOAD_SESSION": first["session"], "ACP_LOAD_CHILD": first["child"]},
+    )
+    assert again["replayed_user"][0] == "/background remember the number 7"
+    assert "subagent" in again["replayed_calls"]
+    assert again["stop"] == "end_turn"
+    sent, output = own_calls(again)
+    assert "was stopped; it resumed with your message" in sent["lines"][0]
+    assert "received: what was the number?" in output["lines"][0]
+    child = again["calls"][f"child:{first['child']}"]
+    assert child["first"] == "tool_call"  # a new process opens the resumed child's call
+    assert child["lines"][0].endswith("turn 2 started")  # the stored child's second turn
+
+
+def test_a_cancel_right_behind_its_prompt_answers_cancelled(tmp_path: Path) -> None:
+    """Prompt and cancel in one write: the cancel may find the turn queued but unstarted (the
+    message is discarded) or running; either way the prompt is answered `cancelled`."""
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "acp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(*messages: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write("".join(json.dumps({"jsonrpc": "2.0", **m}) + "\n" for m in messages))
+        proc.stdin.flush()
+
+    def reply(rid: int) -> dict[str, Any]:
+        assert proc.stdout is not None
+        while True:
+            message: dict[str, Any] = json.loads(proc.stdout.readline())
+            if message.get("id") == rid:
+                return message
+
+    send({"id": 1, "method": "initialize", "params": {"protocolVersion": 1}})
+    reply(1)
+    send({"id": 2, "method": "session/new", "params": {"cwd": str(REPO), "mcpServers": []}})
+    sid = reply(2)["result"]["sessionId"]
+    prompt = [{"type": "text", "text": "/hang"}]
+    send(
+        {"id": 3, "method": "session/prompt", "params": {"sessionId": sid, "prompt": prompt}},
+        {"method": "session/cancel", "params": {"sessionId": sid}},
+    )
+    assert reply(3)["result"] == {"stopReason": "cancelled"}
+    send(
+        {
+            "id": 4,
+            "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "still here?"}]},
+        }
+    )
+    assert reply(4)["result"] == {"stopReason": "end_turn"}  # the session goes on
+    proc.stdin.close()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
+# -- a runtime as the child of a runtime -------------------------------------------------------
+
+
+def test_session_params_carry_the_parents_depth_plus_one() -> None:
+    class Parent:
+        depth = 2
+
+    assert session_params("/tmp", Parent()) == {
+        "cwd": "/tmp",
+        "mcpServers": [],
+        "_meta": {DEPTH_META: 3},
+    }
+    assert session_params("/tmp", object()) == {"cwd": "/tmp", "mcpServers": []}
+
+
+def _relay(request: ModelRequest) -> S.Step:
+    last = request.messages[-1]
+    if last.get("role") == "tool":
+        return S.text("".join(b.get("text", "") for b in last.get("content", ())))
+    prompt = "".join(b.get("text", "") for b in last.get("content", ()))
+    return S.tool_call("subagent", {"description": "inner runtime", "prompt": prompt})
+
+
+@pytest.fixture
+def outer(tmp_path: Path) -> Iterator[tuple[Runtime, Path]]:
+    inner_home = tmp_path / "inner"
+    rt = Runtime(store=SessionStore(tmp_path / "outer"), scripted=S.ScriptedModel(_relay))
+    config = AcpConfig(
+        command=sys.executable,
+        args=["-m", "subagent.cli", "--home", str(inner_home), "acp", "--max-depth", "3"],
+        cwd=str(REPO),
+        name="inner",
+    )
+    rt.subagents.register(AcpProvider(config))
+    install_subagent_tools(
+        rt, tools=[SubagentToolConfig("inner", name="subagent", max_depth=PROVIDER_MANAGED)]
+    )
+    try:
+        yield rt, inner_home
+    finally:
+        rt.close()
+
+
+def test_a_runtime_runs_subagent_acp_as_its_child_and_the_cap_holds_across(
+    outer: tuple[Runtime, Path],
+) -> None:
+    rt, inner_home = outer
+    root = rt.agent(options=AgentOptions(model="scripted:relay"))
+    root.send("/delegate /delegate /delegate /delegate deep").get()
+    outcome = root.when_idle().get()
+    assert outcome.reason == "completed"
+    answer = "".join(b.get("text", "") for b in outcome.output)
+    # The inner coordinator starts at depth 1 (the outer root's child), so with a cap of 3 only
+    # two more levels fit: the agent at depth 3 cannot delegate, although the prompt asks for
+    # four levels (starting at 0, the inner runtime would have let depth 3 delegate once more).
+    assert answer.endswith("cannot delegate: no subagent tool at this depth"), answer
+    headers = SessionStore(inner_home / "sessions").list()
+    assert sorted(h.delegation_depth for h in headers) == [1, 2, 3]

@@ -1,0 +1,333 @@
+"""`subagent mcp`, driven by the official MCP Python SDK client in its own process.
+
+The SDK client is asyncio-based, so it runs in `tests/serve_clients/mcp_client.py` (started with
+this interpreter); it starts the server as a real subprocess over stdio and prints what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gevent import subprocess as gsub
+
+from agent.store import SessionStore
+from subagent.serve.wiring import ServeConfig, acp_config_from_flag, load_config, merge_flags
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT = REPO / "tests" / "serve_clients" / "mcp_client.py"
+
+
+def drive(scenario: str, home: Path, *server_args: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    proc = gsub.run(
+        [sys.executable, str(CLIENT), scenario, str(home), *server_args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def basic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return drive("basic", tmp_path_factory.mktemp("mcp-home"))
+
+
+def test_handshake_and_the_six_tools_with_their_schemas(basic: dict[str, Any]) -> None:
+    assert basic["protocol"] == "2025-06-18"  # the SDK asked for a newer one; we answer ours
+    assert basic["server"] == "subagent-runtime"
+    assert set(basic["tools"]) == {
+        "subagent",
+        "send_message",
+        "interrupt_agent",
+        "list_agents",
+        "task_output",
+        "task_kill",
+    }
+    schema = basic["tools"]["subagent"]
+    assert schema["required"] == ["description", "prompt"]
+    assert schema["properties"]["run_in_background"]["type"] == "boolean"
+    assert basic["tools"]["task_output"]["required"] == ["task_id"]
+    assert basic["ping"] is True
+
+
+def test_foreground_delegation_answers_with_the_childs_output(basic: dict[str, Any]) -> None:
+    assert basic["foreground"] == {
+        "text": "(offline scripted model) received: hello from the client",
+        "is_error": False,
+        "code": None,
+    }
+
+
+def test_progress_notifications_follow_the_child_while_the_call_runs(
+    basic: dict[str, Any],
+) -> None:
+    lines = [p.split("|", 1) for p in basic["progress"]]
+    values = [float(v) for v, _ in lines]
+    assert values == sorted(values) and len(set(values)) == len(values)  # strictly increasing
+    messages = [m for _, m in lines]
+    assert any(m.endswith("started on spawn") for m in messages)
+    assert any(m.endswith(": step 1") for m in messages)
+    assert messages[-1].endswith("(say hello): ended completed")
+
+
+def test_bad_arguments_are_an_error_result_with_the_code(basic: dict[str, Any]) -> None:
+    bad = basic["bad_args"]
+    assert bad["is_error"] is True and bad["code"] == "INVALID_ARGS"
+    assert bad["text"].startswith("[INVALID_ARGS] ")
+    assert "'description' is a required property" in bad["text"]
+
+
+def test_a_crashing_child_is_an_error_result_not_a_transport_error(
+    basic: dict[str, Any],
+) -> None:
+    crash = basic["crash"]
+    assert crash["is_error"] is True and crash["code"] == "SUBAGENT_ERROR"
+    assert "Diagnostic: boom" in crash["text"]
+
+
+def test_background_task_then_task_output_then_a_follow_up(basic: dict[str, Any]) -> None:
+    assert basic["background"]["is_error"] is False
+    assert "Task task-1 (in background): completed" in basic["task_output"]["text"]
+    assert "received: background work" in basic["task_output"]["text"]
+    unknown = basic["unknown_task"]
+    assert unknown["is_error"] is True and unknown["code"] == "UNKNOWN_TASK"
+    assert f"{basic['child']}  status=stored  mode=continuable" in basic["listing"]["text"]
+    assert "resumed with your message" in basic["send_message"]["text"]
+    assert "received: follow up" in basic["resumed_output"]["text"]
+
+
+def test_an_unknown_tool_name_is_a_protocol_error(basic: dict[str, Any]) -> None:
+    assert basic["unknown_tool"].startswith("MCPError")
+    assert "unknown tool: no_such_tool" in basic["unknown_tool"]
+
+
+def test_cancelling_a_call_cancels_its_child(tmp_path: Path) -> None:
+    seen = drive("cancel", tmp_path)
+    assert "answered" not in seen  # a cancelled call gets no answer
+    assert "status=running" not in seen["after"]
+    events = SessionStore(tmp_path / "sessions").inspect(seen["child"]).events
+    (end,) = [e["data"] for e in events if e["type"] == "turn/end"]
+    assert end["reason"] == "aborted"
+    assert "cancelled by the MCP client" in end["cause"]
+
+
+def test_at_the_depth_cap_subagent_is_hidden_and_refused(tmp_path: Path) -> None:
+    seen = drive("depth", tmp_path, "--max-depth", "0")
+    assert "subagent" not in seen["tools"]
+    assert seen["forged"]["is_error"] is True and seen["forged"]["code"] == "UNKNOWN_TOOL"
+
+
+def test_the_depth_cap_counts_from_the_connection_root(tmp_path: Path) -> None:
+    seen = drive("nested", tmp_path, "--max-depth", "2")
+    assert seen["nested"]["text"].endswith("cannot delegate: no subagent tool at this depth")
+    depths = sorted(h.delegation_depth for h in SessionStore(tmp_path / "sessions").list())
+    assert depths == [0, 1, 2]
+
+
+def test_an_acp_agent_from_the_flag_is_a_tool_with_progress(tmp_path: Path) -> None:
+    peer = REPO / "tests" / "acp_peers" / "sdk_agent.py"
+    seen = drive("acp_child", tmp_path, "--acp", f"peer={sys.executable} {peer} normal")
+    assert "subagent_peer" in seen["tools"]
+    assert seen["result"]["is_error"] is False
+    assert seen["result"]["text"].startswith("echo: hello peer")
+    progress = seen["progress"]
+    assert any(m.endswith(": started on peer") for m in progress)
+    assert any(m.endswith("(ask the peer): tool_call look around") for m in progress)
+    assert progress[-1].endswith("(ask the peer): ended completed")
+
+
+def test_stdout_carries_only_protocol(tmp_path: Path) -> None:
+    """A raw client: every line the server writes is a JSON-RPC message, logging goes to stderr."""
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2024-11-05",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "subagent", "arguments": {"description": "d", "prompt": "hi"}},
+        },
+    ]
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--debug", "--home", str(tmp_path), "mcp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+    proc.stdin.flush()
+    replies = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    proc.stdin.close()  # EOF: the client is done, the server exits
+    rest, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert rest == ""
+    assert [r.get("id") for r in replies] == [1, 2]
+    assert replies[0]["result"]["protocolVersion"] == "2024-11-05"  # an older version, accepted
+    assert replies[1]["result"]["isError"] is False
+    assert "DEBUG" in stderr  # --debug logging went to stderr, not into the protocol
+
+
+def test_sigterm_cancels_running_children_and_exits_after_a_graceful_stop(tmp_path: Path) -> None:
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "subagent",
+                "arguments": {"description": "wait", "prompt": "/hang"},
+                "_meta": {"progressToken": 7},
+            },
+        },
+    ]
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+    proc.stdin.flush()
+    child = None
+    while child is None:  # wait for the child's first step, reported as progress
+        message = json.loads(proc.stdout.readline())
+        text = message.get("params", {}).get("message", "")
+        if text.endswith(": step 1"):
+            child = text.split(":")[0].split()[0]
+    proc.send_signal(signal.SIGTERM)
+    rest, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-2000:]  # after a graceful stop
+    assert '"id":2' not in rest  # the call was cancelled, not answered
+    events = SessionStore(tmp_path / "sessions").inspect(child).events
+    (end,) = [e["data"] for e in events if e["type"] == "turn/end"]
+    assert end["reason"] == "aborted"
+    assert "shutting down" in end["cause"]
+
+
+def test_a_malformed_line_ends_the_connection_cleanly(tmp_path: Path) -> None:
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write("this is not json\n")
+    proc.stdin.flush()  # stdin stays open: the server leaves on the protocol error alone
+    try:
+        proc.wait(timeout=60)
+    finally:
+        proc.stdin.close()
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and out == ""
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def test_config_file_and_flags_merge(tmp_path: Path) -> None:
+    path = tmp_path / "serve.json"
+    path.write_text(
+        json.dumps(
+            {
+                "model": "qwen",
+                "base_url": "http://127.0.0.1:1/v1",
+                "max_depth": 2,
+                "acp": {"peer": {"command": sys.executable, "args": ["peer.py"]}},
+            }
+        )
+    )
+    merged = merge_flags(
+        load_config(path),
+        model=None,
+        base_url=None,
+        max_depth=4,
+        store_dir=None,
+        acp=[f"other={sys.executable} x.py"],
+    )
+    assert (merged.model, merged.max_depth) == ("qwen", 4)
+    assert [c.name for c in merged.acp] == ["peer", "other"]
+    assert merged.acp[1].args == ("x.py",)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"modle": "x"}, "unknown keys modle"),
+        ({"acp": {"spawn": "true"}}, "reserved"),
+        ({"max_depth": -1}, "max_depth must be >= 0"),
+        ({"base_url": "http://x"}, "--base-url needs --model"),
+    ],
+)
+def test_a_bad_config_is_refused_by_name(tmp_path: Path, data: Any, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        load_config(path)
+
+
+def test_acp_flag_names(tmp_path: Path) -> None:
+    assert acp_config_from_flag(f"claude={sys.executable} -V").name == "claude"
+    assert acp_config_from_flag(f"{sys.executable} -V").name == "acp"
+    with pytest.raises(ValueError, match="names no command"):
+        acp_config_from_flag("claude=")
+    with pytest.raises(ValueError, match="two ACP agents"):
+        ServeConfig(acp=(acp_config_from_flag("a=true"), acp_config_from_flag("a=true")))
+
+
+def test_a_bad_flag_is_one_error_line_before_stdio_is_taken(tmp_path: Path) -> None:
+    proc: subprocess.CompletedProcess[str] = gsub.run(
+        [
+            sys.executable,
+            "-m",
+            "subagent.cli",
+            "--home",
+            str(tmp_path),
+            "mcp",
+            "--acp",
+            "x=/nonexistent/agent",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "subagent mcp: error: command '/nonexistent/agent' is not an executable file (see --help)"
+    ]
