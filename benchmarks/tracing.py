@@ -9,8 +9,6 @@ fresh process so no mode inherits another's imports, tracer provider or heap:
 - `on`: an SDK tracer provider with the SDK's `BatchSpanProcessor` over an exporter that reads
   and drops each span (so the figure is the runtime's and the SDK's cost, not a backend's or the
   network's): what a host that sets up its own provider gets;
-- `compact`: as `on` with the runtime's `CompactBatchSpanProcessor` (what `OTEL_*` set-up
-  installs, `subagent/span_batch.py`);
 - `sampled`: as `on` with parent-based 10 % sampling.
 
 Modes are interleaved round by round (none, off, on, none, off, on, ...) so a machine whose
@@ -35,7 +33,7 @@ ROUNDS = 5
 QUICK_ROUNDS = 2
 STEPS = 10
 LATENCY = 0.01
-MODES = ("none", "off", "on", "compact", "sampled")
+MODES = ("none", "off", "on", "sampled")
 
 TARGETS = {"off_over_none": 1.03, "on_over_none": 1.30}
 
@@ -58,9 +56,8 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         )
         figures[f"full_gcs_{mode}"] = statistics.median(s["full_gcs"] for s in samples[mode])
     figures["spans_per_run_on"] = samples["on"][0]["spans"]
-    figures["spans_per_run_compact"] = samples["compact"][0]["spans"]
     figures["spans_per_run_sampled"] = samples["sampled"][0]["spans"]
-    for mode in ("off", "on", "compact", "sampled"):
+    for mode in ("off", "on", "sampled"):
         for what in ("wall", "cpu"):
             figures[f"{what}_{mode}_over_none"] = round(
                 figures[f"{what}_s_{mode}"] / figures[f"{what}_s_none"], 3
@@ -88,7 +85,7 @@ def _job(mode: str, n: int) -> dict[str, Any]:
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import now fails
     counted = [0]
     provider: Any = None
-    if mode in ("on", "compact", "sampled"):
+    if mode in ("on", "sampled"):
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import (
@@ -111,12 +108,7 @@ def _job(mode: str, n: int) -> dict[str, Any]:
         # `sampled`: what OTEL_TRACES_SAMPLER=parentbased_traceidratio with arg 0.1 sets up.
         sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
         provider = TracerProvider(sampler=sampler)
-        if mode == "compact":
-            from subagent.span_batch import CompactBatchSpanProcessor
-
-            provider.add_span_processor(CompactBatchSpanProcessor(Dropping()))
-        else:
-            provider.add_span_processor(BatchSpanProcessor(Dropping()))
+        provider.add_span_processor(BatchSpanProcessor(Dropping()))
         trace.set_tracer_provider(provider)
 
     import os
@@ -132,7 +124,7 @@ def _job(mode: str, n: int) -> dict[str, Any]:
     from subagent.types import SubagentStartRequest, text_block
     from supervision.signal import AbortController
 
-    assert (tracing.tracer() is not None) == (mode in ("on", "compact", "sampled")), mode
+    assert (tracing.tracer() is not None) == (mode in ("on", "sampled")), mode
     tool_step = S.tool_call("noop", {}, latency=LATENCY)
     final_step = S.text("done", latency=LATENCY)
     model = S.ScriptedModel(lambda r: tool_step if r.step < STEPS else final_step, record=False)

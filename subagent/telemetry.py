@@ -150,9 +150,7 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        from subagent.span_batch import CompactBatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError as exc:
         raise RuntimeError(
             "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
@@ -164,8 +162,7 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     provider = TracerProvider(resource=Resource.create(attributes))
     for name in names:
         exporter: Any = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
-        # The runtime's batch processor: the SDK's, minus most of its GC cost (span_batch.py).
-        provider.add_span_processor(CompactBatchSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
