@@ -109,6 +109,7 @@ def _build(
         tools=tools,
         prompt=prompt,
         variables=ctx.variables,
+        price=ctx.prices.get(options.model),
     )
     return Agent(ctx=ctx, core=core, header=header, tools=tools, prompt=prompt, options=options)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pykka import ActorRef, Future
 
 from actors.gevent_actor import Deferred
+from agent.usage import pico_to_usd
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
@@ -43,6 +44,9 @@ class _Actor(Protocol):
 class _Usage(Protocol):
     @property
     def subtree(self) -> Mapping[str, int]: ...
+
+    @property
+    def cost_spent(self) -> int: ...
 
 
 class RunAgent(Protocol):
@@ -203,13 +207,17 @@ class LocalRun:
                 diagnostic = "the child finished without a valid structured_output capture"
         if self.cancel_requested and stop != COMPLETED:
             stop = ABORTED
-        usage = dict(self._agent.usage.subtree)  # the child's and its descendants' tokens
+        account = self._agent.usage
+        usage = dict(account.subtree)  # the child's and its descendants' tokens
+        extra: dict[str, Any] = {"usage": usage} if usage else {}
+        if account.cost_spent:
+            extra["cost_usd"] = pico_to_usd(account.cost_spent)
         return SubagentResult(
             output=outcome.output,
             stop_reason=stop,
             structured=structured,
             diagnostic=None if diagnostic is None else clip_diagnostic(diagnostic),
-            extra={"usage": usage} if usage else {},
+            extra=extra,
         )
 
 

@@ -23,6 +23,7 @@ from pykka import ActorDeadError
 
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
+from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
 from subagent.types import Resumable, SubagentProvider, SubagentStartRequest
@@ -320,6 +321,7 @@ class RegistryActor(GeventActor):
             ("tool_filter", "tool_filter", request.tool_filter is not None),
             ("persona", "persona", request.persona is not None),
             ("token_budget", "token_budget", request.token_budget is not None),
+            ("cost_budget", "token_budget", request.cost_budget is not None),
         ):
             if present and not getattr(caps, flag):
                 raise SubagentError(
@@ -535,11 +537,15 @@ def _check_budget(request: SubagentStartRequest) -> None:
         or not 0 < budget <= MAX_SAFE_INTEGER
     ):
         raise TypeError(f"token_budget must be a positive int, got {budget!r}")
+    cost = request.cost_budget
+    if cost is not None and usd_to_pico(cost, "cost_budget") <= 0:
+        raise ValueError(f"cost_budget must be a positive number of USD, got {cost!r}")
     account = getattr(request.parent, "usage", None)
     if account is None:
         return
     left = account.remaining()
-    if left is not None and left <= 0:
+    cost_left = account.cost_remaining()
+    if (left is not None and left <= 0) or (cost_left is not None and cost_left <= 0):
         over = account.exceeded()
         raise SubagentError(
             "BUDGET_EXCEEDED", over.describe_exhausted() if over is not None else None

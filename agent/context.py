@@ -14,6 +14,7 @@ from agent.models import ModelRegistry
 from agent.prompt import SystemPrompt
 from agent.store import MemoryStore, SessionStore
 from agent.tools import ToolRegistry
+from agent.usage import PriceTable
 
 __all__ = ["AgentContext"]
 
@@ -25,6 +26,8 @@ class AgentContext:
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     prompt: SystemPrompt = field(default_factory=SystemPrompt)
     variables: MutableMapping[str, str | None] = field(default_factory=dict)
+    # Prices by model route (USD per million tokens): what costs and cost budgets count.
+    prices: PriceTable = field(default_factory=PriceTable)
     # Live agents by session id (`ctx.agents`): the one place that knows who is running.
     agents: MutableMapping[str, Any] = field(default_factory=dict)
     # Services of upper layers, set by the runtime wiring.

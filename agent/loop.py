@@ -42,7 +42,14 @@ from agent.model import (
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
-from agent.usage import UsageAccount, usage_of_events
+from agent.usage import (
+    Price,
+    UsageAccount,
+    cost_of_events,
+    pico_to_usd,
+    usage_of_events,
+    usd_to_pico,
+)
 from supervision.signal import AbortError, AbortSignal
 
 __all__ = [
@@ -140,7 +147,17 @@ class AgentCore:
         prompt: SystemPrompt,
         variables: Mapping[str, str | None] | None = None,
         agent: Any = None,
+        price: Price | None = None,
     ) -> None:
+        cost_limit = None
+        if options.cost_budget is not None:
+            if price is None:
+                raise ValueError(
+                    f"model route {options.model!r} has no price in the runtime's price table, "
+                    "so a cost budget cannot hold it (give it a price: Runtime(prices=...), "
+                    "subagent run --prices FILE)"
+                )
+            cost_limit = usd_to_pico(options.cost_budget, "cost_budget")
         self.session_id = session_id
         self.log = log
         self.options = options
@@ -159,6 +176,9 @@ class AgentCore:
             owner=session_id,
             own=usage_of_events(log.events, log.header.seed_length),
             limit=options.token_budget,
+            price=price,
+            cost_own=cost_of_events(log.events, log.header.seed_length) if price else 0,
+            cost_limit=cost_limit,
         )
         self._last_header: tuple[str, list[Any]] | None = None
         self._capture: _Conclude | None = None
@@ -372,12 +392,18 @@ class AgentCore:
             "finish": response.finish,
         }
         usage = response.usage
+        cost: int | None = None
         if usage:
             # The log encodes it at once and keeps no reference: no copy needed for a dict.
             data["usage"] = usage if type(usage) is dict else dict(usage)
+            price = self.usage.price
+            if price is not None:
+                # Priced when spent: a later change of the price table never rewrites history.
+                cost = price.cost(usage)
+                data["cost_usd"] = pico_to_usd(cost)
         self.log.append("assistant/message", data)
         if usage:
-            self.usage.charge(usage)
+            self.usage.charge(usage, cost)
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             entry["tool_calls"] = tool_calls

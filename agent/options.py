@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 __all__ = ["AgentOptions"]
@@ -25,6 +26,9 @@ class AgentOptions:
     # The most tokens (agent.usage.total_tokens) this agent and its descendants may spend; the
     # loop checks it at every step boundary and ends the turn `budget-exceeded`.
     token_budget: int | None = None
+    # The most USD this agent and its descendants may spend, priced by the runtime's price
+    # table (agent.usage.PriceTable); the agent's model route must have a price.
+    cost_budget: float | Decimal | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -52,6 +56,10 @@ class AgentOptions:
             or self.token_budget < 0
         ):
             raise ValueError("token_budget must be a non-negative int or None")
+        if self.cost_budget is not None:
+            from agent.usage import usd_to_pico
+
+            usd_to_pico(self.cost_budget, "cost_budget")  # TypeError / ValueError when bad
 
     def with_(self, **changes: Any) -> AgentOptions:
         return replace(self, **changes)

@@ -15,17 +15,31 @@ child can never spend more than its parent has left.
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "PICO",
     "USAGE_KEYS",
+    "Price",
+    "PriceTable",
     "UsageAccount",
     "add_usage",
     "child_budget",
+    "child_cost_budget",
+    "cost_of_events",
     "normalize_usage",
+    "pico_to_usd",
     "total_tokens",
     "usage_of_events",
+    "usd_to_pico",
 ]
 
 USAGE_KEYS: Final = (
@@ -82,16 +96,169 @@ def usage_of_events(events: Iterable[Mapping[str, Any]], seed_length: int = 0) -
     return out
 
 
+# Cost is counted in picodollars (1e-12 USD), as ints: a price of P USD per million tokens is
+# P * 1e6 picodollars per token, exact for prices with up to six decimals, so sums and budget
+# checks never drift the way float sums would.
+PICO: Final = 10**12
+_PRICE_FIELDS: Final = ("input", "output", "cache_read", "cache_write")
+
+
+def usd_to_pico(usd: float | int | str | Decimal, what: str = "cost budget") -> int:
+    """`usd` (a non-negative finite amount) in picodollars, rounded down."""
+    if isinstance(usd, bool) or not isinstance(usd, (int, float, str, Decimal)):
+        raise TypeError(f"a {what} must be a number of USD, got {usd!r}")
+    try:
+        value = Decimal(str(usd))
+    except InvalidOperation:
+        raise ValueError(f"a {what} must be a number of USD, got {usd!r}") from None
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"a {what} must be a non-negative, finite number of USD, got {usd!r}")
+    return int(value * PICO)
+
+
+def pico_to_usd(pico: int) -> float:
+    """Picodollars as USD (for display and JSON; sums stay in picodollars)."""
+    return pico / PICO
+
+
+@dataclass(frozen=True)
+class Price:
+    """What one model route costs, in USD per million tokens of each kind."""
+
+    input: float
+    output: float
+    cache_read: float = 0.0
+    cache_write: float = 0.0
+    _rates: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rates = []
+        for name in _PRICE_FIELDS:
+            per_million = usd_to_pico(getattr(self, name), f"price's {name}")
+            # pico per token = USD per Mtok * 1e6; the division is exact up to 6 decimals.
+            if per_million % 10**6:
+                raise ValueError(
+                    f"a price's {name} has more than six decimals: {getattr(self, name)!r}"
+                )
+            rates.append(per_million // 10**6)
+        object.__setattr__(self, "_rates", tuple(rates))
+
+    @classmethod
+    def from_json(cls, data: Any, route: str = "") -> Price:
+        """A price from a `{input, output, cache_read?, cache_write?}` mapping."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"the price of {route!r} must be a table, got {data!r}")
+        unknown = set(data) - set(_PRICE_FIELDS)
+        missing = {"input", "output"} - set(data)
+        if unknown or missing:
+            raise ValueError(
+                f"the price of {route!r} needs input and output (USD per million tokens) and "
+                f"may have cache_read and cache_write; unknown: {sorted(unknown)}, "
+                f"missing: {sorted(missing)}"
+            )
+        return cls(**{k: data[k] for k in data})
+
+    def cost(self, usage: Mapping[str, Any]) -> int:
+        """The picodollars one response's usage cost."""
+        rate_in, rate_out, rate_read, rate_write = self._rates
+        total = 0
+        value = usage.get("input_tokens")
+        if type(value) is int:
+            total += value * rate_in
+        value = usage.get("output_tokens")
+        if type(value) is int:
+            total += value * rate_out
+        value = usage.get("cache_read_input_tokens")
+        if type(value) is int:
+            total += value * rate_read
+        value = usage.get("cache_creation_input_tokens")
+        if type(value) is int:
+            total += value * rate_write
+        return total
+
+
+class PriceTable:
+    """Prices by model route: an exact route (`anthropic:claude-sonnet-4-5`) wins over its
+    prefix's wildcard (`anthropic:*`). A route with neither has no price."""
+
+    __slots__ = ("_prices",)
+
+    def __init__(self, prices: Mapping[str, Price | Mapping[str, Any]] | None = None) -> None:
+        self._prices: dict[str, Price] = {}
+        for route, price in (prices or {}).items():
+            if not isinstance(route, str) or ":" not in route or route.startswith(":"):
+                raise ValueError(f"a price table key must be a route 'prefix:model', got {route!r}")
+            self._prices[route] = (
+                price if isinstance(price, Price) else Price.from_json(price, route)
+            )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PriceTable:
+        """A table from a JSON or TOML file (by suffix: `.toml` is TOML, anything else JSON)
+        mapping routes to `{input, output, cache_read, cache_write}`."""
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"{path}: not a valid price table: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: a price table maps routes to prices")
+        return cls(data)
+
+    def __len__(self) -> int:
+        return len(self._prices)
+
+    def __contains__(self, route: object) -> bool:
+        return isinstance(route, str) and self.get(route) is not None
+
+    def get(self, route: str) -> Price | None:
+        """The price of `route`, or None when the table has none."""
+        price = self._prices.get(route)
+        if price is None:
+            prefix, _, _ = route.partition(":")
+            price = self._prices.get(prefix + ":*")
+        return price
+
+
+def cost_of_events(events: Iterable[Mapping[str, Any]], seed_length: int = 0) -> int:
+    """A session's own cost in picodollars from its log (`cost_usd` of its responses)."""
+    total = 0
+    for index, event in enumerate(events):
+        if index < seed_length or event.get("type") != "assistant/message":
+            continue
+        data = event.get("data")
+        cost = data.get("cost_usd") if isinstance(data, Mapping) else None
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+            total += round(cost * PICO)
+    return total
+
+
 ExceededHook = Callable[["UsageAccount"], None]
 
 
 class UsageAccount:
-    """One agent's spend (`own`), its subtree's (`subtree`) and its token budget (`limit`).
+    """One agent's spend (`own`), its subtree's (`subtree`) and its token budget (`limit`);
+    with a price (`price`, its model route's), also its cost (`cost_own`, `cost_spent`, in
+    picodollars) and cost budget (`cost_limit`).
 
     Not thread-safe: like everything else, it lives on the gevent hub.
     """
 
-    __slots__ = ("_fired", "limit", "on_exceeded", "own", "owner", "parent", "spent", "subtree")
+    __slots__ = (
+        "_fired",
+        "cost_limit",
+        "cost_own",
+        "cost_spent",
+        "limit",
+        "on_exceeded",
+        "own",
+        "owner",
+        "parent",
+        "price",
+        "spent",
+        "subtree",
+    )
 
     def __init__(
         self,
@@ -99,14 +266,23 @@ class UsageAccount:
         owner: str = "",
         own: Mapping[str, int] | None = None,
         limit: int | None = None,
+        price: Price | None = None,
+        cost_own: int = 0,
+        cost_limit: int | None = None,
     ) -> None:
         if limit is not None and (type(limit) is not int or limit < 0):
             raise ValueError(f"a token budget must be a non-negative int, got {limit!r}")
+        if cost_limit is not None and (type(cost_limit) is not int or cost_limit < 0):
+            raise ValueError(f"a cost budget must be non-negative picodollars, got {cost_limit!r}")
         self.owner = owner
         self.own: dict[str, int] = dict(own or {})
         self.subtree: dict[str, int] = dict(self.own)
         self.spent = total_tokens(self.subtree)
         self.limit = limit
+        self.price = price
+        self.cost_own = cost_own
+        self.cost_spent = cost_own
+        self.cost_limit = cost_limit
         self.parent: UsageAccount | None = None
         # Called once, on the charge that takes `spent` to the limit or past it.
         self.on_exceeded: ExceededHook | None = None
@@ -115,11 +291,22 @@ class UsageAccount:
     def __repr__(self) -> str:
         return f"<UsageAccount {self.owner} spent={self.spent} limit={self.limit}>"
 
+    def _over(self) -> bool:
+        return (self.limit is not None and self.spent >= self.limit) or (
+            self.cost_limit is not None and self.cost_spent >= self.cost_limit
+        )
+
     def describe_exhausted(self) -> str:
         """The diagnostic of a turn this account's budget stopped."""
+        who = self.owner or "this agent"
+        if self.limit is not None and self.spent >= self.limit:
+            return (
+                f"token budget exhausted: the subtree of {who} spent "
+                f"{self.spent} of its {self.limit} tokens"
+            )
         return (
-            f"token budget exhausted: the subtree of {self.owner or 'this agent'} spent "
-            f"{self.spent} of its {self.limit} tokens"
+            f"cost budget exhausted: the subtree of {who} spent "
+            f"${pico_to_usd(self.cost_spent):.6f} of its ${pico_to_usd(self.cost_limit or 0):.6f}"
         )
 
     def attach(self, parent: UsageAccount) -> None:
@@ -135,13 +322,15 @@ class UsageAccount:
             acc = acc.parent
         self.parent = parent
 
-    def add_subtree(self, usage: Mapping[str, Any]) -> None:
+    def add_subtree(self, usage: Mapping[str, Any], cost: int = 0) -> None:
         """Count spend that happened below this account before it was live (a cold resume)."""
         add_usage(self.subtree, usage)
         self.spent = total_tokens(self.subtree)
+        self.cost_spent += cost
 
-    def charge(self, usage: Mapping[str, Any]) -> None:
-        """Record one model response's usage here and in every ancestor's subtree."""
+    def charge(self, usage: Mapping[str, Any], cost: int | None = None) -> None:
+        """Record one model response's usage (and its cost in picodollars: by default what
+        `price` makes of it) here and in every ancestor's subtree."""
         # On the hot path (every model response): adapters hand over normalized usage, so one
         # pass validates and totals it; anything else is normalized first (the slow path).
         total = 0
@@ -156,13 +345,32 @@ class UsageAccount:
         own = self.own
         for key, value in usage.items():
             own[key] = own.get(key, 0) + value
+        if cost is None:
+            cost = 0 if self.price is None else self.price.cost(usage)
+        self.cost_own += cost
         acc: UsageAccount | None = self
         while acc is not None:
             subtree = acc.subtree
             for key, value in usage.items():
                 subtree[key] = subtree.get(key, 0) + value
             acc.spent += total
-            if acc.limit is not None and acc.spent >= acc.limit and not acc._fired:
+            acc.cost_spent += cost
+            limited = acc.limit is not None or acc.cost_limit is not None
+            if limited and not acc._fired and acc._over():
+                acc._exhausted()
+            acc = acc.parent
+
+    def charge_remote(self, usage: Mapping[str, Any]) -> None:
+        """Count what a remote child (ACP) reported spending against this account's subtree and
+        its ancestors' (not its own): known only when the child's turn ends, it counts from the
+        next step boundary on."""
+        usage = normalize_usage(usage)
+        total = total_tokens(usage)
+        acc: UsageAccount | None = self
+        while acc is not None:
+            add_usage(acc.subtree, usage)
+            acc.spent += total
+            if acc.limit is not None and not acc._fired and acc._over():
                 acc._exhausted()
             acc = acc.parent
 
@@ -182,11 +390,23 @@ class UsageAccount:
             acc = acc.parent
         return left
 
+    def cost_remaining(self) -> int | None:
+        """Picodollars left before the tightest cost budget on the chain is used up (None: no
+        cost budget)."""
+        left: int | None = None
+        acc: UsageAccount | None = self
+        while acc is not None:
+            if acc.cost_limit is not None:
+                here = max(0, acc.cost_limit - acc.cost_spent)
+                left = here if left is None else min(left, here)
+            acc = acc.parent
+        return left
+
     def exceeded(self) -> UsageAccount | None:
         """The nearest account on the chain (this one first) whose budget is used up."""
         acc: UsageAccount | None = self
         while acc is not None:
-            if acc.limit is not None and acc.spent >= acc.limit:
+            if acc._over():
                 return acc
             acc = acc.parent
         return None
@@ -201,4 +421,12 @@ def child_budget(parent: UsageAccount | None, requested: int | None) -> int | No
     if requested is None:
         return None
     left = None if parent is None else parent.remaining()
+    return requested if left is None else min(requested, left)
+
+
+def child_cost_budget(parent: UsageAccount | None, requested: int | None) -> int | None:
+    """A child's cost budget (picodollars): as asked, never more than the parent has left."""
+    if requested is None:
+        return None
+    left = None if parent is None else parent.cost_remaining()
     return requested if left is None else min(requested, left)

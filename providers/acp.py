@@ -302,6 +302,11 @@ class AcpRun(RemoteRun):
         # continuation service); a one-shot run ends `error`.
         self._crash_is_fault = log is not None
         self._output: list[str] = []
+        # What the agent reported spending (agent.usage keys), if it reports anything: the
+        # prompt response's `usage` (ACP, unstable), and the session's cumulative cost from
+        # `usage_update` notifications.
+        self._usage: dict[str, int] = {}
+        self._cost: dict[str, Any] | None = None
         self._refused: list[str] = []
         self._prompting = False
         self._disposed = Event()
@@ -326,6 +331,8 @@ class AcpRun(RemoteRun):
                 "session/prompt", {"sessionId": self.acp_session_id, "prompt": prompt}
             )
             stop = reply.get("stopReason") if isinstance(reply, dict) else None
+            if isinstance(reply, dict):
+                self._usage = acp_usage(reply.get("usage"))
             mapped = STOP_REASONS.get(stop, ERROR) if isinstance(stop, str) else ERROR
             diagnostic = None
             if mapped == ABORTED:  # we did not cancel: we would have settled already
@@ -357,7 +364,16 @@ class AcpRun(RemoteRun):
         text = "".join(self._output)
         output = [{"type": "text", "text": text}] if text else []
         self._record(output, stop_reason, diagnostic)
-        self._resolve(SubagentResult(output=output, stop_reason=stop_reason, diagnostic=diagnostic))
+        extra: dict[str, Any] = {}
+        if self._usage:
+            extra["usage"] = dict(self._usage)
+        if self._cost is not None:
+            extra["acp_cost"] = dict(self._cost)
+        self._resolve(
+            SubagentResult(
+                output=output, stop_reason=stop_reason, diagnostic=diagnostic, extra=extra
+            )
+        )
 
     def _crash(self, diagnostic: str) -> None:
         if self._settled:
@@ -374,7 +390,7 @@ class AcpRun(RemoteRun):
         if self._log is None:
             return
         try:
-            self._log.finish(output, stop_reason, diagnostic)
+            self._log.finish(output, stop_reason, diagnostic, usage=self._usage)
         except Exception:
             log.exception("acp run %s: recording the turn's end failed", self._id)
 
@@ -417,6 +433,13 @@ class AcpRun(RemoteRun):
                 text = content.get("text")
                 if isinstance(text, str):
                     self._output.append(text)
+        elif kind == "usage_update":
+            cost = update.get("cost")
+            if isinstance(cost, dict):
+                amount, currency = cost.get("amount"), cost.get("currency")
+                if isinstance(amount, (int, float)) and isinstance(currency, str):
+                    self._cost = {"amount": amount, "currency": currency}
+            self._progress("usage_update", update)
         elif kind in PROGRESS_KINDS:
             self._progress(str(kind), update)
 
@@ -746,3 +769,33 @@ def discover_acp_provider(
     if child.agent_capabilities.get("loadSession") is True:
         return ResumableAcpProvider(config)
     return provider
+
+
+# ACP's (unstable) `PromptResponse.usage` keys -> ours (agent.usage).
+_ACP_USAGE_KEYS = (
+    ("inputTokens", "input_tokens"),
+    ("outputTokens", "output_tokens"),
+    ("cachedReadTokens", "cache_read_input_tokens"),
+    ("cachedWriteTokens", "cache_creation_input_tokens"),
+)
+
+
+def acp_usage(raw: object) -> dict[str, int]:
+    """An ACP prompt response's `usage` in our shape; `{}` when absent or malformed.
+
+    ACP counts reasoning as `thoughtTokens` beside `outputTokens` and may count cached input
+    inside `inputTokens`; whatever `totalTokens` holds beyond the mapped kinds is counted as
+    output, so our total equals the agent's."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, int] = {}
+    for theirs, ours in _ACP_USAGE_KEYS:
+        value = raw.get(theirs)
+        if type(value) is int and value >= 0:
+            out[ours] = value
+    if not out:
+        return {}
+    total = raw.get("totalTokens")
+    if type(total) is int and total > sum(out.values()):
+        out["output_tokens"] = out.get("output_tokens", 0) + total - sum(out.values())
+    return out

@@ -178,7 +178,13 @@ class ChildLog:
     def closed(self) -> bool:
         return self._log.closed
 
-    def finish(self, output: Sequence[Mapping[str, Any]], reason: str, message: str | None) -> None:
+    def finish(
+        self,
+        output: Sequence[Mapping[str, Any]],
+        reason: str,
+        message: str | None,
+        usage: Mapping[str, int] | None = None,
+    ) -> None:
         """Record the agent's reply and how the turn ended, then release the log. Idempotent."""
         log = self._log
         if log.closed:
@@ -192,7 +198,10 @@ class ChildLog:
                     "content": [dict(block) for block in output],
                     "tool_calls": [],
                 }
-                log.append("assistant/message", {"message": reply, "finish": "stop"})
+                data: dict[str, Any] = {"message": reply, "finish": "stop"}
+                if usage:
+                    data["usage"] = dict(usage)  # what the agent reported (listings read it)
+                log.append("assistant/message", data)
                 log.append("step/end", {"turn": self._turn, "step": 1})
             end: dict[str, Any] = {"turn": self._turn, "reason": reason}
             if message:

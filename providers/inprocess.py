@@ -10,6 +10,7 @@ and its session deleted before `start()` raises.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from actors.agent_actor import Agent
@@ -20,7 +21,7 @@ from agent.log import completed_turn_prefix
 from agent.options import AgentOptions
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
 from agent.tools import Tool, ToolContext, ToolScope
-from agent.usage import child_budget
+from agent.usage import PICO, child_budget, child_cost_budget, usd_to_pico
 from subagent.errors import SubagentError
 from subagent.schema import check_output_schema
 from subagent.types import (
@@ -101,6 +102,7 @@ class InProcessProvider:
             seed=self.seed_for(parent),
             depth=parent.depth + 1,
             token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
+            cost_budget=request.cost_budget,
         )
         try:
             _raise_if_aborted(request.signal)
@@ -130,8 +132,10 @@ class InProcessProvider:
         options = _options_for(parent, None, descriptor.model).with_(
             token_budget=child_budget(
                 getattr(parent, "usage", None), getattr(descriptor, "token_budget", None)
-            )
+            ),
+            cost_budget=_child_cost(parent, getattr(descriptor, "cost_budget", None)),
         )
+        _check_priced(parent, options)
         tools, prompt = self._scopes(parent, descriptor.tool_filter, descriptor.persona, None)
         agent = resume_agent(ctx, request.session_id, options=options, tools=tools, prompt=prompt)
         try:
@@ -182,13 +186,18 @@ class InProcessProvider:
         seed: list[Mapping[str, Any]],
         depth: int,
         token_budget: int | None = None,
+        cost_budget: float | None = None,
     ) -> Agent:
+        options = _with_budget(
+            _options_for(parent, options, None), token_budget, _child_cost(parent, cost_budget)
+        )
+        _check_priced(parent, options)
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
             # The depth is the child's header's (Agent.depth reads it): the options are copied
-            # only to carry a token budget.
-            options=_with_budget(_options_for(parent, options, None), token_budget),
+            # only to carry a budget.
+            options=options,
             cwd=parent.cwd,
             session_id=session_id,
             parent_session=parent.id,
@@ -226,10 +235,12 @@ def _options_for(parent: Agent, options: AgentOptions | None, model: str | None)
     return base
 
 
-def _with_budget(options: AgentOptions, token_budget: Any) -> AgentOptions:
-    if options.token_budget == token_budget:
+def _with_budget(
+    options: AgentOptions, token_budget: Any, cost_budget: Decimal | None = None
+) -> AgentOptions:
+    if options.token_budget == token_budget and options.cost_budget == cost_budget:
         return options
-    return options.with_(token_budget=token_budget)
+    return options.with_(token_budget=token_budget, cost_budget=cost_budget)
 
 
 def _raise_if_aborted(signal: AbortSignal) -> None:
@@ -243,3 +254,26 @@ def _discard(agent: Agent) -> None:
     store = agent.ctx.store
     if store.exists(agent.id):
         store.delete(agent.id)
+
+
+def _child_cost(parent: Agent, requested: float | None) -> Decimal | None:
+    """The child's cost budget in USD: as asked, clamped to what the parent's chain has left."""
+    if requested is None:
+        return None
+    pico = child_cost_budget(getattr(parent, "usage", None), usd_to_pico(requested, "cost_budget"))
+    return None if pico is None else Decimal(pico) / PICO
+
+
+def _check_priced(parent: Agent, options: AgentOptions) -> None:
+    """A cost budget on the child or above it needs the child's model route priced: an unpriced
+    model would spend without being counted, so the child is refused before it exists."""
+    account = getattr(parent, "usage", None)
+    held = options.cost_budget is not None or (
+        account is not None and account.cost_remaining() is not None
+    )
+    if held and parent.ctx.prices.get(options.model) is None:
+        raise SubagentError(
+            "NO_PRICE",
+            f"model route {options.model!r} has no price in the runtime's price table, and a "
+            "cost budget holds this child",
+        )

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads t
         SessionStore,
     )
     from agent.tools import Tool, ToolContext, ToolError, ToolFn, ToolRegistry, ToolResult
+    from agent.usage import Price, PriceTable
     from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider, discover_acp_provider
     from providers.inprocess import ForkProvider, SpawnProvider
     from providers.ray import RayProvider
@@ -110,6 +111,9 @@ _EXPORTS = {
     "ModelRegistry": "agent.models",
     "OpenAIModel": "agent.models.openai",
     "ScriptedModel": "agent.models.scripted",
+    # Prices (cost in usage, cost budgets).
+    "Price": "agent.usage",
+    "PriceTable": "agent.usage",
     # Tools, the system prompt.
     "Tool": "agent.tools",
     "ToolContext": "agent.tools",
@@ -193,6 +197,8 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
+    "Price",
+    "PriceTable",
     "ProgressSink",
     "PromptError",
     "RayConfig",

@@ -32,7 +32,7 @@ from actors.agents import new_session_id
 from agent.events import SessionLogError, validate_session_id
 from agent.frames import CorruptSessionError
 from agent.store import SessionExistsError, SessionNotFoundError
-from agent.usage import add_usage, usage_of_events
+from agent.usage import PICO, add_usage, cost_of_events, pico_to_usd, usage_of_events
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -134,6 +134,7 @@ class ContinuationManager:
             persona=request.persona,
             tool_filter=request.tool_filter,
             token_budget=request.token_budget,
+            cost_budget=None if request.cost_budget is None else float(request.cost_budget),
         )
         # The caller's signal guards only the start: once accepted, the activation is its own.
         activation = AbortController()
@@ -334,7 +335,9 @@ class ContinuationManager:
             }
             agent = self._ctx.agents.get(child_id)
             try:
-                descriptor, row["usage"] = self._descriptor_of(child_id, agent)
+                descriptor, row["usage"], cost = self._descriptor_of(child_id, agent)
+                if cost:
+                    row["cost_usd"] = pico_to_usd(cost)
             except Exception as exc:  # one unreadable log never hides its siblings
                 log.warning("listing: child %s is unreadable: %s", child_id, exc)
                 row.update(mode="unknown", label=None, activity=_diagnostic(exc), error=str(exc))
@@ -371,17 +374,20 @@ class ContinuationManager:
 
     def _descriptor_of(
         self, child_id: str, agent: Any
-    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int]]:
-        """The child's descriptor and its own token usage (live: its account; else its log)."""
+    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
+        """The child's descriptor, its own token usage and cost in picodollars (live: its
+        account; else its log)."""
         if agent is not None:
             events = agent.log.events
             seed_length = agent.header.seed_length
             usage = dict(agent.usage.own)
+            cost = agent.usage.cost_own
         else:
             loaded = self._ctx.store.inspect(child_id)
             events, seed_length = loaded.events, loaded.header.seed_length
             usage = usage_of_events(events, seed_length)
-        return authoritative_descriptor(events, seed_length), usage
+            cost = cost_of_events(events, seed_length)
+        return authoritative_descriptor(events, seed_length), usage, cost
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -642,14 +648,21 @@ def _diagnostic(exc: BaseException) -> str:
 
 def add_subtree_usage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Give each row of a whole-subtree listing `subtree_usage`: its own usage plus every
-    listed descendant's (rows carry `id`, `parent_id`, `depth` and their own `usage`)."""
+    listed descendant's (rows carry `id`, `parent_id`, `depth` and their own `usage`), and
+    `subtree_cost_usd` likewise when any of them has a `cost_usd`."""
     totals: dict[str, dict[str, int]] = {}
+    costs: dict[str, int] = {}
     for row in rows:
         totals[row["id"]] = dict(row.get("usage") or {})
+        costs[row["id"]] = round(float(row.get("cost_usd") or 0) * PICO)
     for row in sorted(rows, key=lambda r: -int(r.get("depth") or 0)):
-        parent = totals.get(row.get("parent_id") or "")
+        parent_id = row.get("parent_id") or ""
+        parent = totals.get(parent_id)
         if parent is not None:
             add_usage(parent, totals[row["id"]])
+            costs[parent_id] += costs[row["id"]]
     for row in rows:
         row["subtree_usage"] = totals[row["id"]]
+        if costs[row["id"]]:
+            row["subtree_cost_usd"] = pico_to_usd(costs[row["id"]])
     return rows

@@ -7,6 +7,7 @@ contract, not the child's composition).
 
 Version 2 adds `token_budget` (the child's budget survives a cold resume). A descriptor without a
 budget is still written as version 1, so a runtime that reads only version 1 can resume it.
+Version 3 adds `cost_budget` (USD; written only when set, like the token budget).
 
 Parsing distinguishes two failures on purpose: a descriptor of *this* version that is malformed is
 a bug or corruption and raises `DescriptorError` naming the field; a descriptor this code cannot
@@ -34,7 +35,7 @@ __all__ = [
     "parse_descriptor",
 ]
 
-DESCRIPTOR_VERSION: Final = 2
+DESCRIPTOR_VERSION: Final = 3
 DESCRIPTOR_EVENT: Final = "subagent/descriptor"
 
 _REQUIRED: Final = ("provider", "label", "model")
@@ -43,6 +44,7 @@ _OPTIONAL: Final = ("persona", "tool_filter")
 _KNOWN_KEYS: Final = {
     1: frozenset({"version", *_REQUIRED, *_OPTIONAL}),
     2: frozenset({"version", *_REQUIRED, *_OPTIONAL, "token_budget"}),
+    3: frozenset({"version", *_REQUIRED, *_OPTIONAL, "token_budget", "cost_budget"}),
 }
 _FILTER_KEYS: Final = frozenset({"allow", "deny"})
 
@@ -73,6 +75,7 @@ class SubagentDescriptor:
     persona: str | None = None
     tool_filter: ToolRestriction | None = None
     token_budget: int | None = None
+    cost_budget: float | None = None
 
     def __post_init__(self) -> None:
         # Bad arguments are TypeError / ValueError (DescriptorError is a ValueError).
@@ -92,11 +95,17 @@ class SubagentDescriptor:
             raise DescriptorError(
                 "token_budget", f"must be a positive integer or null, got {self.token_budget!r}"
             )
+        if self.cost_budget is not None and not _positive_usd(self.cost_budget):
+            raise DescriptorError(
+                "cost_budget", f"must be a positive number or null, got {self.cost_budget!r}"
+            )
         _check_values(self)
 
     @property
     def version(self) -> int:
         """The oldest version that holds every field set (1 unless there is a budget)."""
+        if self.cost_budget is not None:
+            return 3
         return 1 if self.token_budget is None else 2
 
     def to_json(self) -> dict[str, Any]:
@@ -113,7 +122,17 @@ class SubagentDescriptor:
             out["tool_filter"] = self.tool_filter.to_json()
         if self.token_budget is not None:
             out["token_budget"] = self.token_budget
+        if self.cost_budget is not None:
+            out["cost_budget"] = self.cost_budget
         return out
+
+
+def _positive_usd(value: object) -> bool:
+    return (
+        type(value) in (int, float)
+        and value == value  # not NaN
+        and 0 < value < float("inf")  # type: ignore[operator]
+    )
 
 
 def _check_values(d: SubagentDescriptor) -> None:
@@ -170,6 +189,9 @@ def parse_descriptor(data: object) -> SubagentDescriptor | Unclassifiable:
     budget = data.get("token_budget")
     if budget is not None and (type(budget) is not int or budget < 1):
         raise DescriptorError("token_budget", f"must be a positive integer or null, got {budget!r}")
+    cost = data.get("cost_budget")
+    if cost is not None and not _positive_usd(cost):
+        raise DescriptorError("cost_budget", f"must be a positive number or null, got {cost!r}")
     return SubagentDescriptor(
         provider=data["provider"],
         label=data["label"],
@@ -177,6 +199,7 @@ def parse_descriptor(data: object) -> SubagentDescriptor | Unclassifiable:
         persona=persona,
         tool_filter=_parse_tool_filter(data.get("tool_filter")),
         token_budget=budget,
+        cost_budget=None if cost is None else float(cost),
     )
 
 

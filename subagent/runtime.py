@@ -18,6 +18,7 @@ from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
+from agent.usage import Price, PriceTable
 from subagent import telemetry
 from subagent.errors import SubagentError
 from subagent.service import SubagentService
@@ -41,13 +42,23 @@ class Runtime:
         max_children_per_parent: int | None = None,
         gc_policy: bool = True,
         gc_freeze_every: int | None = DEFAULT_FREEZE_EVERY,
+        prices: PriceTable
+        | Mapping[str, Price | Mapping[str, Any]]
+        | str
+        | os.PathLike[str]
+        | None = None,
     ) -> None:
         """The runtime owns a cyclic-GC policy by default (`supervision.gc_policy`): a larger
         young generation while it is open, and after every `gc_freeze_every` child starts what
         is alive moves to the collector's permanent generation (`gc.freeze()`), so full
         collections stop rescanning thousands of live children; `close()` undoes both.
         `gc_freeze_every=None` keeps the larger young generation but never freezes;
-        `gc_policy=False` leaves the collector alone. See docs/performance.md."""
+        `gc_policy=False` leaves the collector alone. See docs/performance.md.
+
+        `prices`: what each model route costs (USD per million tokens), for costs in usage
+        and cost budgets: a `PriceTable`, a mapping of routes to `Price` or
+        `{input, output, cache_read, cache_write}`, or the path of a JSON/TOML file of that
+        mapping. See docs/models.md."""
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -70,7 +81,17 @@ class Runtime:
             from agent.models.anthropic import AnthropicModel
 
             models.register("anthropic", AnthropicModel())
-        self.ctx = AgentContext(store=store, models=models)
+        if prices is None:
+            table = PriceTable()
+        elif isinstance(prices, PriceTable):
+            table = prices
+        elif isinstance(prices, (str, os.PathLike)):
+            table = PriceTable.load(prices)
+        elif isinstance(prices, Mapping):
+            table = PriceTable(prices)
+        else:
+            raise TypeError("prices must be a PriceTable, a mapping, a file path or None")
+        self.ctx = AgentContext(store=store, models=models, prices=table)
         self.tasks = TaskService()
         self.ctx.tasks = self.tasks
         if gc_freeze_every is not None and (

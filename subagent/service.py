@@ -30,6 +30,7 @@ from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
@@ -261,7 +262,7 @@ class SubagentService:
         parent = self._ctx.agents.get(agent.header.parent_session or "")
         if parent is not None:
             account.attach(parent.usage)
-        if account.limit is None:
+        if account.limit is None and account.cost_limit is None:
             return
         events = agent.log.events
         seed_length = agent.header.seed_length
@@ -269,7 +270,9 @@ class SubagentService:
             # A cold resume (its own turns are in the log, not only a fork's seed): what its
             # stored descendants spent still counts against its budget.
             for row in self._continuation.list_descendants(agent.id):
-                account.add_subtree(row.get("usage") or {})
+                account.add_subtree(
+                    row.get("usage") or {}, round(float(row.get("cost_usd") or 0) * PICO)
+                )
         agent_id = agent.id
         account.on_exceeded = lambda over: self._cancel_subtree(agent_id, over.describe_exhausted())
 
@@ -369,6 +372,15 @@ class SubagentService:
             raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")
         return admitted
 
+    def _charge_remote(self, parent_id: str, future: GeventFuture[SubagentResult]) -> None:
+        outcome = outcome_of(future)
+        if isinstance(outcome, BaseException):
+            return
+        usage = outcome.extra.get("usage")
+        parent = self._ctx.agents.get(parent_id)
+        if usage and parent is not None:
+            parent.usage.charge_remote(usage)
+
     def _withdraw(self, ticket: int, reason: Any) -> None:
         with contextlib.suppress(ActorDeadError):
             self._ref.tell(reg.Withdraw(ticket, reason))
@@ -403,6 +415,9 @@ class SubagentService:
             trace.published(run.id)
             # The activation's span ends with its result (a done callback: no greenlet).
             handle.result.add_done_callback(lambda future: trace.end(outcome_of(future)))
+        if run.local_agent is None:
+            # A remote child's reported spend (ACP) counts in its parent's subtree.
+            handle.result.add_done_callback(lambda future: self._charge_remote(parent_id, future))
         try:
             supervisor = self._supervisor_for(parent_id)
             # A local child's own actor is the run's actor; a remote run gets one.

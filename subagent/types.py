@@ -176,6 +176,9 @@ class SubagentStartRequest:
     # The most tokens the child and its descendants may spend; never more than the parent has
     # left (the child's budget is clamped to that). Needs the `token_budget` capability.
     token_budget: int | None = None
+    # The most USD the child and its descendants may spend (priced by the runtime's price
+    # table), clamped like `token_budget`; needs the same capability.
+    cost_budget: float | None = None
     # Tracing (an `agent.tracing.TraceParent`, None while tracing is off): from the tool layer,
     # where the child hangs (its call's `execute_tool` span, named with the child's label); as
     # the provider receives it, the context of the child's own activation span.

@@ -126,9 +126,12 @@ def test_tree_shows_every_descendant(made: tuple[Path, Made]) -> None:
     home, m = made
     proc = cli("tree", m.root, "--json", home=home)
     assert proc.returncode == 0, proc.stderr
-    assert {r["id"] for r in json.loads(proc.stdout)} == {m.foreground, m.continuable}
+    top, *rows = json.loads(proc.stdout)
+    # The root's own row first (issue 17: its usage and its whole tree's), then descendants.
+    assert top["id"] == m.root and top["mode"] == "root" and top["depth"] == 0
+    assert {r["id"] for r in rows} == {m.foreground, m.continuable}
     text = cli("tree", m.root, home=home)
-    assert text.stdout.splitlines()[0] == m.root and m.foreground in text.stdout
+    assert text.stdout.splitlines()[0].startswith(m.root) and m.foreground in text.stdout
 
 
 def test_log_shows_turns_steps_tools_and_the_descriptor(made: tuple[Path, Made]) -> None:

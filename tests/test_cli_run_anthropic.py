@@ -85,7 +85,14 @@ def test_run_against_the_anthropic_messages_api(tmp_path: Path) -> None:
     ls = json.loads(cli("ls", root.id, "--json", home=tmp_path).stdout)
     assert [r["usage"] for r in ls] == [{"input_tokens": 12, "output_tokens": 5}]
     tree = json.loads(cli("tree", root.id, "--json", home=tmp_path).stdout)
-    assert [r["subtree_usage"] for r in tree] == [{"input_tokens": 12, "output_tokens": 5}]
+    assert [r["subtree_usage"] for r in tree] == [
+        {"input_tokens": 36, "output_tokens": 15},  # the root's whole tree
+        {"input_tokens": 12, "output_tokens": 5},
+    ]
+    assert tree[0]["id"] == root.id and tree[0]["usage"] == {
+        "input_tokens": 24,
+        "output_tokens": 10,
+    }
 
 
 def test_max_total_tokens_stops_the_tree(tmp_path: Path) -> None:
@@ -147,3 +154,87 @@ def test_timeout_and_max_retries_bound_a_server_that_never_answers(tmp_path: Pat
     assert proc.returncode == 1, proc.stderr
     assert "timed out before a response" in proc.stderr
     assert "gave up after 2 attempts" in proc.stderr
+
+
+def test_max_cost_with_a_price_table_stops_the_tree_and_the_summary_shows_cost(
+    tmp_path: Path,
+) -> None:
+    """At $1 / $5 per million input / output tokens each answer costs $0.000037; a $0.00003
+    budget is used up by the root's first answer: no child, the root ends budget-exceeded."""
+    prices = tmp_path / "prices.toml"
+    prices.write_text('["anthropic:*"]\ninput = 1\noutput = 5\n')
+    with AnthropicStub(default=_route) as stub:
+        proc = cli(
+            "run",
+            "count the files",
+            "--model",
+            "anthropic:claude-stub",
+            "--base-url",
+            stub.base_url,
+            "--prices",
+            str(prices),
+            "--max-cost",
+            "0.00003",
+            "--no-live",
+            home=tmp_path,
+        )
+        assert len(stub.requests) == 1
+    assert proc.returncode == 1
+    assert "budget-exceeded" in proc.stderr
+    assert "cost budget exhausted" in proc.stderr and "$0.000037 of its $0.000030" in proc.stderr
+    assert "cost (whole tree): $0.000037  (budget $0.000030)" in proc.stdout
+    headers = SessionStore(tmp_path / "sessions").list()
+    assert [h.origin for h in headers] == [None]
+    # `ls` root rows carry the usage and cost of the whole tree.
+    [row] = json.loads(cli("ls", "--json", home=tmp_path).stdout)
+    assert row["usage"] == row["subtree_usage"] == {"input_tokens": 12, "output_tokens": 5}
+    assert row["cost_usd"] == row["subtree_cost_usd"] == 0.000037
+
+
+def test_prices_show_the_cost_of_a_whole_tree(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"anthropic:claude-stub": {"input": 1, "output": 5}}))
+    with AnthropicStub(default=_route) as stub:
+        proc = cli(
+            "run",
+            "count the files",
+            "--model",
+            "anthropic:claude-stub",
+            "--base-url",
+            stub.base_url,
+            "--prices",
+            str(prices),
+            "--no-live",
+            home=tmp_path,
+        )
+        calls = len(stub.requests)
+    assert proc.returncode == 0, proc.stderr
+    assert calls == 3
+    assert "cost (whole tree): $0.000111" in proc.stdout  # 3 x $0.000037
+    root = next(h for h in SessionStore(tmp_path / "sessions").list() if h.origin is None)
+    # `tree`: the root's own row leads, with its whole tree's cost; the text shows subtree spend.
+    tree = json.loads(cli("tree", root.id, "--json", home=tmp_path).stdout)
+    assert tree[0]["id"] == root.id and tree[0]["subtree_cost_usd"] == 0.000111
+    assert tree[0]["cost_usd"] == 0.000074 and tree[1]["cost_usd"] == 0.000037
+    text = cli("tree", root.id, home=tmp_path).stdout
+    assert text.splitlines()[0] == f"{root.id}  stored  51 tok $0.000111"
+    assert "17 tok $0.000037" in text
+
+
+def test_max_cost_needs_a_price_for_the_route_and_no_acp(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai:*": {"input": 1, "output": 5}}))
+    for args, code, says in (
+        (["--max-cost", "1"], 1, "--max-cost needs a price for 'anthropic:claude-stub'"),
+        (["--max-cost", "1", "--prices", str(prices)], 1, "needs a price"),
+        (["--prices", str(tmp_path / "missing.json")], 1, "--prices: cannot read"),
+        (["--max-cost", "0"], 2, "positive number of USD"),
+    ):
+        proc = cli(
+            "run", "x", "--model", "anthropic:claude-stub", "--no-live", *args, home=tmp_path
+        )
+        assert proc.returncode == code, (args, proc.stderr)
+        assert says in proc.stderr, (args, proc.stderr)
+    proc = cli("run", "x", "--acp", "true", "--max-cost", "1", home=tmp_path)
+    assert proc.returncode == 2 and "budgets cannot hold an ACP agent" in proc.stderr
+    assert not (tmp_path / "sessions").exists() or SessionStore(tmp_path / "sessions").list() == []

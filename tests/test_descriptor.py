@@ -49,7 +49,7 @@ def _desc_event(seq: int, descriptor: Any) -> dict[str, Any]:
 def test_to_json_is_versioned_lossless_json_and_round_trips() -> None:
     for d in (FULL, MINIMAL):
         data = d.to_json()
-        assert data["version"] == 1 and DESCRIPTOR_VERSION == 2
+        assert data["version"] == 1 and DESCRIPTOR_VERSION == 3
         assert json.loads(json.dumps(data, allow_nan=False)) == data
         assert parse_descriptor(data) == d
     assert MINIMAL.to_json() == {
@@ -147,7 +147,7 @@ def test_optional_fields_may_be_absent_or_null() -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        {**FULL.to_json(), "version": 3},
+        {**FULL.to_json(), "version": 4},
         {**FULL.to_json(), "version": 0},
         {**FULL.to_json(), "version": "1"},
         {**FULL.to_json(), "version": True},
@@ -189,7 +189,7 @@ field_values = st.one_of(
 descriptor_like = st.fixed_dictionaries(
     {},
     optional={
-        "version": st.sampled_from([1, 1, 1, 2, 3, 0, "1", None, True]),
+        "version": st.sampled_from([1, 1, 1, 2, 3, 4, 0, "1", None, True]),
         "provider": field_values,
         "label": field_values,
         "model": field_values,
@@ -222,7 +222,7 @@ def test_parse_descriptor_never_raises_anything_else(data: Any) -> None:
     except DescriptorError as exc:
         assert (
             isinstance(data, dict)
-            and data.get("version") in (1, 2)
+            and data.get("version") in (1, 2, 3)
             and data.get("version") is not True
         )
         assert exc.field
@@ -296,7 +296,7 @@ def test_a_later_good_descriptor_does_not_rescue_a_bad_first_one() -> None:
     with pytest.raises(DescriptorError) as info:
         authoritative_descriptor([_desc_event(0, bad), _desc_event(1, FULL.to_json())], 0)
     assert info.value.field == "model"
-    future = {**FULL.to_json(), "version": 3}
+    future = {**FULL.to_json(), "version": 4}
     got = authoritative_descriptor([_desc_event(0, future), _desc_event(1, FULL.to_json())], 0)
     assert isinstance(got, Unclassifiable)
 

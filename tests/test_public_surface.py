@@ -50,6 +50,8 @@ EXPORTED = [
     "ModelResponse",
     "OpenAIModel",
     "PERSONA_SECTION",
+    "Price",
+    "PriceTable",
     "ProgressSink",
     "PromptError",
     "REFUSAL",

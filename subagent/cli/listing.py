@@ -54,6 +54,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             print_json(rows)
             return 0
         table = Table(title=f"root sessions in {root}", title_justify="left")
+        # The rows' usage is in `--json` (and `tree ROOT`): an 80-column table has no room.
         for col in ("id", "status", "created", "children", "cwd"):
             table.add_column(col)
         for r in rows:
@@ -71,9 +72,16 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
     headers, unreadable = store.census()
     ids = {h.id for h in headers} | {bad.id for bad in unreadable}
     kids: dict[str, int] = {}
+    below: dict[str, list[str]] = {}
     for h in headers:
         if h.parent_session:
             kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
+            below.setdefault(h.parent_session, []).append(h.id)
+    spend: dict[str, tuple[dict[str, int], int]] = {}
+    for h in headers:
+        found = _spend_of(store, h.id)
+        if found is not None:
+            spend[h.id] = found
     rows: list[dict[str, Any]] = []
     for h in headers:
         if h.origin == "subagent" and h.parent_session in ids:
@@ -82,15 +90,15 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
             status = f"orphaned (parent {h.parent_session} is gone)"
         else:
             status = "running elsewhere" if store.is_held(h.id) else "stored"
-        rows.append(
-            {
-                "id": h.id,
-                "status": status,
-                "created_at": h.created_at,
-                "cwd": h.cwd,
-                "children": kids.get(h.id, 0),
-            }
-        )
+        row: dict[str, Any] = {
+            "id": h.id,
+            "status": status,
+            "created_at": h.created_at,
+            "cwd": h.cwd,
+            "children": kids.get(h.id, 0),
+        }
+        _add_spend(row, h.id, spend, below)
+        rows.append(row)
     for bad in unreadable:
         rows.append(
             {
@@ -102,6 +110,67 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _spend_of(store: Any, session_id: str) -> tuple[dict[str, int], int] | None:
+    """A stored session's own usage and cost (picodollars), or None when it is unreadable."""
+    from agent.usage import cost_of_events, usage_of_events
+
+    try:
+        loaded = store.inspect(session_id)
+    except Exception:  # a corrupt or vanished log: its row says so elsewhere
+        return None
+    seed = loaded.header.seed_length
+    return usage_of_events(loaded.events, seed), cost_of_events(loaded.events, seed)
+
+
+def _add_spend(
+    row: dict[str, Any],
+    session_id: str,
+    spend: Mapping[str, tuple[dict[str, int], int]],
+    below: Mapping[str, list[str]],
+) -> None:
+    """Give a root row `usage` / `cost_usd` (its own) and `subtree_usage` / `subtree_cost_usd`
+    (it and every stored descendant), like the rows of `tree --json`."""
+    from agent.usage import add_usage, pico_to_usd
+
+    own = spend.get(session_id)
+    if own is None:
+        return
+    usage, cost = own
+    row["usage"] = dict(usage)
+    if cost:
+        row["cost_usd"] = pico_to_usd(cost)
+    total: dict[str, int] = {}
+    total_cost = 0
+    seen = {session_id}
+    pending = [session_id]
+    while pending:  # a damaged store could hold a cycle: `seen` ends it
+        current = pending.pop()
+        usage, cost = spend.get(current, ({}, 0))
+        add_usage(total, usage)
+        total_cost += cost
+        for child in below.get(current, ()):
+            if child not in seen:
+                seen.add(child)
+                pending.append(child)
+    row["subtree_usage"] = total
+    if total_cost:
+        row["subtree_cost_usd"] = pico_to_usd(total_cost)
+
+
+def _spent_text(row: Mapping[str, Any], key: str = "subtree_usage") -> str:
+    """`1,234 tok` (and `$0.012345` when priced) for a row's usage; `-` without one."""
+    from agent.usage import total_tokens
+
+    usage = row.get(key)
+    if not isinstance(usage, Mapping):
+        return "-"
+    text = f"{total_tokens(usage):,} tok"
+    cost = row.get("subtree_cost_usd" if key == "subtree_usage" else "cost_usd")
+    if isinstance(cost, (int, float)):
+        text += f" ${cost:,.6f}"
+    return text
 
 
 def _corrupt_status(bad: Any) -> str:
@@ -125,19 +194,58 @@ def cmd_tree(args: argparse.Namespace) -> int:
     store = open_store(args)
     require_session(store, args.root)
     rows = listing_rows(store, lambda service: service.list_descendants(args.root))
+    top = _tree_root_row(store, args.root, rows)
     if args.json:
-        print_json(rows)
+        print_json([top, *rows])
         _note_unreadable(store)
         return 0
-    tree = Tree(args.root)
+    tree = Tree(f"{args.root}  {top.get('activity')}  {_spent_text(top)}")
     branches: dict[str, Any] = {args.root: tree}
     for r in sorted(rows, key=lambda r: (r["depth"], r["created_at"])):
         parent = branches.get(r["parent_id"], tree)
-        line = f"{r['id']}  {r.get('label') or '-'}  {r.get('mode')}  {r.get('activity')}"
+        line = (
+            f"{r['id']}  {r.get('label') or '-'}  {r.get('mode')}  {r.get('activity')}"
+            f"  {_spent_text(r)}"
+        )
         branches[r["id"]] = parent.add(line)
     make_console().print(tree)
     _note_unreadable(store)
     return 0
+
+
+def _tree_root_row(store: Any, root_id: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row of the tree's root itself: its header, its own usage, and its subtree's (its
+    own plus its children's subtree totals, which the descendant rows already carry)."""
+    from agent.usage import PICO, add_usage, pico_to_usd
+
+    header = store.inspect(root_id).header
+    row: dict[str, Any] = {
+        "id": root_id,
+        "parent_id": header.parent_session,
+        "depth": header.delegation_depth,
+        "created_at": header.created_at,
+        "has_children": any(r.get("parent_id") == root_id for r in rows),
+        "mode": "root" if header.origin is None else "subagent",
+        "label": None,
+        "activity": "running elsewhere" if store.is_held(root_id) else "stored",
+    }
+    own = _spend_of(store, root_id)
+    if own is None:
+        return row
+    usage, cost = own
+    row["usage"] = dict(usage)
+    if cost:
+        row["cost_usd"] = pico_to_usd(cost)
+    total = dict(usage)
+    total_cost = cost
+    for r in rows:
+        if r.get("parent_id") == root_id:
+            add_usage(total, r.get("subtree_usage") or {})
+            total_cost += round(float(r.get("subtree_cost_usd") or 0) * PICO)
+    row["subtree_usage"] = total
+    if total_cost:
+        row["subtree_cost_usd"] = pico_to_usd(total_cost)
+    return row
 
 
 def cmd_log(args: argparse.Namespace) -> int:

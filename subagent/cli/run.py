@@ -48,6 +48,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             "run needs --model NAME (with --base-url URL or $OPENAI_BASE_URL), "
             "--model anthropic:NAME, or --acp"
         )
+    if args.acp is not None and (args.max_cost is not None or args.max_total_tokens is not None):
+        raise UsageError(
+            "budgets cannot hold an ACP agent (its usage is not visible): "
+            "--max-total-tokens and --max-cost need --model"
+        )
+    prices = _load_prices(args.prices)
+    if args.max_cost is not None:
+        route = ":".join(model_route(args.model))
+        if prices.get(route) is None:
+            raise CliError(
+                f"--max-cost needs a price for {route!r}: give --prices FILE with that route "
+                "(or its prefix:*)"
+            )
     words = shlex.split(args.acp) if args.acp is not None else []
     if args.acp is not None and not words:
         raise UsageError("--acp needs a command")
@@ -73,6 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The CLI owns its process, so it may take the process-wide collector knob the library
         # leaves opt-in: a wide fan-out then does not stall the hub in full collections.
         gc_freeze_every=CLI_GC_FREEZE_EVERY,
+        prices=prices,
     )
     try:
         if words:
@@ -92,7 +106,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 SubagentToolConfig("fork", name="subagent_fork", max_depth=args.max_depth),
             ]
             prefix, name = model_route(args.model)
-            options = AgentOptions(model=f"{prefix}:{name}", token_budget=args.max_total_tokens)
+            options = AgentOptions(
+                model=f"{prefix}:{name}",
+                token_budget=args.max_total_tokens,
+                cost_budget=args.max_cost,
+            )
         install_subagent_tools(rt, tools=tools)
         root = rt.agent(options=options)
         tree = TreeModel(rt.ctx, root.id, "root")
@@ -125,6 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spent or args.max_total_tokens is not None:
             # Before the answer, so the answer stays the last thing printed.
             console.print(usage_line(spent, args.max_total_tokens))
+        if len(prices) and (spent or args.max_cost is not None):
+            console.print(cost_line(root.usage.cost_spent, args.max_cost))
         console.print(reply or "(no output)")
         report_stopped(console, stopped)
         if stopped is not None:
@@ -155,6 +175,40 @@ def usage_line(usage: Mapping[str, int], budget: int | None = None) -> str:
     if budget is not None:
         line += f"  (budget {budget:,})"
     return line
+
+
+def cost_line(pico: int, budget: float | None = None) -> str:
+    """The final summary's cost line, for the whole tree (priced responses only)."""
+    from agent.usage import pico_to_usd
+
+    line = f"cost (whole tree): ${pico_to_usd(pico):,.6f}"
+    if budget is not None:
+        line += f"  (budget ${budget:,.6f})"
+    return line
+
+
+def _load_prices(path: str | None) -> Any:
+    """The `--prices` table (empty without one); a bad file is a clean error."""
+    from agent.usage import PriceTable
+
+    if path is None:
+        return PriceTable()
+    try:
+        return PriceTable.load(path)
+    except OSError as exc:
+        raise CliError(f"--prices: cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"--prices: {exc}") from None
+
+
+def _positive_usd(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of USD, got {text!r}")
+    return value
 
 
 def _positive_seconds(text: str) -> float:
@@ -207,6 +261,18 @@ def register(sub: Any) -> None:
         type=positive_int,
         metavar="N",
         help="token budget of the whole tree (input, output and cache tokens)",
+    )
+    run.add_argument(
+        "--max-cost",
+        type=_positive_usd,
+        metavar="USD",
+        help="cost budget of the whole tree in USD (needs --prices with the model's route)",
+    )
+    run.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table: JSON or TOML (.toml) mapping model routes to USD per million "
+        "input / output / cache_read / cache_write tokens",
     )
     run.add_argument(
         "--timeout",

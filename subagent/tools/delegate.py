@@ -27,6 +27,7 @@ import gevent
 from agent import tracing
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
+from agent.usage import usd_to_pico
 from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
@@ -92,6 +93,8 @@ class SubagentToolConfig:
     notify_parent: bool = True
     # Each child's token budget (its subtree's), clamped to what the parent has left.
     token_budget: int | None = None
+    # Each child's cost budget in USD (needs a price table), clamped the same way.
+    cost_budget: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider, str) or not self.provider:
@@ -112,6 +115,10 @@ class SubagentToolConfig:
         tb = self.token_budget
         if tb is not None and (not isinstance(tb, int) or isinstance(tb, bool) or tb < 1):
             raise ValueError(f"token_budget must be a positive int or None, got {tb!r}")
+        if self.cost_budget is not None and usd_to_pico(self.cost_budget, "cost_budget") <= 0:
+            raise ValueError(
+                f"cost_budget must be a positive number or None, got {self.cost_budget!r}"
+            )
 
     @property
     def depth_cap(self) -> int | None:
@@ -189,7 +196,7 @@ _HEADLINES: Final = {
     ERROR: "Subagent failed with an error.",
     MAX_TOKENS: "Subagent ran out of output tokens before it finished.",
     REFUSAL: "Subagent declined the task.",
-    BUDGET_EXCEEDED: "Subagent used up its token budget before it finished.",
+    BUDGET_EXCEEDED: "Subagent used up its token or cost budget before it finished.",
 }
 
 _CODES: Final = {
@@ -275,6 +282,7 @@ class _Delegate:
             tool_filter=c.tool_filter,
             persona=c.persona,
             token_budget=c.token_budget,
+            cost_budget=c.cost_budget,
             trace=trace,
         )
 
@@ -374,6 +382,7 @@ def subagent_tool(service: Any, config: SubagentToolConfig, *, name: str | None 
         ("tool_filter", config.tool_filter is not None, caps.tool_filter),
         ("persona", config.persona is not None, caps.persona),
         ("token_budget", config.token_budget is not None, caps.token_budget),
+        ("cost_budget", config.cost_budget is not None, caps.token_budget),
     ]
     missing = [what for what, wanted, has in needs if wanted and not has]
     if missing:

@@ -7,7 +7,9 @@
   `loadSession`; `session/load` replays history first. With $ACP_PEER_STATE naming a directory,
   sessions persist there (as a real agent's do), so another process can `session/load` them:
   `recall` answers `recalled: <earlier prompts, joined by " | ">`, `crash` exits 3 mid-turn,
-  `hang` reports `hanging` and never ends its turn.
+  `hang` reports `hanging` and never ends its turn. `usage` reports a `usage_update` (context
+  100/1000, cost 0.25 USD) and ends its turn with (unstable) usage: 100 input, 20 output,
+  5 thought, 30 cache read, 155 in total.
 
 When $ACP_PEER_NOTIFY names a unix socket, the peer connects at start-up and reports lines there
 (`pid <pid>`, `new_session`, `grandchild <pid>`) so tests synchronise on events, not sleeps.
@@ -51,7 +53,14 @@ from acp import (
     update_plan,
     update_user_message_text,
 )
-from acp.schema import AgentCapabilities, PermissionOption, ToolCallUpdate
+from acp.schema import (
+    AgentCapabilities,
+    Cost,
+    PermissionOption,
+    ToolCallUpdate,
+    Usage,
+    UsageUpdate,
+)
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "normal"
 KNOWN_STOP_REASONS = {"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"}
@@ -174,6 +183,19 @@ class PeerAgent:
                 if text[5:] not in KNOWN_STOP_REASONS:
                     return {"stopReason": text[5:]}  # type: ignore[return-value]
                 return PromptResponse(stop_reason=text[5:])
+            if text == "usage":
+                cost = Cost(amount=0.25, currency="USD")
+                update = UsageUpdate(session_update="usage_update", used=100, size=1000, cost=cost)
+                await self.conn.session_update(session_id, update)
+                await say("spent")
+                usage = Usage(
+                    input_tokens=100,
+                    output_tokens=20,
+                    thought_tokens=5,
+                    cached_read_tokens=30,
+                    total_tokens=155,
+                )
+                return PromptResponse(stop_reason="end_turn", usage=usage)
             if text.startswith("env:"):
                 await say(os.environ.get(text[4:], "<unset>"))
                 return PromptResponse(stop_reason="end_turn")
