@@ -34,8 +34,14 @@ from agent import events as ev
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import MAX_FRAME, _crc32, _frame, _pack_prefix, _packb
 from agent.jsoncheck import check_json, repair_surrogates
+from agent.jsoncheck import is_lossless as _is_lossless
 
 _unpackb = msgpack.unpackb
+_now = time.time
+_type_of = type  # `SessionLog.append` takes a parameter named `type`
+# Exact types only: a tuple, set, subclass (enum) or other object is refused by the encoder
+# itself, so a value that skipped the walk still cannot smuggle one in.
+_pack_strict = msgpack.Packer(use_bin_type=True, autoreset=True, strict_types=True).pack
 
 __all__ = [
     "Durability",
@@ -91,6 +97,14 @@ _REQUIRED: dict[str, tuple[_Field, ...]] = {
     ev.INBOX_CLAIMED: _fields(message_id=_STR),
     ev.INBOX_DISCARDED: _fields(message_id=_STR, reason=_STR),
 }
+# Events whose required fields are all exact ints or strs, by field count. With no other key
+# (same count), the replay's type checks plus the strict encoder (which refuses out-of-range
+# ints and lone surrogates) are the whole lossless-JSON check, so append skips the walk.
+_FLAT: dict[str, int] = {
+    name: len(fields)
+    for name, fields in _REQUIRED.items()
+    if all(typ in (int, str) for _key, typ, _what in fields)
+}
 _OPTIONAL: dict[str, tuple[_Field, ...]] = {
     ev.TURN_END: _fields(message=_STR),
     ev.ASSISTANT_MESSAGE: _fields(usage=_DICT),
@@ -139,29 +153,35 @@ class LogReplay:
             raise InvariantError(seq, f"event is a {type(event).__name__}, not a dict")
         if event.get("seq") != seq or type(event.get("seq")) is not int:
             raise InvariantError(seq, f"seq {event.get('seq')!r} where {seq} was expected")
-        etype = event.get("type")
-        data = event.get("data")
+        if type(event.get("time")) not in (float, int):
+            raise InvariantError(seq, "time must be a number")
+        self.feed_next(event.get("type"), event.get("data"))
+
+    def feed_next(self, etype: object, data: object) -> None:
+        """`feed` for an envelope the caller built itself: seq is `self.seq`, time a float.
+
+        `SessionLog.append` makes the envelope, so re-checking its seq and time there is waste;
+        everything about the type and the data is checked here, the same as at load.
+        """
+        seq = self.seq
         if type(etype) is not str:
             raise InvariantError(seq, "type must be a str")
         if type(data) is not dict:
             raise InvariantError(seq, "data must be a dict")
-        if type(event.get("time")) not in (float, int):
-            raise InvariantError(seq, "time must be a number")
-        required = _REQUIRED.get(etype)
-        if required is None:
+        rules = _RULES.get(etype)
+        if rules is None:
             if data.get("ignorable") is not True:
                 raise InvariantError(seq, f"unknown event type {etype!r} (not marked ignorable)")
             self.seq = seq + 1
             return
+        required, optional, handler = rules
         for key, typ, what in required:
             if type(data.get(key)) is not typ:
                 raise InvariantError(seq, f"{etype}: {key} must be {what}")
-        optional = _OPTIONAL.get(etype)
-        if optional is not None:
-            for key, typ, what in optional:
-                if key in data and type(data[key]) is not typ:
-                    raise InvariantError(seq, f"{etype}: {key} must be {what}")
-        _HANDLERS[etype](self, seq, data)
+        for key, typ, what in optional:
+            if key in data and type(data[key]) is not typ:
+                raise InvariantError(seq, f"{etype}: {key} must be {what}")
+        handler(self, seq, data)
         self.seq = seq + 1
         if seq + 1 == self.seed_length and self.turn_open:
             raise InvariantError(seq, "the seed ends inside an open turn")
@@ -302,6 +322,13 @@ _HANDLERS: dict[str, Callable[[LogReplay, int, dict[str, Any]], None]] = {
 }
 
 
+# One lookup per event: (required fields, optional fields, the per-type state rule).
+_RULES: dict[
+    str,
+    tuple[tuple[_Field, ...], tuple[_Field, ...], Callable[[LogReplay, int, dict[str, Any]], None]],
+] = {name: (_REQUIRED[name], _OPTIONAL.get(name, ()), _HANDLERS[name]) for name in _REQUIRED}
+
+
 def validate_log(events: Iterable[Event], header: SessionHeader | None = None) -> LogReplay:
     """Replay every invariant over `events`; returns the final state (open turn, calls)."""
     replay = LogReplay(header)
@@ -420,8 +447,10 @@ class EventView(Sequence[Event]):
     def __repr__(self) -> str:
         return f"<EventView of {len(self)} events>"
 
-    def _append_payload(self, payload: bytes) -> None:
-        self._payloads.append(payload)
+    @property
+    def _append_payload(self) -> Callable[[bytes], None]:
+        """The bound `append` of the frame list (the log's hot path calls it directly)."""
+        return self._payloads.append
 
 
 class SessionLog:
@@ -447,7 +476,7 @@ class SessionLog:
         self.durability: Durability = durability
         self._sink = sink
         self._replay = replay if replay is not None else validate_log(events, header)
-        self._feed = self._replay.feed
+        self._payloads_append = self.events._append_payload
         self._buffer = bytearray()
         self._unsynced = False  # written to the OS since the last sync
         self._failed: BaseException | None = None
@@ -465,36 +494,46 @@ class SessionLog:
     def closed(self) -> bool:
         return self._closed
 
-    def append(self, type: str, data: dict[str, Any]) -> Event:
+    def append(self, type: str, data: dict[str, Any], *, prechecked: bool = False) -> Event:
         """Record one event. The log owns `data` afterwards: do not mutate it.
 
         Atomic: when it raises, nothing changed (no seq taken, no replay state, no frame). Text
         with lone surrogates is repaired to U+FFFD in place first (docs/decisions.md).
+
+        The lossless-JSON walk is skipped where it cannot find anything: for the flat events
+        whose every field the replay checks as an exact int or str (`_FLAT`), and when the
+        caller says `prechecked` (every value inside `data` already went through an earlier
+        append of this log, unchanged since). The strict encoder and the replay still run.
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()
-        check_json(data, where=f"{type}.data")
-        events = self.events
-        event: Event = {"type": type, "seq": len(events), "time": time.time(), "data": data}
+        walk = not prechecked and (_type_of(data) is not dict or _FLAT.get(type) != len(data))
+        if walk and not _is_lossless(data):
+            check_json(data, where=f"{type}.data")
+        replay = self._replay
+        event: Event = {"type": type, "seq": replay.seq, "time": _now(), "data": data}
         try:
-            payload = _packb(event)
+            payload = _pack_strict(event)
         except UnicodeEncodeError:
             # Only a lone surrogate makes a checked value unencodable (rare, slow path).
             repair_surrogates(data)
-            payload = _packb(event)
+            payload = _pack_strict(event)
+        except (TypeError, ValueError, OverflowError):
+            # Only an unchecked (flat) event can get here: name the bad value, as the walk does.
+            check_json(data, where=f"{type}.data")
+            raise
         if len(payload) > MAX_FRAME:
             raise ValueError(f"{type} event of {len(payload)} bytes exceeds {MAX_FRAME}")
         try:
-            self._feed(event)
+            replay.feed_next(type, data)
         except BaseException:
             # A refused event may have moved the replay part way: rebuild it (rare, loud path).
-            self._replay = validate_log(list(events), self.header)
-            self._feed = self._replay.feed
+            self._replay = validate_log(list(self.events), self.header)
             raise
         buffer = self._buffer
         buffer += _pack_prefix(len(payload), _crc32(payload))
         buffer += payload
-        events._append_payload(payload)
+        self._payloads_append(payload)
         return event
 
     def checkpoint(self, point: Literal["step", "turn"]) -> None:

@@ -298,11 +298,11 @@ class AgentCore:
             )
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
-            self._log_assistant(response, calls)
+            logged_calls = self._log_assistant(response, calls)
             if response.content:
                 state.last_output = list(response.content)
             if calls:
-                self._run_tools(calls, signal, capture, state)
+                self._run_tools(calls, logged_calls, signal, capture, state)
             log_append("step/end", {"turn": turn, "step": step})
             state.step = 0
             if finish == "max-tokens":
@@ -378,7 +378,10 @@ class AgentCore:
         self.log.append("user/message", {"message": entry})
         self.history.append({"role": "user", "content": content})
 
-    def _log_assistant(self, response: ModelResponse, calls: Sequence[ToolCall]) -> None:
+    def _log_assistant(
+        self, response: ModelResponse, calls: Sequence[ToolCall]
+    ) -> list[dict[str, Any]]:
+        """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
         content = list(response.content)
         tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls]
         data: dict[str, Any] = {
@@ -413,22 +416,27 @@ class AgentCore:
             if usage:
                 event["usage"] = dict(usage)
             self._progress(event)
+        return tool_calls
 
     # -- tools ---------------------------------------------------------------------------------
 
     def _run_tools(
         self,
         calls: Sequence[ToolCall],
+        logged: Sequence[Mapping[str, Any]],
         signal: AbortSignal,
         capture: _Conclude,
         state: _TurnState,
     ) -> None:
         append = self.log.append
         open_calls = state.open_calls
-        for call in calls:
+        for call, entry in zip(calls, logged, strict=True):
+            # The id, name and arguments are the very values the assistant/message append just
+            # checked (nothing ran in between that holds them): no second lossless-JSON walk.
             append(
                 "tool/call",
-                {"call_id": call.id, "name": call.name, "arguments": dict(call.arguments)},
+                {"call_id": entry["id"], "name": entry["name"], "arguments": entry["arguments"]},
+                prechecked=True,
             )
             open_calls[call.id] = call.name
             if self.on_progress is not None:

@@ -510,6 +510,58 @@ def test_append_rejects_lossy_data_and_bad_structure_at_the_call_site() -> None:
 
 
 @pytest.mark.parametrize(
+    ("kind", "data", "error", "match"),
+    [
+        # Flat events skip the lossless-JSON walk; the replay and the strict encoder still
+        # refuse everything the walk would have, at the call site.
+        ("turn/start", {"turn": 2**64}, TypeError, r"turn/start\.data\.turn: integer"),
+        ("turn/start", {"turn": -(2**63) - 1}, TypeError, r"turn/start\.data\.turn: integer"),
+        ("turn/start", {"turn": True}, InvariantError, "turn must be an int"),
+        ("turn/start", {"turn": 1.0}, InvariantError, "turn must be an int"),
+        ("turn/start", {"turn": math.nan}, InvariantError, "turn must be an int"),
+        ("turn/start", {"turn": 1, "x": b"raw"}, TypeError, r"turn/start\.data\.x: bytes"),
+        ("turn/start", {"turn": 1, "x": math.nan}, TypeError, r"turn/start\.data\.x"),
+        ("turn/start", {"turn": 1, 2: "x"}, TypeError, "key 2 is a int"),
+        ("inbox/claimed", {"message_id": ("m",)}, TypeError, r"message_id: tuple"),
+        ("inbox/claimed", {"message_id": 5}, InvariantError, "message_id must be a str"),
+    ],
+)
+def test_flat_events_are_still_checked_without_the_walk(
+    kind: str, data: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    log = make_log(RecordingSink())
+    with pytest.raises(error, match=match):
+        log.append(kind, data)
+    assert log.events == []
+    assert log.append("turn/start", {"turn": 1})["seq"] == 0
+
+
+def test_a_flat_event_with_a_lone_surrogate_is_repaired() -> None:
+    log = make_log(RecordingSink())
+    log.append("turn/start", {"turn": 1})
+    log.append("user/message", user())
+    log.append("turn/end", {"turn": 1, "reason": "completed"})
+    data = {"message_id": "m\ud800"}
+    log.append("inbox/accepted", accepted("m\ud800"))
+    log.append("inbox/claimed", data)
+    assert data["message_id"] == "m\ufffd"
+    assert log.events[-1]["data"] == {"message_id": "m\ufffd"}
+
+
+def test_prechecked_data_still_meets_the_strict_encoder_and_the_replay() -> None:
+    log = make_log(RecordingSink())
+    log.append("turn/start", {"turn": 1})
+    log.append("user/message", user())
+    log.append("step/start", {"turn": 1, "step": 1})
+    with pytest.raises(TypeError, match=r"tool/call\.data\.arguments\.k: tuple"):
+        log.append("tool/call", {**call("c"), "arguments": {"k": (1,)}}, prechecked=True)
+    with pytest.raises(InvariantError, match="name must be a str"):
+        log.append("tool/call", {**call("c"), "name": 7}, prechecked=True)
+    assert len(log.events) == 3
+    assert log.append("tool/call", call("c"), prechecked=True)["seq"] == 3
+
+
+@pytest.mark.parametrize(
     ("durability", "step_syncs", "turn_syncs"),
     [("turn", 0, 1), ("step", 1, 2), ("none", 0, 0)],
 )

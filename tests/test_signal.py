@@ -122,6 +122,37 @@ def test_wait_times_out_without_abort() -> None:
     assert AbortController().signal.wait(0.001) is False
 
 
+def test_a_timed_wait_ends_on_abort_long_before_its_timeout() -> None:
+    c = AbortController()
+    waiting = Event()
+
+    def waiter() -> bool:
+        waiting.set()
+        return c.signal.wait(3600)
+
+    g = gevent.spawn(waiter)
+    waiting.wait()
+    c.abort()
+    assert g.get(timeout=10) is True
+
+
+def test_timed_waits_in_many_greenlets_each_time_out_and_a_killed_one_is_released() -> None:
+    signal = AbortController().signal
+    waiting = Event()
+
+    def parked() -> bool:
+        waiting.set()
+        return signal.wait(3600)
+
+    stuck = gevent.spawn(parked)
+    waiting.wait()
+    stuck.kill(block=True)  # GreenletExit in the middle of a timed wait
+    assert stuck.dead and isinstance(stuck.value, gevent.GreenletExit)
+    timed = [gevent.spawn(signal.wait, 0.001 * i) for i in range(20)]
+    assert [g.get(timeout=10) for g in timed] == [False] * 20
+    assert not signal.aborted
+
+
 def test_any_of_takes_first_reason_and_detaches() -> None:
     a, b = AbortController(), AbortController()
     combined = AbortSignal.any_of(a.signal, b.signal)

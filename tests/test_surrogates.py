@@ -21,7 +21,7 @@ from test_cli import cli
 from agent.events import SessionHeader
 from agent.jsoncheck import repair_surrogates
 from agent.log import InvariantError, validate_log
-from agent.model import ModelRequest
+from agent.model import ModelRequest, ModelResponse, ToolCall, without_lone_surrogates
 from agent.models import ModelRegistry
 from agent.models import scripted as S
 from agent.models.openai import OpenAIModel
@@ -193,3 +193,18 @@ def test_cli_run_with_argv_bytes_that_are_not_utf8(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert f"echo: hello {FFFD}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "odd", [2**70, ("a", "tuple"), float("nan"), {1: "int key"}], ids=["big", "tuple", "nan", "key"]
+)
+def test_the_reply_probe_repairs_only_text_and_leaves_other_faults_to_the_log(odd: Any) -> None:
+    """The probe is an encoder: a value it cannot judge is passed on (the log refuses it with
+    a named path), and a lone surrogate beside ordinary values is still repaired."""
+    plain = ModelResponse(content=[{"type": "text", "text": "x", "odd": odd}])
+    assert without_lone_surrogates(plain) is plain
+    call = ToolCall("c1", "t", {"k": "v\ud800"})
+    torn = ModelResponse(content=[{"type": "text", "text": "ok"}], tool_calls=[call])
+    fixed = without_lone_surrogates(torn)
+    assert fixed.tool_calls[0].arguments == {"k": "v\ufffd"}
+    assert call.arguments == {"k": "v\ud800"}  # the model's own object is left alone
