@@ -46,6 +46,7 @@ from agent.tools import ToolScope
 from agent.usage import UsageAccount
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
+from supervision.group import TaskGroup
 from supervision.signal import AbortController
 
 if TYPE_CHECKING:
@@ -163,13 +164,16 @@ class AgentActor(GeventActor):
         self._on_closed = on_closed
         # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
         self._held = False
-        self.turn_listeners: list[Callable[[TurnOutcome], None]] = []
+        self._turn_listeners: list[Callable[[TurnOutcome], None]] = []
+        self._steer_listeners: list[Callable[[str], None]] = []
         self.turn_running = False
-        self.before_first_request: Callable[[], None] | None = None
+        self._before_first_request: Callable[[], None] | None = None
         # The run whose activation prompt this agent answers (a child's run), if any.
         self.run: LocalRun | None = None
         self._close_cause: Any = None
         self._dispose_reply: Deferred[None] | None = None
+        # The disposer runs in a group the actor owns, made only when a dispose starts.
+        self._tasks: TaskGroup | None = None
         self._disposer: gevent.Greenlet | None = None
 
     def activate(
@@ -268,7 +272,27 @@ class AgentActor(GeventActor):
             )
         )
         self._steer_replies[message_id] = reply
+        if self._steer_listeners:
+            for listener in list(self._steer_listeners):
+                listener(message_id)
         return reply
+
+    @property
+    def busy(self) -> bool:
+        """A turn runs or is about to (its worker is scheduled)."""
+        return self.turn_running or self._worker is not None
+
+    # -- observers (registered by the handle; each returns its remover) ----------------------------
+
+    def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
+        return _register(self._turn_listeners, fn)
+
+    def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        return _register(self._steer_listeners, fn)
+
+    def before_first_request(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once, in the next turn, before its first model request."""
+        self._before_first_request = fn
 
     def _cancel(self, message: Cancel) -> Deferred[Any]:
         if message.keep_inbox:
@@ -291,8 +315,7 @@ class AgentActor(GeventActor):
             run.cancel_requested = True
         agent = self.core.agent
         if agent is not None:  # the runs this agent started go too
-            for hook in list(agent.ctx.on_agent_cancelled):
-                hook(agent, message.cause)
+            agent.ctx.lifecycle.cancelled(agent, message.cause)
         self._abort_turn(message.cause)
 
     def _dispose_run(self) -> Deferred[None]:
@@ -314,7 +337,8 @@ class AgentActor(GeventActor):
             finally:
                 reply.resolve(None)
 
-        self._disposer = gevent.spawn(dispose)
+        tasks = self._tasks = TaskGroup("agent-actor-disposal")
+        self._disposer = tasks.spawn(dispose)
         return reply
 
     def _when_idle(self) -> Deferred[Any]:
@@ -365,7 +389,7 @@ class AgentActor(GeventActor):
                 message = self._queue.popleft()
                 controller = self._turn_abort = AbortController()
                 self.turn_running = True
-                hook, self.before_first_request = self.before_first_request, None
+                hook, self._before_first_request = self._before_first_request, None
                 try:
                     core.log.append("inbox/claimed", {"message_id": message["id"]})
                     outcome = core.run_turn(message, controller.signal, self._take_steers, hook)
@@ -395,7 +419,7 @@ class AgentActor(GeventActor):
                 self._finish_close()
 
     def _tell_turn_listeners(self, outcome: TurnOutcome) -> None:
-        for listener in list(self.turn_listeners):
+        for listener in list(self._turn_listeners):
             try:
                 listener(outcome)
             except Exception:
@@ -448,8 +472,9 @@ class AgentActor(GeventActor):
         cyclic collection (which, with thousands of live children, is a long hub pause)."""
         self._on_closed = None
         self.run = None
-        self.turn_listeners.clear()
-        self.before_first_request = None
+        self._turn_listeners.clear()
+        self._steer_listeners.clear()
+        self._before_first_request = None
         self.core.agent = None
         self.core.on_progress = None
 
@@ -460,6 +485,9 @@ class AgentActor(GeventActor):
         worker = self._worker
         if worker is not None and worker is not gevent.getcurrent():
             gevent.kill(worker)
+        if self._tasks is not None:
+            # The disposer is what stopped us and is waiting for that: it ends on its own.
+            self._tasks.close(spare=self._disposer)
 
     def on_failure(self, *exc_info: Any) -> None:
         """The actor crashed or was killed: end the turn as a stop would, and settle every reply
@@ -537,8 +565,7 @@ class Agent:
     def status(self) -> str:
         if self._closed:
             return "closed"
-        actor = self._actor
-        return "running" if actor.turn_running or actor._worker is not None else "idle"
+        return "running" if self._actor.busy else "idle"
 
     @property
     def turn_running(self) -> bool:
@@ -569,8 +596,7 @@ class Agent:
 
     def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any:
         """Abort the running turn (and the children it started); replies when idle."""
-        for hook in list(self.ctx.on_agent_cancelled):
-            hook(self, cause)
+        self.ctx.lifecycle.cancelled(self, cause)
         return self._ask(Cancel(cause, keep_inbox))
 
     def when_idle(self) -> Any:
@@ -591,6 +617,28 @@ class Agent:
         if self.ctx.closed:
             return SubagentError("RUNTIME_CLOSED", f"the runtime of agent {self.id} is closed")
         return SubagentError("RUN_DISPOSED", f"agent {self.id} is closed")
+
+    def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
+        """Call `fn(outcome)` when each turn of this agent ends; returns the remover. One that
+        raises is logged and the others still run."""
+        if not callable(fn):
+            raise TypeError("turn listener must be callable")
+        return self._actor.add_turn_listener(fn)
+
+    def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Call `fn(message_id)` when a steer is queued for the running turn (it is admitted at
+        the next step boundary); returns the remover. The listener must not block."""
+        if not callable(fn):
+            raise TypeError("steer listener must be callable")
+        return self._actor.add_steer_listener(fn)
+
+    def before_first_request(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once, inside this agent's next turn, before its first model request (a
+        provider records what a child was started with there). Raising `TurnBlocked` refuses
+        the turn."""
+        if not callable(fn):
+            raise TypeError("before_first_request needs a callable")
+        self._actor.before_first_request(fn)
 
     def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Receive this agent's progress events (turn, step, tool, text), tagged with its id.
@@ -624,8 +672,7 @@ class Agent:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""
         if self._closed and not self.ref.is_alive():
             return
-        for hook in list(self.ctx.on_agent_closing):
-            hook(self)
+        self.ctx.lifecycle.closing(self)
         try:
             self.ref.ask(Close(cause), block=False).get()
         except Exception as exc:
@@ -640,3 +687,20 @@ class Agent:
     def _forget(self) -> None:
         self._closed = True
         self.ctx.agents.pop(self.id, None)
+
+
+def _register(listeners: list[Any], fn: Callable[..., None]) -> Callable[[], None]:
+    """Add one entry to `listeners`; the remover takes out exactly that entry, once."""
+    listeners.append(fn)
+    removed = False
+
+    def remove() -> None:
+        nonlocal removed
+        if not removed:
+            removed = True
+            for i, registered in enumerate(listeners):
+                if registered is fn:
+                    del listeners[i]
+                    return
+
+    return remove

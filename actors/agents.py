@@ -117,8 +117,7 @@ def _build(
 def _publish(ctx: AgentContext, agent: Agent) -> Agent:
     """Make the agent visible (`ctx.agents`) and tell the hooks, before its first turn runs."""
     ctx.agents[agent.id] = agent
-    for hook in ctx.on_agent_published:
-        hook(agent)
+    ctx.lifecycle.published(agent)
     return agent
 
 

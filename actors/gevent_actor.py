@@ -55,6 +55,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 _pykka_logger = logging.getLogger("pykka")
 
+# The pykka seam: the private parts of Pykka this runtime relies on (pinned: pykka 4.5), read
+# here once so nothing else reaches into Pykka. The registry's list and lock let an actor
+# register and unregister in O(1); the stop message is what `ActorRef.stop` queues; a ref's
+# weakref is the only way from a ref to its actor object. Pykka never rebinds the first two.
+_REGISTRY_REFS: list[ActorRef[Any]] = ActorRegistry._actor_refs  # noqa: SLF001
+_REGISTRY_LOCK = ActorRegistry._actor_refs_lock  # noqa: SLF001
+_ActorStop: type[messages._ActorStop] = messages._ActorStop  # noqa: SLF001
+
 T = TypeVar("T")
 
 
@@ -80,11 +88,11 @@ class GeventFuture(Future[T]):
     `add_done_callback` lets an owner react to the outcome in the settling greenlet (no
     watcher greenlet parked on `get()`)."""
 
-    __slots__ = ("_callbacks", "_event", "_get_hook", "_get_hook_result", "_result")
+    __slots__ = ("_callbacks", "_event", "_get_hook", "_get_hook_result", "settlement")
 
     def __init__(self) -> None:
         super().__init__()
-        self._result: _FutureResult | None = None
+        self.settlement: _FutureResult | None = None
         self._event: gevent.event.Event | None = None
         self._callbacks: list[Callable[[GeventFuture[T]], None]] | None = None
 
@@ -93,14 +101,14 @@ class GeventFuture(Future[T]):
             return super().get(timeout=timeout)
         except NotImplementedError:
             pass
-        result = self._result
+        result = self.settlement
         if result is None:
             if self._event is None:
                 self._event = gevent.event.Event()
             if not self._event.wait(timeout):
                 msg = f"{timeout} seconds"
                 raise Timeout(msg)
-            result = self._result
+            result = self.settlement
             assert result is not None
         if result.exc_info is not None:
             exc_type, exc_value, exc_traceback = result.exc_info
@@ -114,12 +122,12 @@ class GeventFuture(Future[T]):
 
     @property
     def done(self) -> bool:
-        return self._result is not None
+        return self.settlement is not None
 
     def add_done_callback(self, fn: Callable[[GeventFuture[T]], None]) -> None:
         """Call `fn(self)` once the future is settled (at once if it is), in the greenlet that
         settles it. `fn` must not block; one that raises is logged."""
-        if self._result is not None:
+        if self.settlement is not None:
             _call_done(fn, self)
             return
         if self._callbacks is None:
@@ -139,7 +147,7 @@ class GeventFuture(Future[T]):
         self._resolve(_FutureResult(exc_info=exc_info if exc_info is not None else sys.exc_info()))
 
     def set_get_hook(self, func: GetHookFunc[T]) -> None:
-        if self._result is not None:
+        if self.settlement is not None:
             raise gevent.queue.Full
         super().set_get_hook(func)
         if self._event is not None:
@@ -147,9 +155,9 @@ class GeventFuture(Future[T]):
 
     def _resolve(self, result: _FutureResult) -> None:
         # Same contract as ThreadingFuture: a second set is an error (queue.Full).
-        if self._result is not None or self._get_hook is not None:
+        if self.settlement is not None or self._get_hook is not None:
             raise gevent.queue.Full
-        self._result = result
+        self.settlement = result
         callbacks, self._callbacks = self._callbacks, None
         if callbacks is not None:
             for fn in callbacks:
@@ -176,16 +184,16 @@ class Deferred(GeventFuture[T]):
 
     @property
     def settled(self) -> bool:
-        return self._result is not None
+        return self.settlement is not None
 
     def resolve(self, value: Any = None) -> bool:
-        if self._result is not None:
+        if self.settlement is not None:
             return False
         self._resolve(_FutureResult(value=value))
         return True
 
     def reject(self, exc: BaseException) -> bool:
-        if self._result is not None:
+        if self.settlement is not None:
             return False
         self._resolve(_FutureResult(exc_info=(type(exc), exc, exc.__traceback__)))
         return True
@@ -202,7 +210,7 @@ class Deferred(GeventFuture[T]):
 
     def copy_from(self, source: GeventFuture[Any]) -> None:
         """Settle with `source`'s outcome (a settled future); a done callback."""
-        result = source._result
+        result = source.settlement
         assert result is not None
         if result.exc_info is None:
             self.resolve(result.value)
@@ -217,7 +225,7 @@ class Deferred(GeventFuture[T]):
 
 def outcome_of(future: GeventFuture[Any]) -> Any:
     """A settled future's value, or the exception it failed with."""
-    result = future._result
+    result = future.settlement
     assert result is not None
     if result.exc_info is None:
         return result.value
@@ -230,7 +238,7 @@ def outcome_of(future: GeventFuture[Any]) -> Any:
 
 
 def _copy_outcome(source: GeventFuture[Any], target: Future[Any]) -> None:
-    result = source._result
+    result = source.settlement
     assert result is not None
     if result.exc_info is None:
         target.set(result.value)
@@ -299,8 +307,8 @@ class GeventActor(Actor):
             "Did you forget to call super() in your override?"
         )
         ref = obj.actor_ref
-        with ActorRegistry._actor_refs_lock:
-            ActorRegistry._actor_refs.append(ref)
+        with _REGISTRY_LOCK:
+            _REGISTRY_REFS.append(ref)
         if _pykka_logger.isEnabledFor(logging.DEBUG):
             _pykka_logger.debug(f"Registered {ref}")
             _pykka_logger.debug(f"Starting {obj}")
@@ -407,7 +415,7 @@ class GeventActor(Actor):
                 if isinstance(carried, Deferred):
                     carried.reject(ActorDeadError(f"{self.actor_ref} stopped before handling it"))
                 continue
-            if isinstance(envelope.message, messages._ActorStop):
+            if isinstance(envelope.message, _ActorStop):
                 envelope.reply_to.set(None)
             else:
                 envelope.reply_to.set_exception(
@@ -463,8 +471,8 @@ class GeventActor(Actor):
             return
         self._unregistered = True
         ref = self._actor_ref
-        with ActorRegistry._actor_refs_lock:
-            refs = ActorRegistry._actor_refs
+        with _REGISTRY_LOCK:
+            refs = _REGISTRY_REFS
             if refs and refs[-1] is ref:
                 refs.pop()
             elif refs and refs[0] is ref:
@@ -476,6 +484,11 @@ class GeventActor(Actor):
                     return
         if _pykka_logger.isEnabledFor(logging.DEBUG):
             _pykka_logger.debug(f"Unregistered {ref}")
+
+    @property
+    def crash(self) -> BaseException | None:
+        """What ended the actor abnormally (a handler's exception, a kill), or None."""
+        return self._crash
 
     def _record_crash(self, exc: BaseException | None) -> None:
         if self._crash is None and exc is not None:
@@ -521,7 +534,8 @@ class GeventActor(Actor):
 
     # -- used by kill(), join(), the supervision adapter -------------------------------------
 
-    def _request_kill(self, exc: ActorKilled) -> None:
+    def request_kill(self, exc: ActorKilled) -> None:
+        """Raise `exc` in the actor's loop (what `kill(ref)` does); returns at once."""
         if self._killed is not None or self._ended:
             return
         self._killed = exc
@@ -536,14 +550,15 @@ class GeventActor(Actor):
             return  # the loop checks the flag itself on its next turn
         glet.throw(exc)
 
-    def _wait_ended(self, timeout: float | None) -> bool:
+    def wait_ended(self, timeout: float | None) -> bool:
+        """Wait (cooperatively) until the actor's loop has ended; whether it did in time."""
         if self._ended:
             return True
         if self._exited is None:
             self._exited = gevent.event.Event()
         return bool(self._exited.wait(timeout))
 
-    def _add_exit_callback(self, fn: Callable[[GeventActor], None]) -> None:
+    def add_exit_callback(self, fn: Callable[[GeventActor], None]) -> None:
         """Call `fn(actor)` once when the loop has ended (at once if it has)."""
         if self._ended:
             fn(self)
@@ -557,10 +572,12 @@ def _dead_exc_info(actor: GeventActor, why: str) -> OptExcInfo:
     return (ActorDeadError, ActorDeadError(f"{actor.actor_ref} {why}"), None)
 
 
-def _actor_of(ref: ActorRef[Any] | GeventActor) -> GeventActor | None:
+def actor_of(ref: ActorRef[Any] | GeventActor) -> GeventActor | None:
+    """The live actor object behind `ref` (None once it is gone); TypeError for a non-gevent
+    actor. Pykka has no public accessor: this is the one place that reads the ref's weakref."""
     if isinstance(ref, GeventActor):
         return ref
-    actor = ref._actor_weakref()
+    actor = ref._actor_weakref()  # noqa: SLF001  (the pykka seam: no public accessor)
     if not isinstance(actor, GeventActor):
         if actor is None:
             return None
@@ -576,17 +593,17 @@ def kill(ref: ActorRef[Any] | GeventActor, reason: str = "killed") -> None:
     `ActorKilled` (a second kill interrupts it). Never use `gevent.kill` on an actor greenlet:
     it works too, but this one also works before the actor's greenlet first ran.
     """
-    actor = _actor_of(ref)
+    actor = actor_of(ref)
     if actor is not None:
-        actor._request_kill(ActorKilled(f"{actor}: {reason}"))
+        actor.request_kill(ActorKilled(f"{actor}: {reason}"))
 
 
 def join(ref: ActorRef[Any] | GeventActor, timeout: float | None = None) -> bool:
     """Wait until the actor's loop has ended (teardown done); returns whether it has."""
-    actor = _actor_of(ref)
+    actor = actor_of(ref)
     if actor is None:
         return True
-    return actor._wait_ended(timeout)
+    return actor.wait_ended(timeout)
 
 
 def live_actors() -> list[ActorRef[Any]]:
@@ -611,15 +628,15 @@ def stop_all(timeout: float | None = None, *, refs: Iterable[ActorRef[Any]] | No
     if refs is None:
         actors = list(reversed(_live.values()))
     else:
-        actors = [a for a in (_actor_of(r) for r in refs) if a is not None]
-    stop = messages._ActorStop
+        actors = [a for a in (actor_of(r) for r in refs) if a is not None]
+    stop = _ActorStop
     for actor in actors:
         if not actor.actor_stopped.is_set():
             actor.actor_inbox.put(Envelope(stop()))
     deadline = None if timeout is None else time.monotonic() + timeout
     for actor in actors:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not actor._wait_ended(remaining):
+        if not actor.wait_ended(remaining):
             msg = f"{timeout} seconds (stopping {actor})"
             raise Timeout(msg)
     return len(actors)

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pykka import Actor, ActorRef
+from pykka import ActorRef
+
+from actors.gevent_actor import GeventActor, actor_of
 
 __all__ = ["start_local"]
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=GeventActor)
 
 
 def start_local(cls: type[A], *args: Any, **kwargs: Any) -> tuple[A, ActorRef[A]]:
+    """Start a `GeventActor` subclass; its object and its ref."""
     ref = cls.start(*args, **kwargs)
-    actor = ref._actor_weakref()
-    assert actor is not None
+    actor = actor_of(ref)
+    assert isinstance(actor, cls)
     return actor, ref

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import gevent
+from gevent import Greenlet, GreenletExit
 
 from actors.agent_actor import CancelRun, DisposeRun, Steer
 from actors.deferred import Deferred, rejected
 from actors.gevent_actor import GeventActor, GeventFuture
 from subagent.errors import SubagentError
 from subagent.types import SubagentRun
+from supervision.group import TaskGroup
 
 __all__ = ["CancelRun", "DisposeRun", "RunActor", "Steer"]
 
@@ -35,6 +36,9 @@ class RunActor(GeventActor):
         super().__init__()
         self.run = run
         self._dispose_reply: Deferred[None] | None = None
+        # The actor's helpers (steer relays, the disposer); ended when the actor stops.
+        self._tasks = TaskGroup(f"run-actor:{run.id}")
+        self._disposer: Greenlet | None = None
 
     def on_stop(self) -> None:
         """Stopped by its supervisor (the parent is going away): dispose the run first, so the
@@ -43,13 +47,15 @@ class RunActor(GeventActor):
             self._dispose_reply = Deferred()
             self._dispose_now()
             self._dispose_reply.resolve(None)
+        # The disposer is what stopped us and is waiting for that: it ends on its own.
+        self._tasks.close(spare=self._disposer)
 
     def on_failure(self, *exc_info: Any) -> None:
         """The actor crashed or was killed: it is going away, so release the run it served (off
         this greenlet, which is ending) rather than leaving a child behind."""
         if self._dispose_reply is None:
             reply = self._dispose_reply = Deferred()
-            gevent.spawn(self._dispose_now).link(lambda _g: reply.resolve(None))
+            self._tasks.spawn(self._dispose_now).link(lambda _g: reply.resolve(None))
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Steer):
@@ -83,10 +89,12 @@ class RunActor(GeventActor):
         def relay() -> None:  # a provider's own future type: wait for it off the mailbox
             try:
                 reply.resolve(future.get())
+            except GreenletExit:  # the actor stopped (its group closed) first
+                reply.reject(SubagentError("RUN_DISPOSED"))
             except BaseException as exc:
                 reply.reject(exc)
 
-        gevent.spawn(relay)
+        self._tasks.spawn(relay)
         return reply
 
     def _dispose(self) -> Deferred[None]:
@@ -100,7 +108,7 @@ class RunActor(GeventActor):
             self.actor_ref.stop(block=False).get()
             reply.resolve(None)
 
-        gevent.spawn(dispose)
+        self._disposer = self._tasks.spawn(dispose)
         return reply
 
     def _dispose_now(self) -> None:

@@ -40,7 +40,10 @@ class ActorChild:
     ) -> None:
         """`stop_message`, when given, is told instead of Pykka's stop to ask the actor to
         stop (e.g. a run's `DisposeRun`, so the child closes cleanly before it stops)."""
-        actor = ref._actor_weakref()
+        try:
+            actor = gevent_actor.actor_of(ref)
+        except TypeError:
+            actor = None
         if not isinstance(actor, GeventActor):
             msg = f"{ref} is not a live GeventActor"
             raise TypeError(msg)
@@ -51,7 +54,7 @@ class ActorChild:
         self._stop_requested = False
         self._stop_message = stop_message
         self._notices = ExitNotices()
-        actor._add_exit_callback(self._on_actor_exit)
+        actor.add_exit_callback(self._on_actor_exit)
 
     def __repr__(self) -> str:
         exit = self._notices.exit
@@ -85,7 +88,7 @@ class ActorChild:
         self._notices.add(fn)
 
     def _on_actor_exit(self, actor: GeventActor) -> None:
-        crash = actor._crash
+        crash = actor.crash
         if self._stop_requested and (crash is None or isinstance(crash, ActorKilled)):
             # A stop was asked for; a kill after the grace only finished it. Same rule as the
             # greenlet child: not a crash, so a transient child is not restarted for it.

@@ -6,10 +6,11 @@ Upper layers hang their services here (`subagents`, `tasks`) so an agent reaches
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.lifecycle import AgentLifecycle
 from agent.models import ModelRegistry
 from agent.prompt import SystemPrompt
 from agent.store import MemoryStore, SessionStore
@@ -34,12 +35,9 @@ class AgentContext:
     subagents: Any = None
     tasks: Any = None
     supervisor: Any = None
-    # Called with (agent) whenever an agent is published; the registry uses it for listings.
-    on_agent_published: list[Callable[[Any], None]] = field(default_factory=list)
-    # Called with (agent) before an agent closes, so its children are released first.
-    on_agent_closing: list[Callable[[Any], None]] = field(default_factory=list)
-    # Called with (agent, cause) when an agent's running turn is cancelled.
-    on_agent_cancelled: list[Callable[[Any, Any], None]] = field(default_factory=list)
+    # Who hears when an agent is published, closing or cancelled: register through its
+    # methods (`ctx.lifecycle.on_published(fn)` returns the remover).
+    lifecycle: AgentLifecycle = field(default_factory=AgentLifecycle)
     # Set by the owner (the `Runtime`) when it closes: what was live is gone for good, and a
     # call that reaches a stopped agent is told `RUNTIME_CLOSED` rather than a raw actor error.
     closed: bool = False

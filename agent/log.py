@@ -448,7 +448,7 @@ class EventView(Sequence[Event]):
         return f"<EventView of {len(self)} events>"
 
     @property
-    def _append_payload(self) -> Callable[[bytes], None]:
+    def append_payload(self) -> Callable[[bytes], None]:
         """The bound `append` of the frame list (the log's hot path calls it directly)."""
         return self._payloads.append
 
@@ -476,7 +476,7 @@ class SessionLog:
         self.durability: Durability = durability
         self._sink = sink
         self._replay = replay if replay is not None else validate_log(events, header)
-        self._payloads_append = self.events._append_payload
+        self._payloads_append = self.events.append_payload
         self._buffer = bytearray()
         self._unsynced = False  # written to the OS since the last sync
         self._failed: BaseException | None = None

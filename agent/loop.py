@@ -50,6 +50,7 @@ from agent.usage import (
     usage_of_events,
     usd_to_pico,
 )
+from supervision.group import TaskGroup
 from supervision.signal import AbortError, AbortSignal
 
 __all__ = [
@@ -560,14 +561,17 @@ class AgentCore:
                 if remaining[0] == 0:
                     done.set()
 
-        greenlets = [gevent.spawn(run_one, i) for i in range(start, end)]
+        # The batch owns its tool greenlets: none outlives the batch (an abort closes it).
+        batch = TaskGroup("tool-batch")
+        for i in range(start, end):
+            batch.spawn(run_one, i)
         try:
             done.wait()
         finally:
             state.batch_done = None
             if remaining[0]:
-                gevent.killall(greenlets, block=True, timeout=_KILL_GRACE)
-                alive = sum(1 for g in greenlets if not g.dead)
+                batch.close(timeout=_KILL_GRACE)
+                alive = len(batch)
                 if alive:
                     log.warning(
                         "agent %s: %d tool greenlet(s) ignored being killed; abandoned",

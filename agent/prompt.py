@@ -153,6 +153,11 @@ class SystemPrompt:
     def parent(self) -> SystemPrompt | None:
         return self._parent
 
+    @property
+    def version(self) -> int:
+        """Changes whenever this scope's own sections change (a render-cache key part)."""
+        return self._version
+
     def set_section(self, name: str, text: str, order: int = DEFAULT_ORDER) -> Callable[[], None]:
         """Add or replace this scope's section `name`; returns an idempotent remove function.
 
@@ -183,33 +188,34 @@ class SystemPrompt:
 
     def has_section(self, name: str) -> bool:
         """Whether `name` is visible here (own or inherited)."""
-        return any(s.name == name for s in self._merged_sections())
+        return any(s.name == name for s in self.merged_sections())
 
     def section_text(self, name: str) -> str | None:
         """The unrendered text of the visible section `name`, or None."""
-        for s in self._merged_sections():
+        for s in self.merged_sections():
             if s.name == name:
                 return s.text
         return None
 
     def section_names(self) -> list[str]:
         """Visible section names in render order."""
-        return [s.name for s in self._merged_sections()]
+        return [s.name for s in self.merged_sections()]
 
     def _key(self) -> tuple[int, ...]:
         key = []
         scope: SystemPrompt | None = self
         while scope is not None:
-            key.append(scope._version)
-            scope = scope._parent
+            key.append(scope.version)
+            scope = scope.parent
         return tuple(key)
 
-    def _merged_sections(self) -> tuple[_Section, ...]:
+    def merged_sections(self) -> tuple[_Section, ...]:
+        """This scope's visible sections, inherited ones included, in render order."""
         key = self._key()
         if key != self._merged_key:
             merged: dict[str, _Section] = {}
             if self._parent is not None:
-                merged.update((s.name, s) for s in self._parent._merged_sections())
+                merged.update((s.name, s) for s in self._parent.merged_sections())
             merged.update(self._sections)  # own sections shadow inherited ones by name
             self._merged = tuple(sorted(merged.values(), key=lambda s: (s.order, s.seq)))
             self._merged_key = key
@@ -223,7 +229,7 @@ class SystemPrompt:
             if cached_key == key and cached_vars == variables:
                 return self._rendered
         parts = []
-        for s in self._merged_sections():
+        for s in self.merged_sections():
             try:
                 text = render_template(s.text, variables)
             except PromptError as exc:

@@ -162,6 +162,10 @@ class _Store:
     def _read_unlocked(self, session_id: str) -> bytes:
         raise NotImplementedError
 
+    def ids(self) -> list[str]:
+        """Every stored session id, reading no log (what `gc` walks, unreadable ones too)."""
+        return list(self._ids())
+
     def _ids(self) -> Iterable[str]:
         raise NotImplementedError
 

@@ -294,6 +294,11 @@ class ToolScope:
     def parent(self) -> ToolScope | None:
         return self._parent
 
+    @property
+    def version(self) -> int:
+        """Changes whenever this scope's own tools change (a cache key part)."""
+        return self._version
+
     def _changed(self) -> None:
         self._version = next(_versions)
 
@@ -301,8 +306,8 @@ class ToolScope:
         key = [self._version]
         scope = self._parent
         while scope is not None:
-            key.append(scope._version)
-            scope = scope._parent
+            key.append(scope.version)
+            scope = scope.parent
         key.append(self._registry.version)
         return tuple(key)
 

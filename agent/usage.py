@@ -291,7 +291,8 @@ class UsageAccount:
     def __repr__(self) -> str:
         return f"<UsageAccount {self.owner} spent={self.spent} limit={self.limit}>"
 
-    def _over(self) -> bool:
+    def over(self) -> bool:
+        """Whether this account's own token or cost budget is used up."""
         return (self.limit is not None and self.spent >= self.limit) or (
             self.cost_limit is not None and self.cost_spent >= self.cost_limit
         )
@@ -348,31 +349,30 @@ class UsageAccount:
         if cost is None:
             cost = 0 if self.price is None else self.price.cost(usage)
         self.cost_own += cost
-        acc: UsageAccount | None = self
-        while acc is not None:
-            subtree = acc.subtree
-            for key, value in usage.items():
-                subtree[key] = subtree.get(key, 0) + value
-            acc.spent += total
-            acc.cost_spent += cost
-            limited = acc.limit is not None or acc.cost_limit is not None
-            if limited and not acc._fired and acc._over():
-                acc._exhausted()
-            acc = acc.parent
+        self.add_to_subtree(usage, total, cost)
 
     def charge_remote(self, usage: Mapping[str, Any]) -> None:
         """Count what a remote child (ACP) reported spending against this account's subtree and
         its ancestors' (not its own): known only when the child's turn ends, it counts from the
         next step boundary on."""
         usage = normalize_usage(usage)
-        total = total_tokens(usage)
-        acc: UsageAccount | None = self
-        while acc is not None:
-            add_usage(acc.subtree, usage)
-            acc.spent += total
-            if acc.limit is not None and not acc._fired and acc._over():
-                acc._exhausted()
-            acc = acc.parent
+        self.add_to_subtree(usage, total_tokens(usage), 0, with_cost_limit=False)
+
+    def add_to_subtree(
+        self, usage: Mapping[str, int], total: int, cost: int, *, with_cost_limit: bool = True
+    ) -> None:
+        """Count spend of this account's subtree (normalized `usage`, its token `total`, its
+        `cost`) here, then in every ancestor's; an account over its limit is told once."""
+        subtree = self.subtree
+        for key, value in usage.items():
+            subtree[key] = subtree.get(key, 0) + value
+        self.spent += total
+        self.cost_spent += cost
+        limited = self.limit is not None or (with_cost_limit and self.cost_limit is not None)
+        if limited and not self._fired and self.over():
+            self._exhausted()
+        if self.parent is not None:
+            self.parent.add_to_subtree(usage, total, cost, with_cost_limit=with_cost_limit)
 
     def _exhausted(self) -> None:
         if self.on_exceeded is not None:
@@ -406,7 +406,7 @@ class UsageAccount:
         """The nearest account on the chain (this one first) whose budget is used up."""
         acc: UsageAccount | None = self
         while acc is not None:
-            if acc._over():
+            if acc.over():
                 return acc
             acc = acc.parent
         return None

@@ -60,6 +60,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -192,9 +193,11 @@ class _Child:
         )
         self.agent_capabilities: dict[str, Any] = {}
         self._teardown: gevent.Greenlet | None = None
+        # The leader watcher and the teardown; the teardown ends the watcher (close spares it).
+        self._tasks = TaskGroup(f"acp-child:{config.name}")
         # Watches the process we started: a launcher's death must end the run even when a
         # descendant it left behind still holds stdout open.
-        self._watcher = gevent.spawn(self._watch_leader)
+        self._tasks.spawn(self._watch_leader)
 
     @staticmethod
     def _no_run_request(method: str, _params: Any) -> Any:
@@ -210,7 +213,7 @@ class _Child:
         if self.conn.failure is None:
             self.conn.shutdown("the agent process exited")
         if self._teardown is None:
-            self._teardown = gevent.spawn(self._do_teardown, False)
+            self._teardown = self._tasks.spawn(self._do_teardown, False)
 
     def request(self, method: str, params: Any, signal: AbortSignal) -> Any:
         """A handshake-phase request, bounded by `handshake_timeout`."""
@@ -255,7 +258,7 @@ class _Child:
     def teardown(self, *, graceful: bool) -> None:
         """Reap the whole process group; concurrent callers all wait for the one teardown."""
         if self._teardown is None:
-            self._teardown = gevent.spawn(self._do_teardown, graceful)
+            self._teardown = self._tasks.spawn(self._do_teardown, graceful)
         self._teardown.get()  # re-raises a teardown fault in every caller
 
     def _do_teardown(self, graceful: bool) -> None:
@@ -263,11 +266,9 @@ class _Child:
         self.group.terminate(
             self.config.eof_grace if graceful else None, self.config.terminate_grace
         )
-        if self._watcher is not gevent.getcurrent():
-            self._watcher.kill(block=True)
+        self._tasks.close()  # the watcher, unless it is the one tearing down
         self.conn.shutdown("the agent process was torn down")
-        self.stderr.greenlet.join(timeout=1.0)
-        self.stderr.greenlet.kill(block=True)
+        self.stderr.close(grace=1.0)
         with contextlib.suppress(OSError, ValueError):
             self.group.popen.stderr.close()
 
@@ -314,6 +315,7 @@ class AcpRun(RemoteRun):
         child.request_handler = self._on_request
         child.notification_handler = self._on_notification
         self._turn: gevent.Greenlet | None = None
+        self._tasks = TaskGroup(f"acp-run:{run_id}")  # the turn; dispose joins it
         self._remove_listener = signal.add_listener(self._on_abort)
 
     @property
@@ -321,9 +323,10 @@ class AcpRun(RemoteRun):
         """The process-group leader's pid (the group id too)."""
         return self._child.group.pid
 
-    def _begin(self, prompt: list[dict[str, Any]]) -> None:
+    def begin(self, prompt: list[dict[str, Any]]) -> None:
+        """Send the prompt turn (once, right after the provider built the run)."""
         self._prompting = True
-        self._turn = gevent.spawn(self._run_turn, prompt)
+        self._turn = self._tasks.spawn(self._run_turn, prompt)
 
     def _run_turn(self, prompt: list[dict[str, Any]]) -> None:
         try:
@@ -462,9 +465,9 @@ class AcpRun(RemoteRun):
             self._cancel("the run was disposed")
             try:
                 self._child.teardown(graceful=True)
-                if self._turn is not None:
-                    self._turn.join()
+                self._tasks.join()  # the turn ends on the torn-down connection
             finally:
+                self._tasks.close()
                 if self._log is not None and not self._log.closed:  # never settled normally
                     self._record([], ABORTED, "the run was disposed")
                 self._disposed.set()
@@ -568,7 +571,7 @@ class AcpProvider:
             child.teardown(graceful=False)
             raise
         run = AcpRun(run_id, child, sid, signal, self.config.on_progress, child_log)
-        run._begin(blocks)
+        run.begin(blocks)
         return run
 
 

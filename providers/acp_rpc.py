@@ -20,6 +20,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.queue import Queue
 
+from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -157,7 +158,13 @@ class StderrTail:
         self._pipe = pipe
         self._keep = keep
         self._buf = bytearray()
-        self.greenlet = gevent.spawn(self._drain)
+        self._tasks = TaskGroup("stderr-tail")
+        self._tasks.spawn(self._drain)
+
+    def close(self, grace: float) -> None:
+        """Let the drain read to the end for up to `grace` seconds, then end it."""
+        self._tasks.join(grace)
+        self._tasks.close()
 
     def _drain(self) -> None:
         try:
@@ -206,8 +213,10 @@ class JsonRpcConnection:
         self._closed: ConnectionClosed | None = None
         self._request_id: Any = None
         self.closed = Event()
-        self._reader = gevent.spawn(self._read_loop)
-        self._writer = gevent.spawn(self._write_loop)
+        # The reader and writer loops; `shutdown` kills and joins them.
+        self._tasks = TaskGroup(f"jsonrpc:{name}")
+        self._tasks.spawn(self._read_loop)
+        self._tasks.spawn(self._write_loop)
 
     @property
     def request_id(self) -> Any:
@@ -270,10 +279,7 @@ class JsonRpcConnection:
         """Stop both greenlets and close the pipes; pending requests fail. Idempotent."""
         self._fail(ConnectionClosed(reason))
         self._outbox.put(None)
-        current = gevent.getcurrent()
-        for g in (self._reader, self._writer):
-            if g is not current:
-                g.kill(block=True)
+        self._tasks.close()
         for pipe in (self._stdin, self._stdout):
             with contextlib.suppress(OSError, ValueError):
                 pipe.close()

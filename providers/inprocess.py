@@ -111,8 +111,8 @@ class InProcessProvider:
                 data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
                 # The first activation's traceparent rides along: a resumed one links to it.
                 event = {"descriptor": data, **tracing.carrier(request.trace)}
-                agent.actor.before_first_request = lambda: agent.core.add_event(
-                    "subagent/descriptor", event
+                agent.before_first_request(
+                    lambda: agent.core.add_event("subagent/descriptor", event)
                 )
             run = LocalRun(
                 agent, request.signal, wants_structured=request.output_schema is not None

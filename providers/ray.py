@@ -56,6 +56,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.signal import AbortSignal
 
@@ -180,15 +181,29 @@ class _RefWaiter:
     def __init__(self) -> None:
         self._pending: dict[Any, AsyncResult] = {}
         self._loop: gevent.Greenlet | None = None
+        self._tasks = TaskGroup("ray-ref-waiter")
 
     def wait(self, ref: Any) -> Any:
         result: AsyncResult = AsyncResult()
         self._pending[ref] = result
         if self._loop is None or self._loop.dead:
-            self._loop = gevent.spawn(self._run)
+            self._loop = self._tasks.spawn(self._run)
         return result.get()
 
+    def close(self) -> None:
+        """End the polling greenlet; a wait still pending fails with RUNTIME_CLOSED."""
+        self._tasks.close()
+
     def _run(self) -> None:
+        try:
+            self._poll()
+        except gevent.GreenletExit:
+            pending, self._pending = self._pending, {}
+            for waiter in pending.values():
+                waiter.set_exception(SubagentError("RUNTIME_CLOSED", "the ray provider closed"))
+            raise
+
+    def _poll(self) -> None:
         ray = _ray()
         pause = _POLL_MIN
         while self._pending:
@@ -279,7 +294,7 @@ class RayRun(RemoteRun):
         token = self._tokens
         self._steers[token] = future
         content_json = [dict(b) for b in content]
-        self._provider._send(host, ("steer", self._id, token, content_json, source.to_json()))
+        self._provider.send(host, ("steer", self._id, token, content_json, source.to_json()))
         return future
 
     def cancel(self, cause: Any = None) -> None:
@@ -289,7 +304,7 @@ class RayRun(RemoteRun):
         host = self.host
         why = "cancelled" if cause is None else str(cause)
         if host is not None and host.healthy:
-            self._provider._send(host, ("cancel", self._id, why))
+            self._provider.send(host, ("cancel", self._id, why))
         else:
             self._settle(SubagentResult(output=[], stop_reason=ABORTED, diagnostic=why))
 
@@ -300,14 +315,14 @@ class RayRun(RemoteRun):
             self._remove_listener()
             host = self.host
             if host is not None and host.healthy:
-                self._provider._send(host, ("dispose", self._id))
+                self._provider.send(host, ("dispose", self._id))
             else:
                 self._finish_dispose()
         self._disposed.wait()
 
     # -- events from the host (hub) ------------------------------------------------------------
 
-    def _on_event(self, event: Mapping[str, Any]) -> None:
+    def on_event(self, event: Mapping[str, Any]) -> None:
         kind = event["k"]
         if kind == "progress":
             self._progress(event["event"])
@@ -357,7 +372,7 @@ class RayRun(RemoteRun):
             except Exception:
                 log.exception("ray run %s: on_progress raised", self._id)
 
-    def _host_lost(self, why: str) -> None:
+    def host_lost(self, why: str) -> None:
         """The host died: recover a continuable activation, else resolve `error`."""
         self.host = None
         for future in self._steers.values():
@@ -370,7 +385,7 @@ class RayRun(RemoteRun):
         if self._settled:
             return
         if self.continuable and self._recovery is not None:
-            gevent.spawn(self._provider._recover, self, why)
+            self._provider.recover_later(self, why)
             return
         diagnostic = f"the Ray host running this child died: {why}"
         if not self._published.is_set():
@@ -379,7 +394,28 @@ class RayRun(RemoteRun):
             return
         self._settle(_error_result(diagnostic))
 
-    def _recovery_spec(self) -> dict[str, Any]:
+    def give_up(self, result: SubagentResult) -> None:
+        """Nothing can run this child any more: settle it with `result`, release its start."""
+        self._settle(result)
+        self._published.set()
+
+    def abandon_start(self) -> None:
+        """The start failed before the child was placed: stop listening for its abort."""
+        self._remove_listener()
+
+    def wait_published(self, signal: AbortSignal) -> None:
+        """Wait until the host published the child (or `signal` aborts); raise a start failure."""
+        remove = signal.add_listener(lambda _reason: self._published.set())
+        try:
+            self._published.wait()
+        finally:
+            remove()
+        if self._failure is not None:
+            self._remove_listener()
+            self._detach()
+            raise self._failure
+
+    def recovery_spec(self) -> dict[str, Any]:
         assert self._recovery is not None
         return {**self._recovery, "message_id": self.message_id}
 
@@ -426,7 +462,8 @@ class RayProvider:
         self._closed = False
         self._local_ray: LocalRay | None = None
         self._pool_changed = GEvent()
-        self._greenlets: list[gevent.Greenlet] = []
+        # Poll loops, revivers, flushers and recoveries: all end when the provider closes.
+        self._tasks = TaskGroup("ray-provider")
 
     @property
     def name(self) -> str:
@@ -492,7 +529,7 @@ class RayProvider:
         host.cursor = 0
         host.seq = 0
         host.healthy = True
-        self._greenlets.append(gevent.spawn(self._poll_loop, host))
+        self._tasks.spawn(self._poll_loop, host)
         self._pool_changed.set()
         self._pool_changed = GEvent()
 
@@ -537,11 +574,12 @@ class RayProvider:
 
     # -- commands and events -------------------------------------------------------------------
 
-    def _send(self, host: _Host, command: tuple[Any, ...]) -> None:
+    def send(self, host: _Host, command: tuple[Any, ...]) -> None:
+        """Queue one command for `host`; a flushing greenlet submits the batch."""
         host.outbox.append(command)
         if not host.flushing:
             host.flushing = True
-            gevent.spawn(self._flush, host)
+            self._tasks.spawn(self._flush, host)
 
     def _flush(self, host: _Host) -> None:
         try:
@@ -578,7 +616,7 @@ class RayProvider:
                 if run is None:
                     continue
                 try:
-                    run._on_event(event)
+                    run.on_event(event)
                 except Exception:
                     log.exception("ray host %d: handling %s failed", host.index, event.get("k"))
 
@@ -592,8 +630,8 @@ class RayProvider:
         host.outbox.clear()
         runs, host.runs = list(host.runs.values()), {}
         for run in runs:
-            run._host_lost(clip_diagnostic(why))
-        self._greenlets.append(gevent.spawn(self._revive, host))
+            run.host_lost(clip_diagnostic(why))
+        self._tasks.spawn(self._revive, host)
 
     def _revive(self, host: _Host) -> None:
         """Wait for Ray to restart the host actor; give up when Ray says it is dead for good."""
@@ -616,17 +654,27 @@ class RayProvider:
             return
         host.dead = True
 
+    def recover_later(self, run: RayRun, why: str) -> None:
+        """Place a continuable run whose host died on another host, off the caller's greenlet.
+
+        Once the provider is closed the recovery fails at once (nothing to place it on), so it
+        runs inline: a greenlet spawned now would be killed by `close` before it settled the run.
+        """
+        if self._closed:
+            self._recover(run, why)
+        else:
+            self._tasks.spawn(self._recover, run, why)
+
     def _recover(self, run: RayRun, why: str) -> None:
         try:
             host = self._place()
         except SubagentError as exc:
-            run._settle(_error_result(f"the child's host died ({why}) and {exc.detail}"))
-            run._published.set()
+            run.give_up(_error_result(f"the child's host died ({why}) and {exc.detail}"))
             return
         run.recoveries += 1
         run.host = host
         host.runs[run.id] = run
-        self._send(host, ("recover", run.id, run._recovery_spec()))
+        self.send(host, ("recover", run.id, run.recovery_spec()))
 
     # -- the seam --------------------------------------------------------------------------------
 
@@ -720,20 +768,12 @@ class RayProvider:
         try:
             host = self._place()
         except BaseException:
-            run._remove_listener()
+            run.abandon_start()
             raise
         run.host = host
         host.runs[run.id] = run
-        self._send(host, (op, run.id, spec))
-        remove = signal.add_listener(lambda _reason: run._published.set())
-        try:
-            run._published.wait()
-        finally:
-            remove()
-        if run._failure is not None:
-            run._remove_listener()
-            run._detach()
-            raise run._failure
+        self.send(host, (op, run.id, spec))
+        run.wait_published(signal)
         if signal.aborted:
             run.dispose()
             raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")
@@ -755,12 +795,12 @@ class RayProvider:
             host.healthy = False
             runs, host.runs = list(host.runs.values()), {}
             for run in runs:
-                run._host_lost("the provider was closed")
+                run.host_lost("the provider was closed")
         if ray is not None:
             handles = [h.handle for h in self._hosts]
             offload(lambda: [ray.kill(h, no_restart=True) for h in handles])
-        gevent.killall(self._greenlets)
-        self._greenlets.clear()
+        self._tasks.close()
+        self._waiter.close()
         if self._local_ray is not None:
             self._local_ray.shutdown()
             self._local_ray = None

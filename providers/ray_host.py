@@ -52,6 +52,7 @@ from subagent.types import (
     SubagentStartRequest,
     ToolRestriction,
 )
+from supervision.group import TaskGroup
 from supervision.signal import AbortController
 
 __all__ = [
@@ -156,6 +157,8 @@ class HubThread:
         self._stopped = threading.Event()
         self._async: Any = None
         self._stop: GEvent | None = None
+        # Every greenlet on this hub: the jobs and what they spawn; `stop` kills and joins them.
+        self._tasks = TaskGroup(name)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._started.wait()
@@ -204,11 +207,16 @@ class HubThread:
         jobs = self._jobs
         while jobs:
             fn, _ = jobs.popleft()
-            gevent.spawn(fn)
+            self._tasks.spawn(fn)
+
+    def spawn(self, fn: Callable[..., object], *args: Any) -> gevent.Greenlet:
+        """Start `fn(*args)` in a greenlet this hub owns; call it on the hub only."""
+        return self._tasks.spawn(fn, *args)
 
     def stop(self) -> None:
         def stop() -> None:
             assert self._stop is not None
+            self._tasks.close(timeout=5)
             self._stop.set()
 
         self.call_soon(stop)
@@ -263,7 +271,7 @@ class ChildHost:
         if self.config.setup is not None:
             self.config.setup(runtime)
         if self.config.relay_progress:
-            runtime.ctx.on_agent_published.append(self._on_published)
+            runtime.ctx.lifecycle.on_published(self._on_published)
         return runtime
 
     # -- Ray methods (any thread) -------------------------------------------------------------
@@ -345,7 +353,7 @@ class ChildHost:
                     entry = self._entries.get(key)
                     if entry is None or entry.disposed:
                         entry = self._entries[key] = _Entry(key)
-                    gevent.spawn(self._establish, entry, op, command[2])
+                    self._hub.spawn(self._establish, entry, op, command[2])
                     continue
                 entry = self._entries.get(key)
                 if entry is None:
@@ -355,11 +363,11 @@ class ChildHost:
                         self._post({"k": "disposed", "run": key})
                     continue
                 if op == "steer":
-                    gevent.spawn(self._steer, entry, command[2], command[3], command[4])
+                    self._hub.spawn(self._steer, entry, command[2], command[3], command[4])
                 elif op == "cancel":
-                    gevent.spawn(self._cancel, entry, command[2])
+                    self._hub.spawn(self._cancel, entry, command[2])
                 elif op == "dispose":
-                    gevent.spawn(self._dispose, entry)
+                    self._hub.spawn(self._dispose, entry)
                 else:
                     log.error("unknown host command %r", op)
             except Exception:
@@ -414,7 +422,7 @@ class ChildHost:
                 "recovered": op == "recover",
             }
         )
-        entry.watcher = gevent.spawn(self._watch, entry, run)
+        entry.watcher = self._hub.spawn(self._watch, entry, run)
         if entry.cancel_cause is not None:
             run.cancel(entry.cancel_cause)
 

@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
@@ -48,6 +47,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.signal import AbortController, AbortSignal
 
 __all__ = ["ContinuableStart", "ContinuationManager", "SendResult"]
@@ -96,7 +96,7 @@ class ContinuationManager:
         self.max_restarts = max_restarts
         self.within = within
         self._closed = False
-        self._settlers: set[gevent.Greenlet] = set()
+        self._settlers = TaskGroup("continuation-settlers")
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -500,9 +500,7 @@ class ContinuationManager:
         return str(task.id)
 
     def _start_settling(self, child: _Child, handle: Any, task_id: str) -> None:
-        settler = gevent.spawn(self._settle, child, handle, task_id)
-        self._settlers.add(settler)
-        settler.link(self._settlers.discard)
+        self._settlers.spawn(self._settle, child, handle, task_id)
 
     def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
         """When the activation ends: notify the parent, release the run, settle the task."""
@@ -614,7 +612,8 @@ class ContinuationManager:
             child.settled.wait()
         # A settlement may still be telling the parent or restarting after `settled` is set;
         # quiescence means those greenlets have ended too.
-        gevent.joinall(list(self._settlers))
+        self._settlers.join()
+        self._settlers.close()
 
 
 def _message_id(handle: Any) -> str:

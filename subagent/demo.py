@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import gevent
 from gevent.event import Event
 
 from agent import tracing
@@ -35,6 +34,7 @@ from subagent.cli_tree import TreeModel
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
 from subagent.types import MessageSource
+from supervision.group import TaskGroup
 
 __all__ = ["ChildPlan", "Demo", "plan_children"]
 
@@ -127,6 +127,8 @@ class Demo:
         self.continuable_id: str | None = None
         self.final_text = ""
         self.on_change = on_change
+        # The operator's greenlets (one per steered or cancelled child); `close` ends them.
+        self.operators = TaskGroup("demo-operators")
         self.model = S.ScriptedModel(self._respond, record=False)
         self.runtime = Runtime(store=SessionStore(store_root), scripted=self.model)
         service = self.runtime.subagents
@@ -176,6 +178,7 @@ class Demo:
     def close(self) -> None:
         self._detach()
         self.runtime.close()
+        self.operators.close()
 
     # -- tools the children use ---------------------------------------------------------------
 
@@ -223,7 +226,7 @@ class Demo:
         agent_id = str(event.get("agent_id"))
         plan = self.by_session.get(agent_id)
         if plan is not None:
-            gevent.spawn(self._operate, agent_id, plan)
+            self.operators.spawn(self._operate, agent_id, plan)
 
     def _handle(self, agent_id: str) -> Any:
         for handle in self.runtime.subagents.runs():
@@ -244,14 +247,17 @@ class Demo:
             self.tree.note(agent_id, "cancelled by operator")
             handle.cancel("cancelled by the operator")
             return
-        admitted = handle.steer(STEER_TEXT, MessageSource.user())
-        agent = handle.local_agent
         # Open the gate only once the steer waits in the child's queue: then the very next
-        # step boundary admits it, whatever the scheduling.
-        for _ in range(100_000):  # bounded: a settled run never queues it
-            if agent.actor._steers or handle.settled:
-                break
-            gevent.sleep(0.001)
+        # step boundary admits it, whatever the scheduling. A settled run refuses the steer at
+        # once, which opens the gate too.
+        queued = Event()
+        remove = handle.local_agent.add_steer_listener(lambda _message_id: queued.set())
+        try:
+            admitted = handle.steer(STEER_TEXT, MessageSource.user())
+            admitted.add_done_callback(lambda _f: queued.set())
+            queued.wait()
+        finally:
+            remove()
         self.gates.setdefault(agent_id, Event()).set()
         try:
             admitted.get()

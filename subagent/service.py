@@ -43,6 +43,7 @@ from subagent.types import (
     SubagentRun,
     SubagentStartRequest,
 )
+from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
@@ -149,7 +150,7 @@ class RunHandle:
         # An infrastructure fault is reported through `result`, not by dispose.
         with contextlib.suppress(Exception):
             self.result.get()
-        self._service._sync()
+        self._service.sync()
 
 
 class SteerableRunHandle(RunHandle):
@@ -194,16 +195,16 @@ class SubagentService:
         self._progress: list[Callable[[Mapping[str, Any]], None]] = []
         # Greenlets that wait on the results of foreign runs (a provider whose result is not
         # one of our futures cannot be observed with a done callback).
-        self._relays: set[gevent.Greenlet] = set()
+        self._relays = TaskGroup("service-relays")
         self._closed = False
         # The supervision tree: the runtime's root, one supervisor per parent agent holding the
         # actors of that parent's child runs, nested under the supervisor of the parent's own run.
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        ctx.on_agent_published.append(self._on_agent_published)
-        ctx.on_agent_closing.append(self._on_parent_closing)
-        ctx.on_agent_cancelled.append(self._on_parent_cancelled)
+        ctx.lifecycle.on_published(self._on_agent_published)
+        ctx.lifecycle.on_closing(self._on_parent_closing)
+        ctx.lifecycle.on_cancelled(self._on_parent_cancelled)
 
     # -- providers --------------------------------------------------------------------------------
 
@@ -468,12 +469,10 @@ class SubagentService:
             except BaseException as exc:
                 relayed.reject(exc)
 
-        glet = gevent.spawn(relay)
-        self._relays.add(glet)
-        glet.link(self._relays.discard)
+        self._relays.spawn(relay)
         return relayed
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
             self._ref.ask(reg.Providers())
@@ -558,7 +557,7 @@ class SubagentService:
         self._supervisors.clear()
         # Let the registry deliver the last end events before it stops.
         self._ref.stop(block=True)
-        gevent.killall(list(self._relays))
+        self._relays.close()
 
     def _ask(self, message: Any) -> Any:
         try:

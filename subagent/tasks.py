@@ -212,6 +212,15 @@ class TaskService:
         greenlet.start()
         return rec.snapshot()
 
+    def watch(self, fn: Callable[..., object], /, *args: Any) -> Greenlet:
+        """Run `fn(*args)` in a greenlet the service owns: the settler of an `adopt`ed task,
+        which waits for the work running elsewhere and then calls `settle`. `close` kills the
+        task first, so the settler normally ends on its own; it is killed after the grace."""
+        greenlet = Greenlet(fn, *args)
+        self._track(greenlet)
+        greenlet.start()
+        return greenlet
+
     def adopt(self, label: str, owner: str, *, kill: KillFn) -> Task:
         """Register work running elsewhere; its owner ends it with `settle()`."""
         return self._new(label, owner, kill, kill_required=True).snapshot()

@@ -2,6 +2,7 @@
 
 from supervision.child import Child, Exit, ExitKind
 from supervision.greenlet_child import ChildKilled, GreenletChild, spawn_child
+from supervision.group import TaskGroup
 from supervision.signal import AbortController, AbortError, AbortSignal
 from supervision.supervisor import (
     ChildSpec,
@@ -29,5 +30,6 @@ __all__ = [
     "Supervisor",
     "SupervisorClosedError",
     "SupervisorError",
+    "TaskGroup",
     "spawn_child",
 ]

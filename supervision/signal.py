@@ -109,6 +109,12 @@ class AbortSignal:
             event.unlink(switch)
         return self._aborted
 
+    @classmethod
+    def with_trigger(cls) -> tuple[AbortSignal, Callable[[Any], None]]:
+        """A new signal and the one function that aborts it (what `AbortController` holds)."""
+        signal = cls()
+        return signal, signal._abort
+
     def _abort(self, reason: Any) -> None:
         if self._aborted:
             return
@@ -170,14 +176,15 @@ class AbortSignal:
 class AbortController:
     """The owner's side of a signal."""
 
-    __slots__ = ("signal",)
+    __slots__ = ("_abort", "signal")
 
     def __init__(self) -> None:
-        self.signal = AbortSignal()
+        # Only the controller that made the signal holds its trigger.
+        self.signal, self._abort = AbortSignal.with_trigger()
 
     def abort(self, reason: Any = None) -> None:
         """Abort once; later calls are ignored (the first reason wins)."""
-        self.signal._abort(reason)
+        self._abort(reason)
 
 
 def _call_listener(fn: Listener, reason: Any) -> None:

@@ -58,8 +58,8 @@ def test_status_when_idle_and_turn_listeners() -> None:
     with kit() as k:
         a = k.agent()
         outcomes: list[TurnOutcome] = []
-        a.actor.turn_listeners.append(outcomes.append)
-        a.actor.turn_listeners.append(lambda o: 1 / 0)  # a raising listener is contained
+        a.add_turn_listener(outcomes.append)
+        a.add_turn_listener(lambda o: 1 / 0)  # a raising listener is contained
         assert a.when_idle().get() is None
         assert a.status == "idle" and not a.turn_running
         k.model.script(a.id, [S.hang()])
@@ -140,9 +140,9 @@ def test_progress_listeners_are_a_collection_each_remover_removes_its_own() -> N
 def test_context_hooks_fire_on_publish_cancel_and_close() -> None:
     with kit() as k:
         calls: list[str] = []
-        k.ctx.on_agent_published.append(lambda ag: calls.append("published"))
-        k.ctx.on_agent_cancelled.append(lambda ag, cause: calls.append(f"cancelled:{cause}"))
-        k.ctx.on_agent_closing.append(lambda ag: calls.append("closing"))
+        k.ctx.lifecycle.on_published(lambda ag: calls.append("published"))
+        k.ctx.lifecycle.on_cancelled(lambda ag, cause: calls.append(f"cancelled:{cause}"))
+        k.ctx.lifecycle.on_closing(lambda ag: calls.append("closing"))
         a = create_agent(k.ctx)
         a.cancel("why").get()
         a.close()

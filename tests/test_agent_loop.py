@@ -742,7 +742,7 @@ def test_before_first_request_hook_can_block_the_turn_or_crash_it() -> None:
         def block() -> None:
             raise TurnBlocked("policy says no")
 
-        a.actor.before_first_request = block
+        a.before_first_request(block)
         a.send("go").get()
         outcome = a.when_idle().get()
         assert (outcome.reason, outcome.message) == ("blocked", "policy says no")
@@ -751,7 +751,7 @@ def test_before_first_request_hook_can_block_the_turn_or_crash_it() -> None:
         def crash() -> None:
             raise RuntimeError("hook bug")
 
-        a.actor.before_first_request = crash
+        a.before_first_request(crash)
         a.send("again").get()
         assert a.when_idle().get().reason == "error"
         ends = [e["data"]["reason"] for e in of_type(k.events(a), "turn/end")]
@@ -763,7 +763,7 @@ def test_a_failing_log_is_an_infrastructure_fault_not_a_turn_end() -> None:
         a = k.agent()
         k.model.script(a.id, [S.text("x")])
         faults: list[TurnOutcome] = []
-        a.actor.turn_listeners.append(faults.append)
+        a.add_turn_listener(faults.append)
 
         def broken_checkpoint(point: str) -> None:
             raise OSError("disk full")

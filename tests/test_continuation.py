@@ -576,8 +576,8 @@ def write_child(k: Kit, parent: Any, descriptor: Any, *, depth: int = 1) -> str:
         delegation_depth=depth,
     )
     if descriptor is not None:
-        agent.actor.before_first_request = lambda: agent.core.add_event(
-            "subagent/descriptor", {"descriptor": descriptor}
+        agent.before_first_request(
+            lambda: agent.core.add_event("subagent/descriptor", {"descriptor": descriptor})
         )
     agent.send("hello").get()
     agent.when_idle().get()
@@ -779,7 +779,7 @@ def test_one_settlement_notice_per_activation_delivered_before_release(k: Kit) -
         if agent.header.parent_session == parent.id:
             seen_at_release.append(len(settled_notices(parent)))
 
-    k.runtime.ctx.on_agent_closing.append(on_closing)
+    k.runtime.ctx.lifecycle.on_closing(on_closing)
     first = start(k, parent)
     k.runtime.tasks.wait(first.task_id)
     second = k.service.send_message(parent, first.child_id, "second", coord(parent))

@@ -172,7 +172,7 @@ def test_an_exception_in_a_tell_stops_the_actor_via_on_failure(
     assert gevent_actor.join(ref, timeout=5)
     assert _actor(ref).failures == [ValueError]
     assert ActorRegistry.get_by_urn(ref.actor_urn) is None
-    assert isinstance(_actor(ref)._crash, ValueError)
+    assert isinstance(_actor(ref).crash, ValueError)
 
 
 def test_asking_yourself_times_out_like_the_threading_runtime(
@@ -202,7 +202,7 @@ def test_kill_in_a_handler_stops_that_actor_alone(refs: list[pykka.ActorRef[Echo
     assert ActorRegistry.get_by_urn(victim.actor_urn) is None
     assert victim.actor_urn not in {r.actor_urn for r in gevent_actor.live_actors()}
     assert _actor(victim).failures == [ActorKilled]
-    assert isinstance(_actor(victim)._crash, ActorKilled)
+    assert isinstance(_actor(victim).crash, ActorKilled)
     with pytest.raises(ActorDeadError):
         victim.ask(2)
     assert bystander.ask(3) == ("echo", 3)
@@ -235,7 +235,7 @@ def test_kill_is_idempotent_and_harmless_after_death(refs: list[pykka.ActorRef[E
     gevent_actor.kill(ref)
     gevent_actor.kill(ref)
     assert gevent_actor.join(ref, timeout=5)
-    assert _actor(ref)._crash is None  # a clean stop stays clean
+    assert _actor(ref).crash is None  # a clean stop stays clean
 
 
 @pytest.mark.parametrize("idle", [True, False], ids=["idle", "busy"])

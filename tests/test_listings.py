@@ -157,8 +157,8 @@ def test_a_descriptor_of_an_unknown_version_is_listed_not_a_crash(k: Kit) -> Non
         delegation_depth=1,
     )
     newer = {"version": 7, "provider": "spawn", "label": "from the future"}
-    agent.actor.before_first_request = lambda: agent.core.add_event(
-        "subagent/descriptor", {"descriptor": newer}
+    agent.before_first_request(
+        lambda: agent.core.add_event("subagent/descriptor", {"descriptor": newer})
     )
     agent.send("hi").get()
     agent.when_idle().get()

@@ -34,6 +34,7 @@ from geventhttpclient.response import HTTPParseError
 
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
+from supervision.group import TaskGroup
 from supervision.signal import AbortError, AbortSignal
 
 __all__ = [
@@ -223,6 +224,8 @@ class HTTPModel:
             "network_timeout": read_timeout,
         }
         self._client_instance: HTTPClient | None = None
+        # In-flight calls' workers; each call joins or kills its own before returning.
+        self._calls = TaskGroup(f"http-model:{self.base_url}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url}>"
@@ -275,7 +278,7 @@ class HTTPModel:
             ).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ModelError(f"{self.label}: request is not JSON-serializable: {e}") from None
-        worker = gevent.spawn(self._guarded, body, on_progress)
+        worker = self._calls.spawn(self._guarded, body, on_progress)
         remove = signal.add_listener(lambda _reason: worker.kill(_Abandoned, block=False))
         try:
             outcome = worker.get()

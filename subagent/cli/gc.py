@@ -62,7 +62,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     store = open_store(args)
     now = time.time()
     rows: list[dict[str, Any]] = []
-    ids = list(store._ids()) if hasattr(store, "_ids") else [h.id for h in store.list()]
+    ids = store.ids() if hasattr(store, "ids") else [h.id for h in store.list()]
     for session_id in sorted(ids):
         status, last = _session_state(store, session_id)
         age = None if last is None else now - last

@@ -39,6 +39,11 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         import gevent
 
+        from supervision.group import TaskGroup
+
+        # The cancelling greenlet a first Ctrl-C starts; `__exit__` waits for it to finish.
+        self._tasks = TaskGroup("interrupts")
+
         def handler(*_args: Any) -> None:
             if self.stopped is not None:
                 reap_external_children()
@@ -52,13 +57,15 @@ class Interrupts:
             def cancel() -> None:
                 self.stopped = self.on_first()
 
-            gevent.spawn(cancel)
+            self._tasks.spawn(cancel)
 
         self._watcher = gevent.signal_handler(signal.SIGINT, handler)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._watcher.cancel()
+        self._tasks.join()
+        self._tasks.close()
 
 
 def drive(
@@ -69,26 +76,34 @@ def drive(
     on_interrupt: Callable[[], list[str]],
 ) -> tuple[Any, list[str] | None]:
     """Run `work` in a greenlet under the live tree; returns its value and what Ctrl-C stopped."""
-    import gevent
+    from supervision.group import TaskGroup
 
+    jobs = TaskGroup("cli-work")  # the command's work: never outlives `drive`
     with Interrupts(on_interrupt) as interrupts:
-        job = gevent.spawn(work)
-        if live and console.is_terminal:
-            from rich.live import Live
+        try:
+            return _watch(console, tree, jobs.spawn(work), live), interrupts.stopped
+        finally:
+            jobs.close()
 
-            # No auto refresh: rich's refresh thread would read the tree off the hub.
-            with Live(
-                tree.render(times=True), console=console, auto_refresh=False, transient=True
-            ) as view:
-                while not job.ready():
-                    view.update(tree.render(times=True), refresh=True)
-                    job.join(timeout=0.1)
-        else:
-            # A timed join keeps a timer on the loop: with every greenlet waiting on the
-            # operator (Ctrl-C), a plain join would end in LoopExit.
+
+def _watch(console: Any, tree: Any, job: Any, live: bool) -> Any:
+    """Show the tree while `job` runs; its value."""
+    if live and console.is_terminal:
+        from rich.live import Live
+
+        # No auto refresh: rich's refresh thread would read the tree off the hub.
+        with Live(
+            tree.render(times=True), console=console, auto_refresh=False, transient=True
+        ) as view:
             while not job.ready():
-                job.join(timeout=0.5)
-        return job.get(), interrupts.stopped
+                view.update(tree.render(times=True), refresh=True)
+                job.join(timeout=0.1)
+    else:
+        # A timed join keeps a timer on the loop: with every greenlet waiting on the
+        # operator (Ctrl-C), a plain join would end in LoopExit.
+        while not job.ready():
+            job.join(timeout=0.5)
+    return job.get()
 
 
 def report_stopped(console: Any, stopped: list[str] | None) -> None:

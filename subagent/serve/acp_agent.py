@@ -108,8 +108,7 @@ class _Session:
         self.removers.append(agent.add_progress_listener(self._on_own))
         self.turn_waiters: dict[str, AsyncResult] = {}
         self.opened: set[str] = set()  # children whose tool call the client has seen
-        agent.actor.turn_listeners.append(self._on_turn_end)
-        self.removers.append(lambda: agent.actor.turn_listeners.remove(self._on_turn_end))
+        self.removers.append(agent.add_turn_listener(self._on_turn_end))
 
     @property
     def id(self) -> str:

@@ -22,8 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-import gevent
-
 from agent import tracing
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
@@ -320,7 +318,7 @@ class _Delegate:
         trace = tracing.named(ctx.trace, description)
         handle = self._start(self._request(agent, prompt, controller.signal, trace), description)
         task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
-        gevent.spawn(self._watch, agent, handle, task.id, description)
+        tasks.watch(self._watch, agent, handle, task.id, description)
         return (
             f"Started subagent {handle.id} in the background as task {task.id}. "
             f"Read its result with task_output(task_id={task.id!r}); "

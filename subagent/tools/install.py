@@ -97,11 +97,10 @@ def install_subagent_tools(
         hook = _cap_hider(delegation)
         for agent in list(ctx.agents.values()):
             hook(agent)
-    ctx.on_agent_published.append(hook)
+    unhook = ctx.lifecycle.on_published(hook)
 
     def uninstall() -> None:
-        if hook in ctx.on_agent_published:
-            ctx.on_agent_published.remove(hook)
+        unhook()
         while undo:
             undo.pop()()
 

@@ -215,7 +215,7 @@ class Chaos:
         self._event_count = 0
         self.service.subscribe(self._raising_listener)
         self.service.subscribe_progress(self._raising_progress)
-        self.runtime.ctx.on_agent_published.append(self._on_published)
+        self.runtime.ctx.lifecycle.on_published(self._on_published)
         self._register_tools()
 
     # -- the model --------------------------------------------------------------------------

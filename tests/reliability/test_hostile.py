@@ -65,7 +65,7 @@ def test_a_recursive_spawner_is_stopped_at_the_depth_cap(provider: str) -> None:
         refused: list[int] = []
         k.runtime.ctx.tools.register(delegate_tool(k, provider, cap, refused))
         depths: list[int] = []
-        k.runtime.ctx.on_agent_published.append(lambda agent: depths.append(agent.depth))
+        k.runtime.ctx.lifecycle.on_published(lambda agent: depths.append(agent.depth))
 
         def respond(request: ModelRequest) -> S.Step:
             if request.step == 1:  # every agent, at every depth, tries to delegate
@@ -105,9 +105,9 @@ def test_a_fan_out_of_10000_never_runs_more_than_16_at_once() -> None:
             def ended(_outcome: Any) -> None:
                 running[0] -= 1
 
-            agent.actor.turn_listeners.append(ended)  # before the run's own listener
+            agent.add_turn_listener(ended)  # before the run's own listener
 
-        k.runtime.ctx.on_agent_published.append(on_published)
+        k.runtime.ctx.lifecycle.on_published(on_published)
         k.respond = lambda request: S.text("ok", latency=0.0005)
         parent = k.parent()
         done = [0]
