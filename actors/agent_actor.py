@@ -4,9 +4,9 @@ The turn itself runs in a worker greenlet owned by the actor, so the mailbox kee
 while a model call is in flight. Handlers only touch in-memory state and return at once; answers
 that only exist later (a steer's admission, idleness) are `Deferred` replies.
 
-Message vocabulary (send with `agent.ref.ask(...)` or use the `Agent` handle's methods):
-`Send(content, source)`, `Steer(content, source)`, `Cancel(cause, keep_inbox)`, `WhenIdle()`,
-`Close()`.
+Message vocabulary (`actors.agent_messages`; send with `agent.ref.ask(...)` or use the
+methods of the `Agent` handle, `actors.agent_handle`): `Send(content, source)`,
+`Steer(content, source)`, `Cancel(cause, keep_inbox)`, `WhenIdle()`, `Close()`.
 
 Inbox accounting: every send and steer is logged `inbox/accepted` when the mailbox takes it; a
 send is `inbox/claimed` when its turn starts, a steer when a step boundary admits it; either is
@@ -24,26 +24,26 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gevent
 
-from actors import gevent_actor
+from actors.agent_messages import (
+    Cancel,
+    CancelRun,
+    Close,
+    DisposeRun,
+    Send,
+    Steer,
+    WhenIdle,
+    check_content,
+)
 from actors.deferred import Deferred, rejected
-from actors.gevent_actor import GeventActor, GeventFuture
-from actors.local import start_local
+from actors.gevent_actor import GeventActor
 from agent import tracing
-from agent.context import AgentContext
-from agent.log import SessionLog
 from agent.loop import AgentCore, PendingSteer, TurnOutcome
-from agent.options import AgentOptions
-from agent.prompt import SystemPrompt
-from agent.tools import ToolScope
-from agent.usage import UsageAccount
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
 from supervision.group import TaskGroup
@@ -52,97 +52,15 @@ from supervision.signal import AbortController
 if TYPE_CHECKING:
     from actors.local_run import LocalRun
 
-__all__ = [
-    "Agent",
-    "AgentActor",
-    "Cancel",
-    "CancelRun",
-    "Close",
-    "DisposeRun",
-    "Send",
-    "Steer",
-    "WhenIdle",
-    "check_content",
-]
+__all__ = ["AgentActor"]
 
 log = logging.getLogger(__name__)
 
 _NO_STEERS: list[PendingSteer] = []
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Queue the next turn; wakes an idle agent. Replies with the message id. With `run`, the
-    message is that run's activation prompt: the actor settles the run's result."""
-
-    content: Sequence[Mapping[str, Any]]
-    source: MessageSource
-    message_id: str | None = None
-    # Where the turn hangs in a trace (agent.tracing), carried across the mailbox explicitly.
-    trace: tracing.TraceParent | None = field(default=None, compare=False)
-    run: LocalRun | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Steer:
-    """Add to the running turn at its next step boundary. Replies once admitted (with the
-    admitted message's id). `reply`, when given, is settled instead of the ask's own reply, so
-    a forwarding actor can hand its caller's deferred along without a relay."""
-
-    content: Sequence[Mapping[str, Any]]
-    source: MessageSource
-    reply: Deferred[Any] | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """Abort the running turn. Replies when the agent is idle again. `keep_inbox=True` keeps
-    queued sends (held until the next `Send`); otherwise they are discarded."""
-
-    cause: Any = None
-    keep_inbox: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRun:
-    """For a run's ref: abort the activation (its result settles `aborted` unless it already
-    completed), and the runs this agent started."""
-
-    cause: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class DisposeRun:
-    """For a run's ref: cancel what remains, close the agent, stop. Replies at quiescence."""
-
-
-@dataclass(frozen=True, slots=True)
-class WhenIdle:
-    """Replies with the last turn's outcome once no turn runs and none will start by itself."""
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Abort the running turn, close the log, stop the actor. Replies at quiescence. Queued
-    sends stay pending in the log for a later resume."""
-
-    cause: Any = None
-
-
 def _admitted(reply: Deferred[Any], message_id: str) -> None:
     reply.resolve(message_id)
-
-
-def check_content(content: Any) -> list[Mapping[str, Any]]:
-    """Validate content blocks at the call site: a list of `{"type": ..., ...}` dicts."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, (list, tuple)):
-        raise TypeError(f"content must be a list of content blocks, got {type(content).__name__}")
-    for block in content:
-        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
-            raise TypeError("each content block must be a dict with a string 'type'")
-    return list(content)
 
 
 class AgentActor(GeventActor):
@@ -504,189 +422,6 @@ class AgentActor(GeventActor):
         self._idle_waiters, self._close_waiters = [], []
         for waiter in waiters:
             waiter.resolve(self._last_outcome)
-
-
-class Agent:
-    """The handle users hold for one live agent. Methods return Pykka futures."""
-
-    def __init__(
-        self,
-        *,
-        ctx: AgentContext,
-        core: AgentCore,
-        header: Any,
-        tools: ToolScope,
-        prompt: SystemPrompt,
-        options: AgentOptions,
-    ) -> None:
-        self.ctx = ctx
-        self.core = core
-        self.header = header
-        self.tools = tools
-        self.prompt = prompt
-        self.options = options
-        self.created = time.time()
-        # Delegation depth, computed once: the greater of the durable header and the runtime
-        # option (both immutable).
-        runtime_depth = options.subagent_depth
-        durable: int = header.delegation_depth
-        self.depth: int = durable if runtime_depth is None else max(durable, runtime_depth)
-        self._closed = False
-        # Keyed by a token per registration, so each remover removes exactly its own entry.
-        self._progress_listeners: dict[object, Callable[[dict[str, Any]], None]] = {}
-        core.agent = self
-        # Same process, same thread: the handle reads the actor's state directly for status.
-        self._actor, self.ref = start_local(AgentActor, core, on_closed=self._forget)
-
-    def __repr__(self) -> str:
-        return f"<Agent {self.id} depth={self.depth}>"
-
-    @property
-    def id(self) -> str:
-        return self.core.session_id
-
-    session_id = id
-
-    @property
-    def cwd(self) -> str:
-        cwd: str = self.header.cwd
-        return cwd
-
-    @property
-    def log(self) -> SessionLog:
-        return self.core.log
-
-    @property
-    def usage(self) -> UsageAccount:
-        """This session's token spend, its subtree's, and its budget (see `agent.usage`)."""
-        return self.core.usage
-
-    @property
-    def status(self) -> str:
-        if self._closed:
-            return "closed"
-        return "running" if self._actor.busy else "idle"
-
-    @property
-    def turn_running(self) -> bool:
-        return self._actor.turn_running
-
-    @property
-    def actor(self) -> AgentActor:
-        return self._actor
-
-    def send(
-        self,
-        content: Any,
-        source: MessageSource | None = None,
-        *,
-        message_id: str | None = None,
-        trace: tracing.TraceParent | None = None,
-    ) -> Any:
-        """Queue a turn; the future gives the accepted message id (`message_id` if given: it
-        must be unique in this session). The turn's spans hang under `trace`, else under the
-        caller's current span, else under the agent's previous parent."""
-        trace = trace or tracing.ambient()
-        return self._ask(
-            Send(check_content(content), source or MessageSource.user(), message_id, trace)
-        )
-
-    def steer(self, content: Any, source: MessageSource | None = None) -> Any:
-        return self._ask(Steer(check_content(content), source or MessageSource.user()))
-
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Any:
-        """Abort the running turn (and the children it started); replies when idle."""
-        self.ctx.lifecycle.cancelled(self, cause)
-        return self._ask(Cancel(cause, keep_inbox))
-
-    def when_idle(self) -> Any:
-        return self._ask(WhenIdle())
-
-    def _ask(self, message: Any) -> Any:
-        """Ask the actor; once it has stopped, the future fails with a `SubagentError` that says
-        why (`RUNTIME_CLOSED` after `Runtime.close()`, else `RUN_DISPOSED`), never Pykka's raw
-        `ActorDeadError`."""
-        if self._closed or not self.ref.is_alive():
-            future: GeventFuture[Any] = GeventFuture()
-            error = self._closed_error()
-            future.set_exception((type(error), error, None))
-            return future
-        return self.ref.ask(message, block=False)
-
-    def _closed_error(self) -> SubagentError:
-        if self.ctx.closed:
-            return SubagentError("RUNTIME_CLOSED", f"the runtime of agent {self.id} is closed")
-        return SubagentError("RUN_DISPOSED", f"agent {self.id} is closed")
-
-    def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
-        """Call `fn(outcome)` when each turn of this agent ends; returns the remover. One that
-        raises is logged and the others still run."""
-        if not callable(fn):
-            raise TypeError("turn listener must be callable")
-        return self._actor.add_turn_listener(fn)
-
-    def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
-        """Call `fn(message_id)` when a steer is queued for the running turn (it is admitted at
-        the next step boundary); returns the remover. The listener must not block."""
-        if not callable(fn):
-            raise TypeError("steer listener must be callable")
-        return self._actor.add_steer_listener(fn)
-
-    def before_first_request(self, fn: Callable[[], None]) -> None:
-        """Run `fn` once, inside this agent's next turn, before its first model request (a
-        provider records what a child was started with there). Raising `TurnBlocked` refuses
-        the turn."""
-        if not callable(fn):
-            raise TypeError("before_first_request needs a callable")
-        self._actor.before_first_request(fn)
-
-    def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
-        """Receive this agent's progress events (turn, step, tool, text), tagged with its id.
-
-        Listeners are a collection: each call adds one entry (the same function twice is two
-        entries), and the returned remover takes out exactly that entry, once; calling it again
-        does nothing. A listener that raises is logged and the others still run."""
-        if not callable(fn):
-            raise TypeError("progress listener must be callable")
-        key = object()
-        self._progress_listeners[key] = fn
-        self.core.on_progress = self._tell_progress
-
-        def remove() -> None:
-            listeners = self._progress_listeners
-            removed = listeners.pop(key, None) is not None
-            if removed and not listeners and self.core.on_progress == self._tell_progress:
-                self.core.on_progress = None  # no listener: the loop skips building events
-
-        return remove
-
-    def _tell_progress(self, event: dict[str, Any]) -> None:
-        agent_id = self.id
-        for fn in list(self._progress_listeners.values()):
-            try:
-                fn({**event, "agent_id": agent_id})  # each its own copy: no cross-talk
-            except Exception:
-                log.exception("agent %s: progress listener raised (ignored)", self.id)
-
-    def close(self, cause: Any = None) -> None:
-        """Cancel what runs, close the log and stop the actor; returns at quiescence."""
-        if self._closed and not self.ref.is_alive():
-            return
-        self.ctx.lifecycle.closing(self)
-        try:
-            self.ref.ask(Close(cause), block=False).get()
-        except Exception as exc:
-            from pykka import ActorDeadError
-
-            if not isinstance(exc, ActorDeadError):
-                raise
-        # The reply comes before the actor's loop has ended; quiescence means it has.
-        gevent_actor.join(self.ref)
-        self._forget()
-
-    def _forget(self) -> None:
-        self._closed = True
-        self.ctx.agents.pop(self.id, None)
 
 
 def _register(listeners: list[Any], fn: Callable[..., None]) -> Callable[[], None]:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from actors.agent_actor import Agent
+from actors.agent_handle import Agent
 from agent.context import AgentContext
 from agent.events import Event, SessionHeader
 from agent.loop import AgentCore

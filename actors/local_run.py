@@ -50,7 +50,7 @@ class _Usage(Protocol):
 
 
 class RunAgent(Protocol):
-    """What a local run needs of its agent (`actors.agent_actor.Agent`): named here as a
+    """What a local run needs of its agent (`actors.agent_handle.Agent`): named here as a
     Protocol so this module does not import the agent actor, which holds the run."""
 
     @property

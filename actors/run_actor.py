@@ -17,7 +17,7 @@ from typing import Any
 
 from gevent import Greenlet, GreenletExit
 
-from actors.agent_actor import CancelRun, DisposeRun, Steer
+from actors.agent_messages import CancelRun, DisposeRun, Steer
 from actors.deferred import Deferred, rejected
 from actors.gevent_actor import GeventActor, GeventFuture
 from subagent.errors import SubagentError

@@ -585,7 +585,10 @@ class SessionLog:
     def _raise_unusable(self) -> None:
         if self._closed:
             raise ValueError(f"session log {self.id} is closed")
-        raise OSError(f"session log {self.id} failed earlier and is unusable") from self._failed
+        # The cause in the message itself: whoever reports this names it (e.g. ENOSPC).
+        raise OSError(
+            f"session log {self.id} failed earlier ({self._failed}) and is unusable"
+        ) from self._failed
 
     def __enter__(self) -> SessionLog:
         return self

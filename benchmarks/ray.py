@@ -29,7 +29,7 @@ import gevent.events
 from agent.models import scripted as S
 from agent.store import SessionStore
 from providers.inprocess import SpawnProvider
-from providers.ray_host import ScriptedSetup
+from providers.ray_runtime import ScriptedSetup
 from subagent import RayConfig, RayProvider
 from subagent.runtime import Runtime
 from subagent.types import SubagentStartRequest, text_block

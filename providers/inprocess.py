@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from actors.agent_actor import Agent
+from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
 from actors.local_run import LocalRun
 from agent import tracing

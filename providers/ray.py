@@ -44,7 +44,8 @@ from gevent.lock import Semaphore
 from actors.gevent_actor import GeventFuture
 from agent import tracing
 from providers.local_run import clip_diagnostic
-from providers.ray_host import ChildHost, HostConfig, HostSetup, RuntimeFactory, result_from_json
+from providers.ray_host import ChildHost
+from providers.ray_runtime import HostConfig, HostSetup, RuntimeFactory, result_from_json
 from providers.remote_run import RemoteRun
 from subagent.errors import SubagentError
 from subagent.types import (

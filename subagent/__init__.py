@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads the same names
-    from actors.agent_actor import Agent
+    from actors.agent_handle import Agent
     from actors.gevent_actor import GeventFuture
     from agent.events import Event, SessionHeader, SessionLogError
     from agent.model import (
@@ -84,7 +84,7 @@ _EXPORTS = {
     "SubagentService": "subagent.service",
     "RunHandle": "subagent.service",
     "SteerableRunHandle": "subagent.service",
-    "Agent": "actors.agent_actor",
+    "Agent": "actors.agent_handle",
     "AgentOptions": "agent.options",
     "Task": "subagent.tasks",
     "GeventFuture": "actors.gevent_actor",

@@ -79,6 +79,8 @@ class TreeModel:
             root_id: Node(root_id, None, "-", clock(), label=root_label, status="idle")
         }
         self.changes = 0
+        # Infrastructure faults (a log write failed), as `label: cause`, in the order seen.
+        self.faults: list[str] = []
 
     def attach(self, service: Any, root: Any) -> Callable[[], None]:
         """Subscribe to the service and the root agent; returns the detach function."""
@@ -122,6 +124,7 @@ class TreeModel:
             node.ended = self._clock()
             if "failure" in event:
                 node.notes.append("infrastructure fault")
+                self.faults.append(f"{self.label(node)}: {event['failure']}")
         self.changes += 1
 
     def on_progress(self, event: Mapping[str, Any]) -> None:

@@ -14,6 +14,9 @@ restarted by cold resume from its log, at most `max_restarts` times within `with
 past that, or when the restart itself fails, the child stays stored and the parent is told with a
 `subagent-report` message. A child-level failure (`stop_reason` error, refusal...) is reported,
 never restarted.
+
+This module is the lifecycle only (start, message, restart, settlement); the rows of
+`list_children` / `list_descendants` are built by `subagent.listings`, which needs no runtime.
 """
 
 from __future__ import annotations
@@ -29,9 +32,8 @@ from gevent.lock import Semaphore
 
 from actors.agents import new_session_id
 from agent.events import SessionLogError, validate_session_id
-from agent.frames import CorruptSessionError
 from agent.store import SessionExistsError, SessionNotFoundError
-from agent.usage import PICO, add_usage, cost_of_events, pico_to_usd, usage_of_events
+from subagent import settlement
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -39,6 +41,7 @@ from subagent.descriptor import (
     authoritative_descriptor,
 )
 from subagent.errors import SubagentError
+from subagent.listings import Activation
 from subagent.types import (
     MessageSource,
     Resumable,
@@ -284,110 +287,15 @@ class ContinuationManager:
         agent.cancel(f"interrupted by {by.id}", keep_inbox=True).get()
         return True
 
-    # -- listings ------------------------------------------------------------------------------
+    # -- the listings' view -------------------------------------------------------------------
 
-    def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
-        """The parent's direct children (live-preferred), ordered by creation time."""
-        headers = self._headers()
-        parents = {h.parent_session for h in headers.values()}
-        mine = [h for h in headers.values() if h.parent_session == parent_session_id]
-        return self._rows(mine, parents)
-
-    def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
-        """Every descendant of `root_session_id` (rows carry `parent_id` and `depth`)."""
-        headers = self._headers()
-        by_parent: dict[str, list[Any]] = {}
-        for header in headers.values():
-            by_parent.setdefault(header.parent_session or "", []).append(header)
-        found: list[Any] = []
-        seen = {root_session_id}
-        frontier = [root_session_id]
-        while frontier:
-            nxt: list[str] = []
-            for parent_id in frontier:
-                for header in by_parent.get(parent_id, []):
-                    if header.id in seen:  # a damaged store could hold a cycle
-                        continue
-                    seen.add(header.id)
-                    found.append(header)
-                    nxt.append(header.id)
-            frontier = nxt
-        return add_subtree_usage(self._rows(found, set(by_parent)))
-
-    def _headers(self) -> dict[str, Any]:
-        """Subagent session headers: stored ones, overridden by the live agents' own."""
-        headers = {h.id: h for h in self._ctx.store.list() if h.origin == "subagent"}
-        for agent_id, agent in list(self._ctx.agents.items()):
-            if agent.header.origin == "subagent":
-                headers[agent_id] = agent.header
-        return headers
-
-    def _rows(self, headers: Sequence[Any], parents: set[str | None]) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
-            child_id = header.id
-            row: dict[str, Any] = {
-                "id": child_id,
-                "parent_id": header.parent_session,
-                "depth": header.delegation_depth,
-                "created_at": header.created_at,
-                "has_children": child_id in parents,
-            }
-            agent = self._ctx.agents.get(child_id)
-            try:
-                descriptor, row["usage"], cost = self._descriptor_of(child_id, agent)
-                if cost:
-                    row["cost_usd"] = pico_to_usd(cost)
-            except Exception as exc:  # one unreadable log never hides its siblings
-                log.warning("listing: child %s is unreadable: %s", child_id, exc)
-                row.update(mode="unknown", label=None, activity=_diagnostic(exc), error=str(exc))
-                rows.append(row)
-                continue
-            record = self._children.get(child_id)
-            mode, label = "one-shot", None
-            if isinstance(descriptor, SubagentDescriptor):
-                mode, label = "continuable", descriptor.label
-            elif isinstance(descriptor, Unclassifiable):
-                mode = "continuable"
-                row["error"] = descriptor.reason  # e.g. written by a newer runtime
-            elif record is not None and record.label:
-                mode, label = "continuable", record.label  # ours, before its first request
-            row["mode"] = mode
-            row["label"] = label
-            if agent is None:
-                # A remote child (ACP) has no local agent: its live activation says it runs.
-                handle = record.handle if record is not None else None
-                if handle is not None and not handle.settled:
-                    row["activity"] = "running"
-                elif self._held(child_id):
-                    row["activity"] = "running elsewhere"  # another process holds its log
-                else:
-                    row["activity"] = "stored"
-            else:
-                row["activity"] = "running" if agent.status == "running" else "idle"
-            rows.append(row)
-        return rows
-
-    def _held(self, child_id: str) -> bool:
-        """Held open for writing by another process (the store's lock says so)."""
-        return bool(self._ctx.store.is_held(child_id))
-
-    def _descriptor_of(
-        self, child_id: str, agent: Any
-    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
-        """The child's descriptor, its own token usage and cost in picodollars (live: its
-        account; else its log)."""
-        if agent is not None:
-            events = agent.log.events
-            seed_length = agent.header.seed_length
-            usage = dict(agent.usage.own)
-            cost = agent.usage.cost_own
-        else:
-            loaded = self._ctx.store.inspect(child_id)
-            events, seed_length = loaded.events, loaded.header.seed_length
-            usage = usage_of_events(events, seed_length)
-            cost = cost_of_events(events, seed_length)
-        return authoritative_descriptor(events, seed_length), usage, cost
+    def activation(self, child_id: str) -> Activation | None:
+        """What `subagent.listings` needs of a tracked child: its label, whether it runs."""
+        record = self._children.get(child_id)
+        if record is None:
+            return None
+        handle = record.handle
+        return Activation(record.label, handle is not None and not handle.settled)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -504,12 +412,8 @@ class ContinuationManager:
 
     def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
         """When the activation ends: notify the parent, release the run, settle the task."""
-        outcome: SubagentResult | BaseException
         try:
-            try:
-                outcome = handle.result.get()
-            except BaseException as exc:
-                outcome = exc
+            outcome = settlement.outcome_of(handle.result)
             with child.lock:
                 try:
                     self._notify_parent(child, handle, outcome)
@@ -517,46 +421,25 @@ class ContinuationManager:
                     handle.dispose()
                     if child.handle is handle:
                         child.handle = None
-                    self._settle_task(task_id, outcome)
+                    settlement.settle_task(self._ctx.tasks, task_id, outcome)
                     child.settled.set()
             if isinstance(outcome, Exception):
                 self._maybe_restart(child, handle, outcome)
         finally:
             self._release(child)
 
-    def _notify_parent(
-        self, child: _Child, handle: Any, outcome: SubagentResult | BaseException
-    ) -> None:
+    def _notify_parent(self, child: _Child, handle: Any, outcome: settlement.Outcome) -> None:
         parent = self._ctx.agents.get(handle.parent_id)
         if parent is None:
             log.info(
                 "parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id
             )
             return
-        summary = _summary(child.label, handle.id, outcome)
+        summary = settlement.summary(child.label, handle.id, outcome)
         content: list[Mapping[str, Any]] = [{"type": "text", "text": summary}]
         if isinstance(outcome, SubagentResult):
             content.extend(outcome.output)
-        try:
-            parent.send(content, MessageSource.subagent_settled(summary)).get()
-        except Exception:
-            log.exception("could not deliver the settlement notice of %s", handle.id)
-
-    def _settle_task(self, task_id: str, outcome: SubagentResult | BaseException) -> None:
-        tasks = self._ctx.tasks
-        if isinstance(outcome, BaseException):
-            tasks.settle(task_id, "failed", detail=f"{type(outcome).__name__}: {outcome}")
-        elif outcome.stop_reason == "completed":
-            tasks.settle(task_id, "completed", output=list(outcome.output))
-        elif outcome.stop_reason == "aborted":
-            tasks.settle(task_id, "killed", output=list(outcome.output), detail=outcome.diagnostic)
-        else:
-            tasks.settle(
-                task_id,
-                "failed",
-                output=list(outcome.output),
-                detail=outcome.diagnostic or outcome.stop_reason,
-            )
+        settlement.tell_parent(parent, content, summary)
 
     def _maybe_restart(self, child: _Child, handle: Any, failure: BaseException) -> None:
         """Transient restart: a crashed activation is resumed cold, within the intensity.
@@ -592,7 +475,7 @@ class ContinuationManager:
             self._report(
                 parent,
                 f"Subagent {child.child_id} crashed and could not be restarted "
-                f"({_one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
+                f"({settlement.one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
             )
 
     def _report(self, parent: Any, text: str) -> None:
@@ -618,50 +501,3 @@ class ContinuationManager:
 
 def _message_id(handle: Any) -> str:
     return str(getattr(handle, "message_id", "") or "")
-
-
-MAX_SUMMARY_CHARS = 300
-
-
-def _one_line(text: str, limit: int = MAX_SUMMARY_CHARS) -> str:
-    """Whitespace collapsed to single spaces, clipped to `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
-
-
-def _summary(label: str, child_id: str, outcome: SubagentResult | BaseException) -> str:
-    """The one-line summary of how an activation ended."""
-    who = f"Subagent {label!r} ({child_id})" if label else f"Subagent {child_id}"
-    if isinstance(outcome, BaseException):
-        return _one_line(f"{who} crashed: {type(outcome).__name__}: {outcome}")
-    if outcome.stop_reason == "completed":
-        return _one_line(f"{who} completed.")
-    detail = f": {outcome.diagnostic}" if outcome.diagnostic else ""
-    return _one_line(f"{who} ended {outcome.stop_reason}{detail}.")
-
-
-def _diagnostic(exc: BaseException) -> str:
-    corrupt = (CorruptSessionError, SessionLogError, DescriptorError)
-    return "corrupt" if isinstance(exc, corrupt) else "unavailable"
-
-
-def add_subtree_usage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Give each row of a whole-subtree listing `subtree_usage`: its own usage plus every
-    listed descendant's (rows carry `id`, `parent_id`, `depth` and their own `usage`), and
-    `subtree_cost_usd` likewise when any of them has a `cost_usd`."""
-    totals: dict[str, dict[str, int]] = {}
-    costs: dict[str, int] = {}
-    for row in rows:
-        totals[row["id"]] = dict(row.get("usage") or {})
-        costs[row["id"]] = round(float(row.get("cost_usd") or 0) * PICO)
-    for row in sorted(rows, key=lambda r: -int(r.get("depth") or 0)):
-        parent_id = row.get("parent_id") or ""
-        parent = totals.get(parent_id)
-        if parent is not None:
-            add_usage(parent, totals[row["id"]])
-            costs[parent_id] += costs[row["id"]]
-    for row in rows:
-        row["subtree_usage"] = totals[row["id"]]
-        if costs[row["id"]]:
-            row["subtree_cost_usd"] = pico_to_usd(costs[row["id"]])
-    return rows

@@ -155,14 +155,15 @@ class Demo:
         """How many grandchildren the plan has (the tree shows children and grandchildren)."""
         return sum(1 for plan in self.plans if plan.grandchild is not None)
 
-    def run(self) -> None:
-        """Drive the coordinator until it and every child it started are settled."""
+    def run(self) -> Any:
+        """Drive the coordinator until it and every child it started are settled; returns its
+        last turn outcome (ended early when the coordinator's own log failed)."""
         with tracing.root_span("subagent demo", {"subagent.children": len(self.plans)}):
             coordinator = tracing.ambient("coordinator")  # the trace's root: every turn under it
             self.root.send(f"Coordinate {len(self.plans)} workers.", trace=coordinator).get()
             # Wakes on events only; the barrier (a registry round trip) delivers every lifecycle
             # event told so far before the tree is read.
-            Quiescence(
+            return Quiescence(
                 self.root, self.runtime.tasks, barrier=self.runtime.subagents.providers
             ).wait()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from providers.ray import RayConfig as _ProviderRayConfig
-from providers.ray_host import RuntimeFactory
+from providers.ray_runtime import RuntimeFactory
 from subagent.runtime import Runtime
 
 __all__ = ["RayConfig"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.agent_actor import Agent
+from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
 from agent.context import AgentContext
 from agent.models import ModelRegistry

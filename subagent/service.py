@@ -23,7 +23,7 @@ from pykka import ActorDeadError, Future
 
 from actors import gevent_actor
 from actors import registry_actor as reg
-from actors.agent_actor import Steer, check_content
+from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
@@ -34,6 +34,7 @@ from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
+from subagent.listings import Listings
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     MessageSource,
@@ -202,6 +203,7 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
+        self._listings = Listings(ctx.store, ctx.agents, self._continuation.activation)
         ctx.lifecycle.on_published(self._on_agent_published)
         ctx.lifecycle.on_closing(self._on_parent_closing)
         ctx.lifecycle.on_cancelled(self._on_parent_cancelled)
@@ -270,7 +272,7 @@ class SubagentService:
         if any(events[i]["type"] == "turn/start" for i in range(seed_length, len(events))):
             # A cold resume (its own turns are in the log, not only a fork's seed): what its
             # stored descendants spent still counts against its budget.
-            for row in self._continuation.list_descendants(agent.id):
+            for row in self._listings.list_descendants(agent.id):
                 account.add_subtree(
                     row.get("usage") or {}, round(float(row.get("cost_usd") or 0) * PICO)
                 )
@@ -509,10 +511,10 @@ class SubagentService:
         return self._continuation.interrupt(child_id, by=by)
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
-        return self._continuation.list_children(parent_session_id)
+        return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
-        return self._continuation.list_descendants(root_session_id)
+        return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
 

@@ -8,7 +8,8 @@ import pytest
 from gevent.event import Event
 from test_agent_loop import kit, of_type, wait_for
 
-from actors.agent_actor import Agent, Send, check_content
+from actors.agent_handle import Agent
+from actors.agent_messages import Send, check_content
 from actors.agents import create_agent, pending_inbox
 from agent.loop import TurnOutcome
 from agent.models import scripted as S

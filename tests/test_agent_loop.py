@@ -15,7 +15,7 @@ import pykka
 import pytest
 from gevent.event import Event
 
-from actors.agent_actor import Agent
+from actors.agent_handle import Agent
 from actors.agents import create_agent, pending_inbox
 from agent.context import AgentContext
 from agent.events import TURN_END_REASONS

@@ -134,6 +134,36 @@ def test_tree_shows_every_descendant(made: tuple[Path, Made]) -> None:
     assert text.stdout.splitlines()[0].startswith(m.root) and m.foreground in text.stdout
 
 
+# Runs the CLI with the runtime wiring made unimportable: a listing that built a `Runtime` (or
+# a `SubagentService`) to read the store would fail with ImportError.
+_NO_RUNTIME = """
+import sys
+sys.modules["subagent.runtime"] = None
+sys.modules["subagent.service"] = None
+from subagent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ls_and_tree_read_the_store_without_building_a_runtime(made: tuple[Path, Made]) -> None:
+    home, m = made
+    environ = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    answers = {}
+    for command in ("ls", "tree"):
+        argv = [sys.executable, "-c", _NO_RUNTIME, "--home", str(home), command, m.root, "--json"]
+        proc = gsub.run(argv, cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        answers[command] = {r["id"]: r for r in json.loads(proc.stdout)}
+    assert answers["tree"].pop(m.root)["mode"] == "root"  # `tree` shows its root row too
+    for rows in answers.values():
+        assert set(rows) == {m.foreground, m.continuable}
+        assert rows[m.continuable]["label"] == "keeper"
+        assert rows[m.continuable]["mode"] == "continuable"
+        assert rows[m.foreground]["mode"] == "one-shot"
+        assert {r["activity"] for r in rows.values()} == {"stored"}
+    assert all("subtree_usage" in r for r in answers["tree"].values())
+
+
 def test_log_shows_turns_steps_tools_and_the_descriptor(made: tuple[Path, Made]) -> None:
     home, m = made
     root_log = cli("log", m.root, home=home)

@@ -101,3 +101,57 @@ def test_wake_ups_are_bounded_by_settlements_not_by_time(scene: Scene) -> None:
         waiter.kill()
     assert 1 <= quiet.wakeups <= 3
     assert len(scene.rt.tasks.list()) == 3 and all(t.settled for t in scene.rt.tasks.list())
+
+
+class _FullDisk:
+    """A log sink whose writes fail like a full disk (reads and closing still work)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def write(self, data: bytes | bytearray) -> None:
+        raise OSError(28, "No space left on device")
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.inner.close()  # type: ignore[attr-defined]
+
+
+def test_a_root_whose_log_failed_ends_the_wait_and_stops_its_tasks(tmp_path: Path) -> None:
+    """Issue 12 item 7: the root can never hear its background child again, so the wait
+    returns its fault at once (it used to wait forever) and the child's task is stopped."""
+    child_working = Event()
+    release = Event()
+
+    def respond(request: ModelRequest) -> S.Step:
+        if request.session_id != "root":
+            child_working.set()
+            release.wait()  # works until the test ends
+            return S.text("child done")
+        if request.step == 1:
+            call = {"description": "bg", "prompt": "work", "run_in_background": True}
+            return S.tool_calls([("subagent", call)])
+        child_working.wait()
+        log = rt.ctx.agents["root"].log
+        log._sink = _FullDisk(log._sink)  # the turn-end checkpoint fails
+        return S.text("started")
+
+    rt = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond))
+    try:
+        rt.subagents.register(SpawnProvider())
+        install_subagent_tools(
+            rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
+        )
+        root = rt.agent(session_id="root")
+        root.send("go").get()
+        outcome = Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
+        assert outcome.fault is not None
+        assert "[Errno 28] No space left on device" in str(outcome.fault)
+        (task,) = rt.tasks.list()
+        assert task.status == "killed"
+        assert "No space left on device" in (task.detail or "")
+    finally:
+        release.set()
+        rt.close()

@@ -19,11 +19,12 @@ from subagent.runtime import Runtime
 from subagent.tools import (
     PROVIDER_MANAGED,
     SubagentToolConfig,
+    format_task,
     headline,
     install_subagent_tools,
     subagent_tool,
 )
-from subagent.types import SubagentCapabilities
+from subagent.types import SubagentCapabilities, text_block
 from supervision.signal import AbortSignal
 
 ROOT = "root"
@@ -438,6 +439,47 @@ def test_continuable_child_is_interrupted_then_resumed_by_send_message(durable: 
     tasks = env.rt.tasks.list(owner=ROOT)
     assert [t.status for t in tasks] == ["killed", "completed"]
     assert env.rt.subagents.list_children(ROOT)[0]["activity"] == "stored"
+
+
+@pytest.mark.parametrize("background", ["one-shot", "continuable"])
+def test_a_background_tasks_output_is_the_childs_blocks_on_both_paths(
+    durable: Env, background: str
+) -> None:
+    """One settlement path (`subagent.settlement`): a background one-shot and a continuable
+    activation settle their tasks alike, output as content blocks, a failure's detail as the
+    headline then the diagnostic; `task_output` shows the blocks' text."""
+    env = durable
+    config = SubagentToolConfig("spawn", name="subagent", background=background)  # type: ignore[arg-type]
+    install_subagent_tools(env.rt, tools=[config])
+
+    calls = [
+        ("subagent", call("good", "good job", run_in_background=True)),
+        ("subagent", call("bad", "bad job", run_in_background=True)),
+    ]
+
+    def answer(request: ModelRequest) -> S.Step:
+        if request.session_id == ROOT:  # delegates once, then notes each settlement notice
+            last = request.messages[-1]
+            go = last["role"] == "user" and last_user_text(request) == "go"
+            return S.tool_calls(calls) if go else S.text("noted")
+        if last_user_text(request) == "bad job":
+            return S.error("model exploded")
+        return S.text(f"answer: {last_user_text(request)}")
+
+    env.child = answer
+    root = env.rt.agent(session_id=ROOT)
+    env.turn(root)
+    wait_until(lambda: len(env.rt.tasks.list(owner=ROOT)) == 2)
+    settled = {t.label: env.rt.tasks.wait(t.id) for t in env.rt.tasks.list(owner=ROOT)}
+    good, bad = settled["good"], settled["bad"]
+    assert (good.label, good.status) == ("good", "completed")
+    assert good.output == [text_block("answer: good job")]
+    assert good.detail is None
+    assert (bad.label, bad.status) == ("bad", "failed")
+    assert isinstance(bad.output, list) and all(isinstance(b, dict) for b in bad.output)
+    assert bad.detail is not None and bad.detail.startswith(headline("error"))
+    assert "model exploded" in bad.detail
+    assert format_task(good) == f"Task {good.id} (good): completed\nanswer: good job"
 
 
 def test_send_message_to_a_stranger_is_refused(durable: Env) -> None:

@@ -309,8 +309,9 @@ class HTTPModel:
                 return self._attempt(body, on_progress)
             except Retryable as e:
                 if attempt > self.max_retries:
+                    tries = "1 attempt" if attempt == 1 else f"{attempt} attempts"
                     raise ModelError(
-                        f"{self.label}: {e.diagnostic} (gave up after {attempt} attempts)"
+                        f"{self.label}: {e.diagnostic} (gave up after {tries})"
                     ) from None
                 if e.retry_after is not None:
                     delay = min(e.retry_after, self.retry_after_max)

@@ -32,7 +32,6 @@ __all__ = [
     "print_json",
     "read_prompt",
     "require_session",
-    "runtime_over",
     "store_root",
     "when",
 ]
@@ -224,24 +223,13 @@ def model_route(model: str | None) -> tuple[str, str]:
     return "openai", model
 
 
-def runtime_over(store: Any) -> Any:
-    from providers.inprocess import ForkProvider, SpawnProvider
-    from subagent.runtime import Runtime
-
-    rt = Runtime(store=store)
-    rt.subagents.register(SpawnProvider())
-    rt.subagents.register(ForkProvider())
-    return rt
-
-
 def listing_rows(store: Any, listing: Any) -> list[dict[str, Any]]:
-    """One listing of the service over `store`, in a runtime opened and closed for it."""
-    rt = runtime_over(store)
-    try:
-        rows: list[dict[str, Any]] = listing(rt.subagents)
-        return rows
-    finally:
-        rt.close()
+    """One listing over `store` alone: reading the store needs no runtime (nothing is live in
+    this process, so every child is stored, or running elsewhere when another process holds it)."""
+    from subagent.listings import Listings
+
+    rows: list[dict[str, Any]] = listing(Listings(store))
+    return rows
 
 
 def require_session(store: Any, session_id: str) -> None:

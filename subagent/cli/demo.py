@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from subagent.cli.common import EXIT_INTERRUPTED, home_dir, make_console, positive_int
+from subagent.cli.common import EXIT_INTERRUPTED, CliError, home_dir, make_console, positive_int
 from subagent.cli.live import drive, report_stopped
 
 __all__ = ["cmd_demo", "register"]
@@ -45,7 +45,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"subagent demo: {args.children + grand} agents ({family}), seed {args.seed}"
             )
             console.print(f"store: {note}")
-            _, stopped = drive(
+            outcome, stopped = drive(
                 console,
                 demo.tree,
                 demo.run,
@@ -58,6 +58,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             console.print(f"coordinator: {demo.final_text or '(cancelled before its summary)'}")
             console.print(f"agents: {counts}")
             report_stopped(console, stopped)
+            failure = write_failure(outcome, demo.tree.faults)
         finally:
             demo.close()
     finally:
@@ -66,7 +67,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     kept = temporary is None or args.keep
     console.print(f"store: {root}" if kept else "store: deleted (pass --keep to keep it)")
     console.print(f"finished in {time.monotonic() - started:.2f} s")
-    return EXIT_INTERRUPTED if stopped is not None else 0
+    if stopped is not None:
+        return EXIT_INTERRUPTED
+    if failure is not None:
+        raise CliError(failure)
+    return 0
+
+
+def write_failure(outcome: Any, faults: list[str]) -> str | None:
+    """What failed to be written, naming the cause (e.g. `[Errno 28] No space left on device`),
+    or None: a demo whose logs could not all be written did not run as shown."""
+    fault = getattr(outcome, "fault", None)
+    if fault is not None:
+        return f"the coordinator's log could not be written: {fault}"
+    if faults:
+        more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
+        return f"a log could not be written: {faults[0]}{more}"
+    return None
 
 
 def register(sub: Any) -> None:

@@ -7,7 +7,14 @@ import re
 import time
 from typing import Any
 
-from subagent.cli.common import UsageError, make_console, open_store, print_json
+from subagent.cli.common import (
+    EXIT_ERROR,
+    CliError,
+    UsageError,
+    make_console,
+    open_store,
+    print_json,
+)
 
 __all__ = ["GC_STATUSES", "cmd_gc", "register"]
 
@@ -87,15 +94,19 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 row["action"] = "deleted"
             except SessionBusyError:
                 row["action"] = "skipped (in use)"
-            except (SessionLogError, OSError) as exc:  # e.g. a directory named x.session
+            except SessionLogError as exc:  # by design, e.g. a directory named x.session
                 row["action"] = f"skipped ({getattr(exc, 'message', None) or exc})"
+            except OSError as exc:  # could not delete (read-only store, permissions): a failure
+                row["action"] = f"failed ({exc})"
         rows.append(row)
     for name in store.clean_temporaries(dry_run=args.dry_run):
         action = "would remove" if args.dry_run else "removed"
         rows.append({"id": name, "status": "temporary", "age_seconds": None, "action": action})
+    # A deletion the OS refused is a failure of the command (docs/cli.md): exit 1.
+    failed = sum(1 for r in rows if r["action"].startswith("failed"))
     if args.json:
         print_json(rows)
-        return 0
+        return EXIT_ERROR if failed else 0
     console = make_console()
     for row in rows:
         console.print(f"{row['action']}: {row['id']} ({row['status']})")
@@ -106,6 +117,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if temporaries:
         verb = "would remove" if args.dry_run else "removed"
         console.print(f"{verb} {temporaries} temporary file(s) left by interrupted creates")
+    if failed:
+        raise CliError(f"{failed} session(s) could not be deleted")
     return 0
 
 

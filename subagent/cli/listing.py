@@ -30,7 +30,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     store = open_store(args) if args.parent or root.is_dir() else None
     if args.parent:
         require_session(store, args.parent)
-        rows = listing_rows(store, lambda service: service.list_children(args.parent))
+        rows = listing_rows(store, lambda listings: listings.list_children(args.parent))
         if args.json:
             print_json(rows)
             _note_unreadable(store)
@@ -193,7 +193,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
     store = open_store(args)
     require_session(store, args.root)
-    rows = listing_rows(store, lambda service: service.list_descendants(args.root))
+    rows = listing_rows(store, lambda listings: listings.list_descendants(args.root))
     top = _tree_root_row(store, args.root, rows)
     if args.json:
         print_json([top, *rows])

@@ -26,7 +26,8 @@ class RootAgent(Protocol):
 
 
 class Quiescence:
-    """`wait()` returns the root's last turn outcome once it is idle and no task runs.
+    """`wait()` returns the root's last turn outcome once it is idle and no task runs, or at
+    once when that turn ended in an infrastructure fault (the caller reports it).
 
     `wakeups` counts the times the wait woke up for a settlement: one per settled task at
     most, however long the tasks run.
@@ -43,6 +44,13 @@ class Quiescence:
     def _settled(self) -> bool:
         return self._root.status == "idle" and all(t.settled for t in self._tasks.list())
 
+    def _stop_tasks(self, reason: str) -> None:
+        for task in self._tasks.list():
+            if not task.settled:
+                self._tasks.kill(task.id, reason)
+        if self._barrier is not None:
+            self._barrier()  # the kills' lifecycle events reach the listeners first
+
     def wait(self) -> Any:
         changed = Event()
         remove = self._tasks.on_settled(lambda _task: changed.set())
@@ -50,6 +58,12 @@ class Quiescence:
             while True:
                 changed.clear()
                 outcome = self._root.when_idle().get()
+                fault = getattr(outcome, "fault", None)
+                if fault is not None:
+                    # The root's log failed: it can never take another turn or hear a
+                    # settlement, so waiting for what it started would never end. Stop it.
+                    self._stop_tasks(f"the root's log could not be written: {fault}")
+                    return outcome
                 if self._root.status != "idle":
                     continue  # a new turn began (a settlement notice): wait for its end
                 if self._settled():

@@ -6,7 +6,8 @@ The tool turns the model's `{description, prompt, run_in_background?}` into a
 - foreground: the call waits for the child; the child's signal is the tool call's signal, so
   cancelling the parent's turn cancels the child. A non-`completed` result is an error result
   (headline, diagnostic, partial output). The run is disposed exactly once, whatever happens.
-- background one-shot: the run becomes an adopted task in `ctx.tasks`; `task_output` reads it.
+- background one-shot: the run becomes an adopted task in `ctx.tasks`, settled by
+  `subagent.settlement` (the path continuable activations take too); `task_output` reads it.
 - background continuable: `start_continuable`; the model gets the child id for `send_message`.
 
 The depth cap is enforced twice on purpose: the tool is hidden from agents at the cap (see
@@ -15,7 +16,6 @@ The depth cap is enforced twice on purpose: the tool is hidden from agents at th
 
 from __future__ import annotations
 
-import logging
 import re
 import weakref
 from collections.abc import Callable, Mapping
@@ -26,7 +26,9 @@ from agent import tracing
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
 from agent.usage import usd_to_pico
+from subagent import settlement
 from subagent.errors import SubagentError
+from subagent.settlement import headline, output_text
 from subagent.types import (
     ABORTED,
     BUDGET_EXCEEDED,
@@ -34,7 +36,6 @@ from subagent.types import (
     ERROR,
     MAX_TOKENS,
     REFUSAL,
-    MessageSource,
     SubagentResult,
     SubagentStartRequest,
     ToolRestriction,
@@ -53,8 +54,6 @@ __all__ = [
     "output_text",
     "subagent_tool",
 ]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_DEPTH: Final = 3
 PROVIDER_MANAGED: Final = "provider-managed"
@@ -189,14 +188,6 @@ def describe_subagent_tool(config: SubagentToolConfig, inherits_parent_context: 
     )
 
 
-_HEADLINES: Final = {
-    ABORTED: "Subagent was cancelled before it finished.",
-    ERROR: "Subagent failed with an error.",
-    MAX_TOKENS: "Subagent ran out of output tokens before it finished.",
-    REFUSAL: "Subagent declined the task.",
-    BUDGET_EXCEEDED: "Subagent used up its token or cost budget before it finished.",
-}
-
 _CODES: Final = {
     ABORTED: "SUBAGENT_ABORTED",
     ERROR: "SUBAGENT_ERROR",
@@ -204,25 +195,6 @@ _CODES: Final = {
     REFUSAL: "SUBAGENT_REFUSAL",
     BUDGET_EXCEEDED: "SUBAGENT_BUDGET_EXCEEDED",
 }
-
-
-def headline(stop_reason: str) -> str:
-    """One line a model can act on; an unknown stop reason is reported as a failure."""
-    return _HEADLINES.get(
-        stop_reason,
-        f"Subagent ended with stop reason {stop_reason!r}, which is treated as a failure.",
-    )
-
-
-def output_text(result: SubagentResult) -> str:
-    """The text of the child's output blocks (non-text blocks are named, not dropped)."""
-    parts: list[str] = []
-    for block in result.output:
-        if block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        else:
-            parts.append(f"[{block.get('type')} block]")
-    return "\n".join(parts)
 
 
 def failure_text(result: SubagentResult, child_id: str | None = None) -> str:
@@ -326,30 +298,17 @@ class _Delegate:
         )
 
     def _watch(self, agent: Any, handle: Any, task_id: str, description: str) -> None:
-        outcome: SubagentResult | BaseException
+        """Settle the task when the child ends (the path continuation shares), then tell the
+        parent where to read the result."""
         try:
-            outcome = handle.result.get()
-        except Exception as exc:  # an infrastructure fault the seam could not represent
-            outcome = exc
+            outcome = settlement.outcome_of(handle.result)
         finally:
             handle.dispose()
-        tasks = agent.ctx.tasks
-        if isinstance(outcome, BaseException):
-            summary = f"Subagent {handle.id} ({description}) failed: {outcome}"
-            tasks.settle(task_id, "failed", detail=f"{type(outcome).__name__}: {outcome}")
-        elif outcome.stop_reason == COMPLETED:
-            summary = f"Subagent {handle.id} ({description}) completed; task {task_id}."
-            tasks.settle(task_id, "completed", output=output_text(outcome))
-        else:
-            summary = f"Subagent {handle.id} ({description}) ended {outcome.stop_reason}."
-            status = "killed" if outcome.stop_reason == ABORTED else "failed"
-            tasks.settle(task_id, status, output=output_text(outcome), detail=failure_text(outcome))
+        settlement.settle_task(agent.ctx.tasks, task_id, outcome)
         if self.config.notify_parent and agent.ctx.agents.get(agent.id) is agent:
-            note = f"{summary} Use task_output(task_id={task_id!r}) for the result."
-            try:
-                agent.send([text_block(note)], MessageSource.subagent_settled(summary)).get()
-            except Exception:
-                log.info("settlement notice for task %s not delivered", task_id)
+            summary = settlement.summary(description, handle.id, outcome)
+            note = f"{summary} Read the result with task_output(task_id={task_id!r})."
+            settlement.tell_parent(agent, [text_block(note)], summary)
 
     def _continuable(
         self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext

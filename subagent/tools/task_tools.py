@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agent.tools import Tool, ToolContext, ToolError
+from subagent.settlement import blocks_text
 from subagent.tasks import Task, UnknownTaskError
 
 __all__ = ["TASK_KILL", "TASK_OUTPUT", "format_task", "task_kill_tool", "task_output_tool"]
@@ -29,14 +30,16 @@ def _own_task(tasks: Any, task_id: str, agent: Any) -> Task:
 
 
 def _text(value: Any) -> str:
+    """A task's output as a model reads it: a subagent task's content blocks become their text
+    (`subagent.settlement`); another task's value, its string form."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value
+    if isinstance(value, list) and all(isinstance(b, Mapping) for b in value):
+        return blocks_text(value)
     if isinstance(value, list):
-        return "\n".join(
-            str(b.get("text", "")) if isinstance(b, Mapping) else str(b) for b in value
-        )
+        return "\n".join(str(b) for b in value)
     return str(value)
 
 

@@ -1,0 +1,102 @@
+"""The agent actor's message vocabulary, and the content check every sender applies.
+
+`Send(content, source)`, `Steer(content, source)`, `Cancel(cause, keep_inbox)`, `WhenIdle()`,
+`Close()` for a live agent; `CancelRun()` and `DisposeRun()` for a run's ref. The actor that
+answers them is `actors.agent_actor.AgentActor`; the handle that sends them is
+`actors.agent_handle.Agent`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.deferred import Deferred
+from agent import tracing
+from subagent.types import MessageSource
+
+if TYPE_CHECKING:
+    from actors.local_run import LocalRun
+
+__all__ = [
+    "Cancel",
+    "CancelRun",
+    "Close",
+    "DisposeRun",
+    "Send",
+    "Steer",
+    "WhenIdle",
+    "check_content",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Queue the next turn; wakes an idle agent. Replies with the message id. With `run`, the
+    message is that run's activation prompt: the actor settles the run's result."""
+
+    content: Sequence[Mapping[str, Any]]
+    source: MessageSource
+    message_id: str | None = None
+    # Where the turn hangs in a trace (agent.tracing), carried across the mailbox explicitly.
+    trace: tracing.TraceParent | None = field(default=None, compare=False)
+    run: LocalRun | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Steer:
+    """Add to the running turn at its next step boundary. Replies once admitted (with the
+    admitted message's id). `reply`, when given, is settled instead of the ask's own reply, so
+    a forwarding actor can hand its caller's deferred along without a relay."""
+
+    content: Sequence[Mapping[str, Any]]
+    source: MessageSource
+    reply: Deferred[Any] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Abort the running turn. Replies when the agent is idle again. `keep_inbox=True` keeps
+    queued sends (held until the next `Send`); otherwise they are discarded."""
+
+    cause: Any = None
+    keep_inbox: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """For a run's ref: abort the activation (its result settles `aborted` unless it already
+    completed), and the runs this agent started."""
+
+    cause: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DisposeRun:
+    """For a run's ref: cancel what remains, close the agent, stop. Replies at quiescence."""
+
+
+@dataclass(frozen=True, slots=True)
+class WhenIdle:
+    """Replies with the last turn's outcome once no turn runs and none will start by itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Abort the running turn, close the log, stop the actor. Replies at quiescence. Queued
+    sends stay pending in the log for a later resume."""
+
+    cause: Any = None
+
+
+def check_content(content: Any) -> list[Mapping[str, Any]]:
+    """Validate content blocks at the call site: a list of `{"type": ..., ...}` dicts."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, (list, tuple)):
+        raise TypeError(f"content must be a list of content blocks, got {type(content).__name__}")
+    for block in content:
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            raise TypeError("each content block must be a dict with a string 'type'")
+    return list(content)

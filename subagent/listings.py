@@ -1,0 +1,210 @@
+"""Listings of subagent children: rows built from the session store and the live agents.
+
+Split from the continuation lifecycle (`subagent.continuation`) so a reader of a store needs no
+runtime: `subagent ls` and `subagent tree` build a `Listings` over the store alone, while a
+runtime's service builds one over its live agents too, plus the continuation manager's view of
+its live activations (`ActivationView`: a remote child has no local agent to ask).
+
+Rows are live-preferred: a live agent's own header and status override the stored ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.events import Event, SessionHeader, SessionLogError
+from agent.frames import CorruptSessionError
+from agent.usage import PICO, add_usage, cost_of_events, pico_to_usd, usage_of_events
+from subagent.descriptor import (
+    DescriptorError,
+    SubagentDescriptor,
+    Unclassifiable,
+    authoritative_descriptor,
+)
+
+__all__ = ["Activation", "ActivationView", "ListingStore", "Listings", "add_subtree_usage"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """What the continuation manager knows of a child it tracks: its label, and whether an
+    activation of it is running now (known for a remote child only this way)."""
+
+    label: str
+    running: bool
+
+
+# The continuation manager's answer for one child id, or None for a child it does not track.
+ActivationView = Callable[[str], Activation | None]
+
+
+class _Loaded(Protocol):
+    """A stored session as `inspect` reads it (`agent.store.LoadedSession`)."""
+
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+    @property
+    def header(self) -> SessionHeader: ...
+
+
+class ListingStore(Protocol):
+    """The part of a session store a listing reads."""
+
+    def list(self) -> Sequence[Any]: ...
+
+    def inspect(self, session_id: str) -> _Loaded: ...
+
+    def is_held(self, session_id: str) -> bool: ...
+
+
+def _untracked(_child_id: str) -> Activation | None:
+    return None
+
+
+class Listings:
+    """`list_children` / `list_descendants` over a store, live agents and live activations."""
+
+    def __init__(
+        self,
+        store: ListingStore,
+        agents: Mapping[str, Any] | None = None,
+        activations: ActivationView = _untracked,
+    ) -> None:
+        self._store = store
+        self._agents: Mapping[str, Any] = agents if agents is not None else {}
+        self._activations = activations
+
+    def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
+        """The parent's direct children (live-preferred), ordered by creation time."""
+        headers = self._headers()
+        parents = {h.parent_session for h in headers.values()}
+        mine = [h for h in headers.values() if h.parent_session == parent_session_id]
+        return self._rows(mine, parents)
+
+    def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
+        """Every descendant of `root_session_id` (rows carry `parent_id` and `depth`)."""
+        headers = self._headers()
+        by_parent: dict[str, list[Any]] = {}
+        for header in headers.values():
+            by_parent.setdefault(header.parent_session or "", []).append(header)
+        found: list[Any] = []
+        seen = {root_session_id}
+        frontier = [root_session_id]
+        while frontier:
+            nxt: list[str] = []
+            for parent_id in frontier:
+                for header in by_parent.get(parent_id, []):
+                    if header.id in seen:  # a damaged store could hold a cycle
+                        continue
+                    seen.add(header.id)
+                    found.append(header)
+                    nxt.append(header.id)
+            frontier = nxt
+        return add_subtree_usage(self._rows(found, set(by_parent)))
+
+    def _headers(self) -> dict[str, Any]:
+        """Subagent session headers: stored ones, overridden by the live agents' own."""
+        headers = {h.id: h for h in self._store.list() if h.origin == "subagent"}
+        for agent_id, agent in list(self._agents.items()):
+            if agent.header.origin == "subagent":
+                headers[agent_id] = agent.header
+        return headers
+
+    def _rows(self, headers: Sequence[Any], parents: set[str | None]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
+            child_id = header.id
+            row: dict[str, Any] = {
+                "id": child_id,
+                "parent_id": header.parent_session,
+                "depth": header.delegation_depth,
+                "created_at": header.created_at,
+                "has_children": child_id in parents,
+            }
+            agent = self._agents.get(child_id)
+            try:
+                descriptor, row["usage"], cost = self._descriptor_of(child_id, agent)
+                if cost:
+                    row["cost_usd"] = pico_to_usd(cost)
+            except Exception as exc:  # one unreadable log never hides its siblings
+                log.warning("listing: child %s is unreadable: %s", child_id, exc)
+                row.update(mode="unknown", label=None, activity=_diagnostic(exc), error=str(exc))
+                rows.append(row)
+                continue
+            activation = self._activations(child_id)
+            mode, label = "one-shot", None
+            if isinstance(descriptor, SubagentDescriptor):
+                mode, label = "continuable", descriptor.label
+            elif isinstance(descriptor, Unclassifiable):
+                mode = "continuable"
+                row["error"] = descriptor.reason  # e.g. written by a newer runtime
+            elif activation is not None and activation.label:
+                mode, label = "continuable", activation.label  # before its first request
+            row["mode"] = mode
+            row["label"] = label
+            if agent is None:
+                # A remote child (ACP) has no local agent: its live activation says it runs.
+                if activation is not None and activation.running:
+                    row["activity"] = "running"
+                elif self._held(child_id):
+                    row["activity"] = "running elsewhere"  # another process holds its log
+                else:
+                    row["activity"] = "stored"
+            else:
+                row["activity"] = "running" if agent.status == "running" else "idle"
+            rows.append(row)
+        return rows
+
+    def _held(self, child_id: str) -> bool:
+        """Held open for writing by another process (the store's lock says so)."""
+        return bool(self._store.is_held(child_id))
+
+    def _descriptor_of(
+        self, child_id: str, agent: Any
+    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
+        """The child's descriptor, its own token usage and cost in picodollars (live: its
+        account; else its log)."""
+        if agent is not None:
+            events = agent.log.events
+            seed_length = agent.header.seed_length
+            usage = dict(agent.usage.own)
+            cost = agent.usage.cost_own
+        else:
+            loaded = self._store.inspect(child_id)
+            events, seed_length = loaded.events, loaded.header.seed_length
+            usage = usage_of_events(events, seed_length)
+            cost = cost_of_events(events, seed_length)
+        return authoritative_descriptor(events, seed_length), usage, cost
+
+
+def _diagnostic(exc: BaseException) -> str:
+    corrupt = (CorruptSessionError, SessionLogError, DescriptorError)
+    return "corrupt" if isinstance(exc, corrupt) else "unavailable"
+
+
+def add_subtree_usage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each row of a whole-subtree listing `subtree_usage`: its own usage plus every
+    listed descendant's (rows carry `id`, `parent_id`, `depth` and their own `usage`), and
+    `subtree_cost_usd` likewise when any of them has a `cost_usd`."""
+    totals: dict[str, dict[str, int]] = {}
+    costs: dict[str, int] = {}
+    for row in rows:
+        totals[row["id"]] = dict(row.get("usage") or {})
+        costs[row["id"]] = round(float(row.get("cost_usd") or 0) * PICO)
+    for row in sorted(rows, key=lambda r: -int(r.get("depth") or 0)):
+        parent_id = row.get("parent_id") or ""
+        parent = totals.get(parent_id)
+        if parent is not None:
+            add_usage(parent, totals[row["id"]])
+            costs[parent_id] += costs[row["id"]]
+    for row in rows:
+        row["subtree_usage"] = totals[row["id"]]
+        if costs[row["id"]]:
+            row["subtree_cost_usd"] = pico_to_usd(costs[row["id"]])
+    return rows

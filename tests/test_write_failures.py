@@ -1,0 +1,116 @@
+"""Write failures are reported (issue 12 item 7): a log that cannot be written ends the affected
+run with a diagnostic naming the cause, the CLI exits non-zero, and nothing hangs.
+
+Real failures only: a tmpfs that fills up (ENOSPC, needs root and `mount`), and a file-size limit
+set with setrlimit in the CLI's own process (EFBIG, as `ulimit -f 8` does in a shell).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gevent import subprocess as gsub
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def demo(home: Path, limit_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`subagent --home HOME demo --no-live` in a real subprocess, optionally under a file-size
+    limit. The timeout only guards the suite against the old hang; it is not asserted on."""
+
+    def limit() -> None:
+        if limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    environ = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    return gsub.run(
+        [sys.executable, "-m", "subagent.cli", "--home", str(home), "demo", "--no-live"],
+        cwd=REPO,
+        env=environ,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=limit,
+    )
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: the demo's logs fill it part way through."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_disk_fails_the_demo_naming_enospc(small_tmpfs: Path) -> None:
+    proc = demo(small_tmpfs)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[Errno 28] No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_file_size_limit_fails_the_demo_instead_of_hanging(tmp_path: Path) -> None:
+    proc = demo(tmp_path, limit_bytes=8 * 1024)  # `ulimit -f 8`
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[Errno 27] File too large" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_demo_whose_logs_fit_exits_zero(tmp_path: Path) -> None:
+    proc = demo(tmp_path, limit_bytes=1024 * 1024)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def read_only_store(tmp_path: Path) -> Iterator[Path]:
+    """A home with one stored session, bind-mounted read-only (root can write anything else)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root")
+    from agent.store import SessionStore
+    from subagent.runtime import Runtime
+
+    home = tmp_path / "home"
+    with Runtime(store=SessionStore(home / "sessions")) as rt:
+        rt.agent().close()
+    view = tmp_path / "ro"
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", str(home), str(view)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        remount = ["mount", "-o", "remount,bind,ro", str(view)]
+        if subprocess.run(remount).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        yield view
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=False)
+
+
+def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
+    argv = [sys.executable, "-m", "subagent.cli", "--home", str(read_only_store), "gc", "--all"]
+    proc = gsub.run(argv, cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[Errno 30] Read-only file system" in proc.stdout
+    assert "1 session(s) could not be deleted" in proc.stderr
+    json_run = gsub.run(
+        [*argv, "--json"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert json_run.returncode == 1
