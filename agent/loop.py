@@ -285,12 +285,12 @@ class AgentCore:
             self.log.checkpoint("step")
             state.partial.clear()
             tt = self._trace
+            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced.
             response = (
-                self.model.complete(request, sink)
+                without_lone_surrogates(self.model.complete(request, sink))
                 if tt is None
-                else tt.chat(self.model.complete, request, sink)
+                else tt.chat(self.model.complete, request, sink, without_lone_surrogates)
             )
-            response = without_lone_surrogates(response)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
             logged_calls = self._log_assistant(response, calls)
@@ -506,9 +506,7 @@ class AgentCore:
             if tt is None:
                 results[i] = self.tools.execute(call, self._context(call, signal))
             else:
-                results[i] = tt.tool(
-                    self.tools.execute, call, lambda trace: self._context(call, signal, trace)
-                )
+                results[i] = tt.tool(self.tools.execute, call, self._context, signal)
         except AbortError:
             pass
         except Exception as exc:  # execute() must contain tool errors: this is a defect

@@ -18,7 +18,10 @@ tool's own instrumented calls nest under its `execute_tool` span.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 
     from agent.model import ModelRequest, ModelResponse, ProgressSink, ToolCall
     from agent.tools import ToolContext, ToolResult
+    from supervision.signal import AbortSignal
 
 try:
     from opentelemetry import context as _context
@@ -227,8 +231,12 @@ def start_activation(
     child_id: str | None = None,
     link: Any = None,
     resumed: bool = False,
+    remote: bool = False,
 ) -> Activation | None:
-    """Open a child activation's `invoke_agent` span under `parent` (None: tracing is off)."""
+    """Open a child activation's `invoke_agent` span under `parent` (None: tracing is off).
+
+    `remote`: the child runs in another process, so the span is a CLIENT (the other side's
+    spans, parented by the `traceparent` it receives, are its server side)."""
     found = tracer()
     if found is None:
         return None
@@ -251,7 +259,7 @@ def start_activation(
     span = found.start_span(
         f"invoke_agent {name}" if name else "invoke_agent",
         context=None if parent is None else parent.context,
-        kind=SpanKind.INTERNAL,
+        kind=SpanKind.CLIENT if remote else SpanKind.INTERNAL,
         attributes=attributes,
         links=None if link is None else [link],
     )
@@ -265,9 +273,10 @@ def start_activation(
 class TurnTrace:
     """The spans of one running turn: its `invoke_agent` (own or the activation's) and below."""
 
-    __slots__ = ("_here", "_own", "_provider", "context", "recording", "span", "tracer")
+    __slots__ = ("_content", "_here", "_own", "_provider", "context", "recording", "span", "tracer")
 
     def __init__(self, found: Tracer, span: Span, context: Context, own: bool, provider: str):
+        self._content = capture_content()
         self.tracer = found
         self.span = span
         self.context = context
@@ -284,47 +293,58 @@ class TurnTrace:
         complete: Callable[[ModelRequest, ProgressSink | None], ModelResponse],
         request: ModelRequest,
         sink: ProgressSink | None,
+        repair: Callable[[ModelResponse], ModelResponse],
     ) -> ModelResponse:
-        """Run one model call inside a `chat` span."""
+        """Run one model call inside a `chat` span; `repair` (the loop's lone-surrogate repair)
+        runs before anything of the reply is recorded, and its result is returned."""
         if not self.recording:
-            return complete(request, sink)
-        span = self.tracer.start_span(
-            f"chat {request.model}",
-            context=self.context,
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": self._provider,
-                "gen_ai.request.model": request.model,
-            },
-        )
+            return repair(complete(request, sink))
+        # The span is made when the call returns, with the call's start time and every
+        # attribute in one dict: nothing nests under a model call, and a span object held
+        # across the model's wait would outlive young collections (docs/performance.md).
+        start = time.time_ns()
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": self._provider,
+            "gen_ai.request.model": request.model,
+        }
         try:
             response = complete(request, sink)
         except BaseException as exc:
-            _fail(span, exc)
+            _fail(self._chat_span(request, attributes, start), exc)
             raise
-        usage = response.usage
-        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (response.finish,)}
-        if usage:
-            for key in ("input_tokens", "output_tokens"):
-                value = usage.get(key)
-                if isinstance(value, int):
-                    attributes[f"gen_ai.usage.{key}"] = value
-        span.set_attributes(attributes)
-        span.end()
+        response = repair(response)  # what the loop logs and acts on is what the span records
+        attributes["gen_ai.response.finish_reasons"] = (response.finish,)
+        if self._content:
+            attributes["gen_ai.output.messages"] = output_messages(response)
+        if response.usage:
+            attributes.update(usage_attributes(response.usage))
+        self._chat_span(request, attributes, start).end()
         return response
+
+    def _chat_span(self, request: ModelRequest, attributes: dict[str, Any], start: int) -> Span:
+        return self.tracer.start_span(
+            f"chat {request.model}",
+            context=self.context,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=start,
+        )
 
     def tool(
         self,
         execute: Callable[[ToolCall, ToolContext], ToolResult],
         call: ToolCall,
-        make_context: Callable[[TraceParent], ToolContext],
+        make_context: Callable[[ToolCall, AbortSignal, TraceParent], ToolContext],
+        signal: AbortSignal,
     ) -> ToolResult:
-        """Run one tool call inside an `execute_tool` span, current in this greenlet."""
+        """Run one tool call inside an `execute_tool` span, current in this greenlet.
+
+        `make_context(call, signal, parent)` builds the tool's context (no closure per call)."""
         if not self.recording:
             token = _context.attach(self.context)
             try:
-                return execute(call, make_context(self._here))
+                return execute(call, make_context(call, signal, self._here))
             finally:
                 _context.detach(token)
         span = self.tracer.start_span(
@@ -340,7 +360,7 @@ class TurnTrace:
         ctx = _trace.set_span_in_context(span, self.context)
         token = _context.attach(ctx)
         try:
-            result = execute(call, make_context(TraceParent(ctx)))
+            result = execute(call, make_context(call, signal, TraceParent(ctx)))
         except BaseException as exc:  # abandoned (_Abandon, GreenletExit) or a tool-layer bug
             _fail(span, exc)
             raise
@@ -408,14 +428,73 @@ def begin_turn(core: Any, message: Mapping[str, Any], turn: int) -> TurnTrace | 
     }
     if name:
         attributes["gen_ai.agent.name"] = name
+    context = None if parent is None else parent.context
+    # A parent from another process (a Ray host's request): this turn is the server side.
+    remote = context is not None and _trace.get_current_span(context).get_span_context().is_remote
     span = found.start_span(
         f"invoke_agent {name}" if name else "invoke_agent",
-        context=None if parent is None else parent.context,
-        kind=SpanKind.INTERNAL,
+        context=context,
+        kind=SpanKind.SERVER if remote else SpanKind.INTERNAL,
         attributes=attributes,
     )
-    ctx = _trace.set_span_in_context(span, None if parent is None else parent.context)
+    ctx = _trace.set_span_in_context(span, context)
     return TurnTrace(found, span, ctx, True, provider)
+
+
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+def capture_content() -> bool:
+    """Whether model output goes on `chat` spans (opt-in: it may be sensitive), read per turn."""
+    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() == "true"
+
+
+def output_messages(response: ModelResponse) -> str:
+    """The reply as the convention's `gen_ai.output.messages` (a JSON string): text and tool
+    call parts, from the repaired response, so it always encodes."""
+    parts: list[dict[str, Any]] = []
+    for block in response.content:
+        if block.get("type") == "text":
+            parts.append({"type": "text", "content": block.get("text", "")})
+    for call in response.tool_calls:
+        parts.append(
+            {"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments}
+        )
+    message = {"role": "assistant", "parts": parts, "finish_reason": response.finish}
+    return json.dumps([message], ensure_ascii=False, default=str)
+
+
+def usage_attributes(usage: Mapping[str, Any]) -> dict[str, int]:
+    """The GenAI convention's usage attributes for one response's `agent.usage` counts.
+
+    The convention's `gen_ai.usage.input_tokens` counts every input token, cached ones
+    included, with the cache reads and writes also given on their own; `agent.usage` keeps the
+    four kinds disjoint (uncached input, cache reads, cache writes, output), so input is their
+    input-side sum.
+    """
+    out: dict[str, int] = {}
+    total_input = 0
+    any_input = False
+    for key, name in _USAGE_INPUTS:
+        value = usage.get(key)
+        if type(value) is int:
+            any_input = True
+            total_input += value
+            if name is not None:
+                out[name] = value
+    if any_input:
+        out["gen_ai.usage.input_tokens"] = total_input
+    value = usage.get("output_tokens")
+    if type(value) is int:
+        out["gen_ai.usage.output_tokens"] = value
+    return out
+
+
+_USAGE_INPUTS: tuple[tuple[str, str | None], ...] = (
+    ("input_tokens", None),
+    ("cache_read_input_tokens", "gen_ai.usage.cache_read.input_tokens"),
+    ("cache_creation_input_tokens", "gen_ai.usage.cache_creation.input_tokens"),
+)
 
 
 def _fail(span: Span, exc: BaseException) -> None:

@@ -475,6 +475,9 @@ class AcpRun(RemoteRun):
 class AcpProvider:
     """Runs an external ACP agent per child. No `resume`: see `ResumableAcpProvider`."""
 
+    # The child runs in another process: its activation span is a CLIENT (docs/tracing.md).
+    remote_process = True
+
     def __init__(self, config: AcpConfig) -> None:
         if not isinstance(config, AcpConfig):
             raise TypeError(f"config must be an AcpConfig, got {type(config).__name__}")
@@ -604,7 +607,10 @@ class ResumableAcpProvider(AcpProvider):
                     origin="subagent",
                     delegation_depth=parent.depth + 1,
                 )
-                return ChildLog.create(store, header, blocks, source, data, self._record(sid, cwd))
+                record = self._record(sid, cwd)
+                # The first activation's traceparent: a resumed activation links to it.
+                first = tracing.carrier(request.trace)
+                return ChildLog.create(store, header, blocks, source, data, record, first)
 
         run = self._establish(
             request.prompt,

@@ -117,17 +117,20 @@ class ChildLog:
         source: Mapping[str, Any],
         descriptor: Mapping[str, Any],
         record: AcpRecord,
+        trace: Mapping[str, str] | None = None,
     ) -> ChildLog:
         """Create the child's session with its first turn open: prompt, descriptor, record.
 
         Durable before the agent sees the prompt, so a crash mid-turn leaves a resumable child.
+        `trace` is the first activation's W3C `traceparent` carrier (`agent.tracing.carrier`),
+        kept beside the descriptor as a local child's is, so a later activation links to it.
         Raises the store's `SessionExistsError` when the id is taken.
         """
         log = store.create(header)
         try:
             child = cls(log, 1)
             child._open_turn(prompt, source)
-            log.append("subagent/descriptor", {"descriptor": dict(descriptor)})
+            log.append("subagent/descriptor", {"descriptor": dict(descriptor), **(trace or {})})
             log.append(ACP_RECORD_EVENT, record.to_json())
             log.checkpoint("turn")
         except BaseException:

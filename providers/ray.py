@@ -443,6 +443,9 @@ class RayRun(RemoteRun):
 class RayProvider:
     """Runs children on a pool of `ChildHost` Ray actors. Call `close()` when done."""
 
+    # The child runs in another process: its activation span is a CLIENT (docs/tracing.md).
+    remote_process = True
+
     def __init__(self, config: RayConfig) -> None:
         if not isinstance(config, RayConfig):
             raise TypeError(f"config must be a RayConfig, got {type(config).__name__}")

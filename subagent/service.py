@@ -334,7 +334,7 @@ class SubagentService:
             gevent.sleep(0)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
         provider, run_id = admitted
-        request, trace = telemetry.begin_start(request, name, run_id, parent_id)
+        request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider)
         start = provider.start
         return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
@@ -359,7 +359,7 @@ class SubagentService:
         ticket = next(self._tickets)
         provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
         store = self._ctx.store
-        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store)
+        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, provider)
         resume = provider.resume
         return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 

@@ -28,9 +28,17 @@ _installed: list[Any] = []
 
 
 def begin_start(
-    request: SubagentStartRequest, provider: str, run_id: str, parent_id: str
+    request: SubagentStartRequest,
+    provider: str,
+    run_id: str,
+    parent_id: str,
+    runner: object = None,
 ) -> tuple[SubagentStartRequest, tracing.Activation | None]:
-    """Open the child's activation span; the provider gets a request carrying its context."""
+    """Open the child's activation span; the provider gets a request carrying its context.
+
+    `runner` is the provider object: one that runs its child in another process (a true
+    `remote_process` attribute: ACP, Ray) gets a CLIENT span, as a call to a remote service.
+    """
     if tracing.tracer() is None:
         return request, None
     parent = request.trace or tracing.ambient()
@@ -42,6 +50,7 @@ def begin_start(
         parent_id=parent_id,
         depth=_child_depth(request.parent),
         child_id=None if continuation is None else continuation.session_id,
+        remote=_remote(runner),
     )
     if activation is None:
         return request, None
@@ -49,7 +58,12 @@ def begin_start(
 
 
 def begin_resume(
-    request: SubagentResumeRequest, provider: str, run_id: str, parent_id: str, store: Any
+    request: SubagentResumeRequest,
+    provider: str,
+    run_id: str,
+    parent_id: str,
+    store: Any,
+    runner: object = None,
 ) -> tuple[SubagentResumeRequest, tracing.Activation | None]:
     """A resumed activation's span: under the caller's span, linked to the child's first."""
     if tracing.tracer() is None:
@@ -69,6 +83,7 @@ def begin_resume(
         child_id=request.session_id,
         link=tracing.link_to(first_activation(store, request.session_id)),
         resumed=True,
+        remote=_remote(runner),
     )
     if activation is None:
         return request, None
@@ -86,6 +101,10 @@ def first_activation(store: Any, child_id: str) -> Mapping[str, Any] | None:
     except Exception:  # a link is a nicety: an unreadable log only loses it
         log.debug("no first activation for %s", child_id, exc_info=True)
     return None
+
+
+def _remote(runner: object) -> bool:
+    return getattr(runner, "remote_process", False) is True
 
 
 def _unparented(name: str) -> tracing.TraceParent | None:

@@ -17,6 +17,7 @@ from typing import Any
 import gevent
 import pytest
 from acp_peers.support import Parent as AcpParent
+from acp_peers.support import peer_config
 from gevent import subprocess as gsub
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -27,16 +28,16 @@ from agent.model import ModelRequest, ModelResponse, ProgressSink
 from agent.models import ModelRegistry
 from agent.models import scripted as S
 from agent.options import AgentOptions
-from agent.store import MemoryStore
+from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool, ToolContext
-from providers.acp import AcpConfig, AcpProvider
+from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider
 from providers.inprocess import SpawnProvider
 from subagent import telemetry
 from subagent.demo import Demo
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
-from subagent.types import SubagentStartRequest, text_block
-from supervision.signal import AbortController
+from subagent.types import MessageSource, SubagentStartRequest, text_block
+from supervision.signal import AbortController, AbortSignal
 
 REPO = Path(__file__).resolve().parent.parent
 TRACED_PEER = str(Path(__file__).parent / "acp_peers" / "traced_agent.py")
@@ -101,6 +102,7 @@ def test_the_demo_tree_is_one_trace_with_the_right_parentage(tmp_path: Path) -> 
     assert lead.grandchild is not None
     (grandchild,) = by_label[lead.grandchild.label]
     assert attr(grandchild, "subagent.depth") == 2
+    assert grandchild.kind is trace.SpanKind.INTERNAL  # in-process: no remote call
     assert [s.name for s in ancestors(grandchild, spans)[:2]] == [
         "execute_tool subagent",
         f"invoke_agent {lead.label}",
@@ -255,6 +257,69 @@ def test_chat_spans_carry_usage_and_tools_see_their_span_as_current() -> None:
     assert span_in_ctx.get_span_context().span_id == tool.context.span_id
 
 
+class CachedModel:
+    """A model that replies once with prompt-cache usage and a lone UTF-16 half in its text."""
+
+    def complete(self, request: ModelRequest, on_progress: ProgressSink | None = None) -> Any:
+        return ModelResponse(
+            content=[text_block("bad \ud83d half")],
+            usage={
+                "input_tokens": 7,
+                "cache_read_input_tokens": 100,
+                "cache_creation_input_tokens": 20,
+                "output_tokens": 4,
+            },
+        )
+
+
+def run_cached_model() -> list[ReadableSpan]:
+    models = ModelRegistry()
+    models.register("cached", CachedModel())
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore(), models=models)
+        try:
+            agent = rt.agent(options=AgentOptions(model="cached:m-2"))
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+        finally:
+            rt.close()
+        return list(exporter.get_finished_spans())
+
+
+def test_chat_input_tokens_include_cached_input_as_the_genai_convention_counts_them() -> None:
+    (chat,) = named(run_cached_model(), "chat")
+    assert attr(chat, "gen_ai.usage.input_tokens") == 7 + 100 + 20
+    assert attr(chat, "gen_ai.usage.cache_read.input_tokens") == 100
+    assert attr(chat, "gen_ai.usage.cache_creation.input_tokens") == 20
+    assert attr(chat, "gen_ai.usage.output_tokens") == 4
+
+
+def test_usage_attributes_leave_out_what_the_model_did_not_report() -> None:
+    assert tracing.usage_attributes({}) == {}
+    assert tracing.usage_attributes({"output_tokens": 2}) == {"gen_ai.usage.output_tokens": 2}
+    assert tracing.usage_attributes({"cache_read_input_tokens": 5}) == {
+        "gen_ai.usage.input_tokens": 5,
+        "gen_ai.usage.cache_read.input_tokens": 5,
+    }
+
+
+def test_captured_output_is_the_repaired_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tracing.CAPTURE_CONTENT_ENV, "true")
+    (chat,) = named(run_cached_model(), "chat")
+    text = attr(chat, "gen_ai.output.messages")
+    text.encode()  # encodes: no lone surrogate reached the span
+    [message] = json.loads(text)
+    assert message["role"] == "assistant"
+    assert message["parts"] == [{"type": "text", "content": "bad \ufffd half"}]
+    assert message["finish_reason"] == "stop"
+
+
+def test_output_is_not_captured_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(tracing.CAPTURE_CONTENT_ENV, raising=False)
+    (chat,) = named(run_cached_model(), "chat")
+    assert attr(chat, "gen_ai.output.messages") is None
+
+
 def test_a_later_turn_with_no_parent_keeps_the_agents_previous_one() -> None:
     with installed() as exporter:
         rt = Runtime(store=MemoryStore())
@@ -334,6 +399,7 @@ def test_an_acp_childs_spans_join_the_trace_through_meta(tmp_path: Path) -> None
         spans = list(exporter.get_finished_spans())
     (activation,) = named(spans, "invoke_agent")
     assert activation.name == "invoke_agent acp worker"
+    assert activation.kind is trace.SpanKind.CLIENT  # the child runs in another process
     assert attr(activation, "subagent.provider") == "acp"
     assert attr(activation, "subagent.stop_reason") == "completed"
     reply = json.loads(result.output[0]["text"])
@@ -345,6 +411,66 @@ def test_an_acp_childs_spans_join_the_trace_through_meta(tmp_path: Path) -> None
     assert remote["invoke_agent peer"]["trace_id"] == activation.context.trace_id
     assert remote["invoke_agent peer"]["parent_id"] == activation.context.span_id
     assert remote["chat peer-model"]["parent_id"] == remote["invoke_agent peer"]["span_id"]
+
+
+def test_a_resumed_acp_childs_activation_links_to_its_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "agent-state"
+    state.mkdir()
+    monkeypatch.setenv("ACP_PEER_STATE", str(state))  # the SDK peer keeps its sessions there
+    with installed() as exporter:
+        rt = Runtime(store=SessionStore(tmp_path / "sessions"))
+        try:
+            rt.subagents.register(
+                ResumableAcpProvider(peer_config("normal", pass_env=["ACP_PEER_STATE"]))
+            )
+            parent = rt.agent()
+            request = SubagentStartRequest(
+                prompt=[text_block("first")], parent=parent, signal=AbortSignal.never()
+            )
+            started = rt.subagents.start_continuable("acp", request, label="remote helper")
+            assert rt.tasks.wait(started.task_id, timeout=60).status == "completed"
+            sent = rt.subagents.send_message(
+                parent, started.child_id, "recall", MessageSource.coordinator(parent.id)
+            )
+            assert sent.kind == "started"
+            assert rt.tasks.wait(sent.task_id or "", timeout=60).status == "completed"
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    activations = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.provider")]
+    first, resumed = sorted(activations, key=lambda s: s.start_time or 0)
+    assert attr(first, "subagent.provider") == attr(resumed, "subagent.provider") == "acp"
+    assert attr(resumed, "subagent.resumed") is True
+    assert attr(resumed, "gen_ai.agent.id") == started.child_id
+    assert [link.context.span_id for link in resumed.links] == [first.context.span_id]
+    assert resumed.links[0].context.trace_id == first.context.trace_id
+    assert first.kind is resumed.kind is trace.SpanKind.CLIENT
+
+
+def test_a_turn_parented_from_another_process_is_a_server_span() -> None:
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            caller = trace.get_tracer("t").start_span("remote caller")
+            wire = tracing.carrier(tracing.TraceParent(trace.set_span_in_context(caller)))
+            agent = rt.agent()
+            agent.send("go", trace=tracing.extract(wire, "hosted")).get()
+            assert agent.when_idle().get().reason == "completed"
+            local = tracing.TraceParent(trace.set_span_in_context(caller), name="local")
+            agent.send("again", trace=local).get()
+            assert agent.when_idle().get().reason == "completed"
+            caller.end()
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    hosted, local_turn = named(spans, "invoke_agent")
+    assert hosted.name == "invoke_agent hosted"
+    assert hosted.kind is trace.SpanKind.SERVER
+    assert hosted.parent is not None and hosted.parent.is_remote
+    assert hosted.parent.span_id == caller.get_span_context().span_id
+    assert local_turn.kind is trace.SpanKind.INTERNAL
 
 
 def test_without_tracing_the_acp_child_gets_no_meta(tmp_path: Path) -> None:
@@ -519,7 +645,7 @@ import sys
 sys.modules["opentelemetry"] = None  # as without the otel extra: every import of it fails
 from agent import tracing
 from agent.models import scripted as S
-from agent.store import MemoryStore
+from agent.store import MemoryStore, SessionStore
 from providers.inprocess import SpawnProvider
 from subagent import telemetry
 from subagent.runtime import Runtime
