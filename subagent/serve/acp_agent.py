@@ -30,7 +30,7 @@ from agent.options import AgentOptions
 from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes
+from subagent.serve.stdio import ProtocolPipes, serve_until_closed
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 
@@ -280,12 +280,8 @@ class AcpAgentServer:
         )
 
     def serve(self) -> None:
-        self.conn.closed.rawlink(lambda _event: self._stop.set())
-        try:
-            while not self._stop.wait(timeout=1.0):
-                pass
-        finally:
-            self.shutdown()
+        """Block (cooperatively) until the client hangs up or `stop()`; then tear down."""
+        serve_until_closed(self.conn, self._stop, self.shutdown)
 
     def stop(self) -> None:
         self._stop.set()

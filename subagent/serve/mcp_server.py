@@ -34,7 +34,7 @@ from agent.tools import ToolContext, ToolResult
 from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcFault
 from subagent.serve.offline import CLIENT_PROXY_MODEL
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes
+from subagent.serve.stdio import ProtocolPipes, serve_until_closed
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 from supervision.signal import AbortController, AbortError
@@ -102,13 +102,7 @@ class McpServer:
 
     def serve(self) -> None:
         """Block (cooperatively) until the client hangs up or `stop()`; then tear down."""
-        self.conn.closed.rawlink(lambda _event: self._stop.set())
-        try:
-            # Timed: with every greenlet parked, a plain wait could end in LoopExit.
-            while not self._stop.wait(timeout=1.0):
-                pass
-        finally:
-            self.shutdown()
+        serve_until_closed(self.conn, self._stop, self.shutdown)
 
     def stop(self) -> None:
         self._stop.set()

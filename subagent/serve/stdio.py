@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gevent.event import Event
 from gevent.fileobject import FileObjectPosix
 
-__all__ = ["ProtocolPipes", "claim_stdio"]
+from providers.acp_rpc import JsonRpcConnection
+
+__all__ = ["ProtocolPipes", "claim_stdio", "serve_until_closed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,3 +42,14 @@ def claim_stdio() -> ProtocolPipes:
     reader = FileObjectPosix(protocol_in, "rb", bufsize=65536)
     writer = FileObjectPosix(protocol_out, "wb", bufsize=65536)
     return ProtocolPipes(reader, writer)
+
+
+def serve_until_closed(conn: JsonRpcConnection, stop: Event, shutdown: Callable[[], None]) -> None:
+    """Block (cooperatively) until the client hangs up or `stop` is set; then `shutdown()`."""
+    conn.closed.rawlink(lambda _event: stop.set())
+    try:
+        # Timed: with every greenlet parked, a plain wait could end in LoopExit.
+        while not stop.wait(timeout=1.0):
+            pass
+    finally:
+        shutdown()
