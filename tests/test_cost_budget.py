@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from acp_peers.support import peer_config
+from budget_kit import fan_out_responder, first_prompt, noop_tool
 from seam_kit import assert_log_valid, last_user_text, wait_until
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
-from agent.tools import Tool
 from agent.usage import Price, PriceTable, UsageAccount, child_cost_budget, usd_to_pico
 from providers.acp import AcpProvider, acp_usage
 from providers.inprocess import SpawnProvider
@@ -39,16 +39,6 @@ PER_CALL = Decimal("0.002")
 
 def usd(amount: str | Decimal) -> int:
     return usd_to_pico(Decimal(amount))
-
-
-def last_is_tool_result(request: ModelRequest) -> bool:
-    return bool(request.messages) and request.messages[-1].get("role") == "tool"
-
-
-def noop_tool() -> Tool:
-    return Tool(
-        name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
-    )
 
 
 # -- prices --------------------------------------------------------------------------------------
@@ -233,33 +223,6 @@ def test_remote_providers_cannot_take_a_cost_budget(rt: Runtime) -> None:
 # -- a tree --------------------------------------------------------------------------------------
 
 
-def fan_out_responder(request: ModelRequest) -> S.Step:
-    """root fans out to a cost-capped 'greedy' child and an uncapped 'modest' one; greedy fans
-    out to two workers that would call a tool forever."""
-    said = last_user_text(request)
-    if said == "fan":
-        if last_is_tool_result(request):
-            return S.text("root done")
-        return S.tool_calls(
-            [
-                ("capped", {"description": "greedy", "prompt": "greedy"}),
-                ("subagent", {"description": "modest", "prompt": "modest"}),
-            ]
-        )
-    if said == "greedy":
-        if last_is_tool_result(request):
-            return S.text("greedy done")
-        return S.tool_calls(
-            [
-                ("subagent", {"description": "w1", "prompt": "work"}),
-                ("subagent", {"description": "w2", "prompt": "work"}),
-            ]
-        )
-    if said == "work":
-        return S.tool_call("noop", {})
-    return S.text("modest done")
-
-
 def test_a_cost_budget_used_up_mid_fan_out_stops_exactly_the_subtree_that_overspent() -> None:
     model = S.ScriptedModel(fan_out_responder, usage=CALL)
     with Runtime(store=MemoryStore(), scripted=model, prices=PRICES) as runtime:
@@ -282,7 +245,7 @@ def test_a_cost_budget_used_up_mid_fan_out_stops_exactly_the_subtree_that_oversp
         runtime.subagents.providers()
         assert outcome.reason == "completed"
         rows = {r["id"]: r for r in runtime.subagents.list_descendants(root.id)}
-        prompts = {i: _first_prompt(runtime, i) for i in rows}
+        prompts = {i: first_prompt(runtime, i) for i in rows}
         stop = {prompts[e["id"]]: e["stop_reason"] for e in ends}
         greedy = next(i for i, p in prompts.items() if p == "greedy")
         assert stop["modest"] == "completed"
@@ -298,13 +261,6 @@ def test_a_cost_budget_used_up_mid_fan_out_stops_exactly_the_subtree_that_oversp
         assert Decimal("0.02") <= spent <= Decimal("0.02") + 3 * PER_CALL
         modest = next(r for i, r in rows.items() if prompts[i] == "modest")
         assert modest["cost_usd"] == modest["subtree_cost_usd"] == 0.002
-
-
-def _first_prompt(runtime: Runtime, session_id: str) -> str:
-    for e in runtime.ctx.store.load(session_id).events:
-        if e["type"] == "user/message":
-            return "".join(b["text"] for b in e["data"]["message"]["content"])
-    return ""
 
 
 def test_a_cost_budget_survives_cold_resume(tmp_path: Path) -> None:

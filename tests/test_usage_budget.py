@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from budget_kit import fan_out_responder, first_prompt, last_is_tool_result, noop_tool
 from gevent.event import Event as GEvent
 from rich.console import Console
 from seam_kit import assert_log_valid, last_user_text, wait_until
@@ -19,7 +20,6 @@ from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
-from agent.tools import Tool
 from agent.usage import UsageAccount, child_budget, total_tokens, usage_of_events
 from providers.inprocess import SpawnProvider
 from subagent.cli_tree import TreeModel
@@ -36,10 +36,6 @@ CALL = {"input_tokens": 10, "output_tokens": 5}
 
 def times(n: int) -> dict[str, int]:
     return {"input_tokens": 10 * n, "output_tokens": 5 * n}
-
-
-def last_is_tool_result(request: ModelRequest) -> bool:
-    return bool(request.messages) and request.messages[-1].get("role") == "tool"
 
 
 # -- the account ---------------------------------------------------------------------------------
@@ -183,45 +179,11 @@ def test_run_handle_and_result_extra_carry_the_subtree_usage(rt: Runtime) -> Non
 # -- budgets -------------------------------------------------------------------------------------
 
 
-def fan_out_responder(request: ModelRequest) -> S.Step:
-    """root fans out to a capped 'greedy' child and an uncapped 'modest' one; greedy fans out to
-    two workers that would call a tool for many steps."""
-    said = last_user_text(request)
-    if said == "fan":
-        if last_is_tool_result(request):
-            return S.text("root done")
-        return S.tool_calls(
-            [
-                ("capped", {"description": "greedy", "prompt": "greedy"}),
-                ("subagent", {"description": "modest", "prompt": "modest"}),
-            ]
-        )
-    if said == "greedy":
-        if last_is_tool_result(request):
-            return S.text("greedy done")
-        return S.tool_calls(
-            [
-                ("subagent", {"description": "w1", "prompt": "work"}),
-                ("subagent", {"description": "w2", "prompt": "work"}),
-            ]
-        )
-    if said == "work":
-        return S.tool_call("noop", {})  # forever: only the budget stops it
-    return S.text("modest done")
-
-
 def test_a_budget_used_up_mid_fan_out_stops_exactly_the_subtree_that_overspent() -> None:
     model = S.ScriptedModel(fan_out_responder, usage=CALL)
     with Runtime(store=MemoryStore(), scripted=model) as runtime:
         runtime.subagents.register(SpawnProvider())
-        runtime.ctx.tools.register(
-            Tool(
-                name="noop",
-                description="noop",
-                parameters={"type": "object"},
-                fn=lambda a, c: "ok",
-            )
-        )
+        runtime.ctx.tools.register(noop_tool())
         install_subagent_tools(
             runtime,
             tools=[
@@ -240,7 +202,7 @@ def test_a_budget_used_up_mid_fan_out_stops_exactly_the_subtree_that_overspent()
         assert outcome.reason == "completed"
         assert "root done" in outcome.output[0]["text"]
         rows = {r["id"]: r for r in runtime.subagents.list_descendants(root.id)}
-        labels = {r["id"]: _first_prompt(runtime, r["id"]) for r in rows.values()}
+        labels = {r["id"]: first_prompt(runtime, r["id"]) for r in rows.values()}
         stop = {labels[e["id"]]: e["stop_reason"] for e in ends}
         greedy = next(i for i, p in labels.items() if p == "greedy")
         # The capped child ends budget-exceeded with a diagnostic; its workers are stopped too.
@@ -265,13 +227,6 @@ def test_a_budget_used_up_mid_fan_out_stops_exactly_the_subtree_that_overspent()
         ]
         assert tool_results[0]["is_error"] is True
         assert tool_results[0]["code"] == "SUBAGENT_BUDGET_EXCEEDED"
-
-
-def _first_prompt(runtime: Runtime, session_id: str) -> str:
-    for e in runtime.ctx.store.load(session_id).events:
-        if e["type"] == "user/message":
-            return "".join(b["text"] for b in e["data"]["message"]["content"])
-    return ""
 
 
 def test_a_child_budget_is_clamped_and_a_spent_parent_starts_no_child(rt: Runtime) -> None:
@@ -328,11 +283,7 @@ def test_a_budget_survives_cold_resume(tmp_path: Path) -> None:
     def runtime() -> Runtime:
         r = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond, usage=CALL))
         r.subagents.register(SpawnProvider())
-        r.ctx.tools.register(
-            Tool(
-                name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
-            )
-        )
+        r.ctx.tools.register(noop_tool())
         return r
 
     with runtime() as first:
@@ -389,11 +340,7 @@ def test_a_resumed_budget_counts_what_stored_descendants_spent(tmp_path: Path) -
     def runtime() -> Runtime:
         r = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond, usage=CALL))
         r.subagents.register(SpawnProvider())
-        r.ctx.tools.register(
-            Tool(
-                name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
-            )
-        )
+        r.ctx.tools.register(noop_tool())
         install_subagent_tools(r, tools=[SubagentToolConfig("spawn", name="subagent")])
         return r
 
@@ -457,11 +404,7 @@ def test_a_used_up_budget_cancels_descendants_stuck_in_a_model_call() -> None:
     model = S.ScriptedModel(respond, usage=CALL)
     with Runtime(store=MemoryStore(), scripted=model) as runtime:
         runtime.subagents.register(SpawnProvider())
-        runtime.ctx.tools.register(
-            Tool(
-                name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok"
-            )
-        )
+        runtime.ctx.tools.register(noop_tool())
         install_subagent_tools(runtime, tools=[SubagentToolConfig("spawn", name="subagent")])
         root = runtime.agent()
         handle = runtime.subagents.start(
@@ -480,7 +423,7 @@ def test_a_used_up_budget_cancels_descendants_stuck_in_a_model_call() -> None:
         assert result.stop_reason == "budget-exceeded"
         assert "token budget exhausted" in (result.diagnostic or "")
         rows = runtime.subagents.list_descendants(handle.id)
-        prompts = {_first_prompt(runtime, r["id"]): r for r in rows}
+        prompts = {first_prompt(runtime, r["id"]): r for r in rows}
         sleeper = runtime.ctx.store.load(prompts["sleep"]["id"]).events
         [end] = [e["data"] for e in sleeper if e["type"] == "turn/end"]
         assert end["reason"] == "aborted"
