@@ -67,32 +67,23 @@ class _Hello:
 def autogen_fanout(n: int, steps: int = 10, latency: float = 0.01) -> dict[str, Any]:
     """N agents x `steps` sleep-then-reply rounds, driven concurrently through the runtime."""
     try:
-        from autogen_core import (
-            AgentId,
-            MessageContext,
-            RoutedAgent,
-            SingleThreadedAgentRuntime,
-            message_handler,
-        )
+        ag = _autogen()
     except Exception as exc:  # ImportError, or a broken install
         return peer_failure("autogen-core", exc)
 
-    async def on_round(self: Any, message: _Round, ctx: MessageContext) -> _Round:
+    async def on_round(self: Any, message: _Round, ctx: Any) -> _Round:
         await asyncio.sleep(latency)
         return _Round(message.index + 1)
 
-    # autogen reads the handler's type hints at decoration time; with postponed annotations
-    # (this module) they must be real objects, so the class is built by hand.
-    on_round.__annotations__ = {"message": _Round, "ctx": MessageContext, "return": _Round}
-    Worker = _routed_agent(RoutedAgent, "bench worker", message_handler(on_round))
+    Worker = _routed_agent(ag, "bench worker", _Round, on_round)
 
     async def main() -> dict[str, Any]:
-        runtime = SingleThreadedAgentRuntime()
+        runtime = ag.SingleThreadedAgentRuntime()
         await Worker.register(runtime, "worker", Worker)
         runtime.start()
 
         async def drive(k: int) -> int:
-            target = AgentId("worker", str(k))
+            target = ag.AgentId("worker", str(k))
             reply = _Round(0)
             for _ in range(steps):
                 reply = await runtime.send_message(reply, target)
@@ -122,26 +113,19 @@ def autogen_fanout_one_message(n: int, steps: int = 10, latency: float = 0.01) -
     """N agents, one message each; the handler sleeps `latency` `steps` times (no per-step
     work at all): the shape closest to one child doing `steps` model calls."""
     try:
-        from autogen_core import (
-            AgentId,
-            MessageContext,
-            RoutedAgent,
-            SingleThreadedAgentRuntime,
-            message_handler,
-        )
+        ag = _autogen()
     except Exception as exc:
         return peer_failure("autogen-core", exc)
 
-    async def on_round(self: Any, message: _Round, ctx: MessageContext) -> _Round:
+    async def on_round(self: Any, message: _Round, ctx: Any) -> _Round:
         for _ in range(steps):
             await asyncio.sleep(latency)
         return _Round(message.index + steps)
 
-    on_round.__annotations__ = {"message": _Round, "ctx": MessageContext, "return": _Round}
-    Worker = _routed_agent(RoutedAgent, "bench worker", message_handler(on_round))
+    Worker = _routed_agent(ag, "bench worker", _Round, on_round)
 
     async def main() -> dict[str, Any]:
-        runtime = SingleThreadedAgentRuntime()
+        runtime = ag.SingleThreadedAgentRuntime()
         await Worker.register(runtime, "worker", Worker)
         runtime.start()
         import gc
@@ -150,7 +134,7 @@ def autogen_fanout_one_message(n: int, steps: int = 10, latency: float = 0.01) -
         t0 = time.perf_counter()
         c0 = cpu_s()
         done = await asyncio.gather(
-            *(runtime.send_message(_Round(0), AgentId("worker", str(k))) for k in range(n))
+            *(runtime.send_message(_Round(0), ag.AgentId("worker", str(k))) for k in range(n))
         )
         gc.collect()  # the deferred collection is part of the cost
         wall = time.perf_counter() - t0
@@ -173,33 +157,26 @@ def autogen_fanout_one_message(n: int, steps: int = 10, latency: float = 0.01) -
 def autogen_idle_kib(n: int) -> dict[str, Any]:
     """RSS per idle autogen agent: N agents instantiated (one message each), then kept."""
     try:
-        from autogen_core import (
-            AgentId,
-            MessageContext,
-            RoutedAgent,
-            SingleThreadedAgentRuntime,
-            message_handler,
-        )
+        ag = _autogen()
     except Exception as exc:
         return peer_failure("autogen-core", exc)
     from benchmarks._measure import rss_bytes
 
-    async def on_hello(self: Any, message: _Hello, ctx: MessageContext) -> _Hello:
+    async def on_hello(self: Any, message: _Hello, ctx: Any) -> _Hello:
         return message
 
-    on_hello.__annotations__ = {"message": _Hello, "ctx": MessageContext, "return": _Hello}
-    Greeter = _routed_agent(RoutedAgent, "bench greeter", message_handler(on_hello))
+    Greeter = _routed_agent(ag, "bench greeter", _Hello, on_hello)
 
     async def main() -> dict[str, Any]:
         import gc
 
-        runtime = SingleThreadedAgentRuntime()
+        runtime = ag.SingleThreadedAgentRuntime()
         await Greeter.register(runtime, "greeter", Greeter)
         runtime.start()
         gc.collect()
         rss0 = rss_bytes()
         await asyncio.gather(
-            *(runtime.send_message(_Hello(), AgentId("greeter", str(k))) for k in range(n))
+            *(runtime.send_message(_Hello(), ag.AgentId("greeter", str(k))) for k in range(n))
         )
         gc.collect()
         per = (rss_bytes() - rss0) / n
@@ -277,29 +254,22 @@ def _run_fanout_peer(
 def autogen_creation(n: int) -> dict[str, Any]:
     """Agents/s: N fresh agent ids, each instantiated and answering one no-latency message."""
     try:
-        from autogen_core import (
-            AgentId,
-            MessageContext,
-            RoutedAgent,
-            SingleThreadedAgentRuntime,
-            message_handler,
-        )
+        ag = _autogen()
     except Exception as exc:
         return peer_failure("autogen-core", exc)
 
-    async def on_hello(self: Any, message: _Hello, ctx: MessageContext) -> _Hello:
+    async def on_hello(self: Any, message: _Hello, ctx: Any) -> _Hello:
         return message
 
-    on_hello.__annotations__ = {"message": _Hello, "ctx": MessageContext, "return": _Hello}
-    Greeter = _routed_agent(RoutedAgent, "bench greeter", message_handler(on_hello))
+    Greeter = _routed_agent(ag, "bench greeter", _Hello, on_hello)
 
     async def main() -> dict[str, Any]:
-        runtime = SingleThreadedAgentRuntime()
+        runtime = ag.SingleThreadedAgentRuntime()
         await Greeter.register(runtime, "greeter", Greeter)
         runtime.start()
         t0 = time.perf_counter()
         await asyncio.gather(
-            *(runtime.send_message(_Hello(), AgentId("greeter", str(k))) for k in range(n))
+            *(runtime.send_message(_Hello(), ag.AgentId("greeter", str(k))) for k in range(n))
         )
         wall = time.perf_counter() - t0
         await runtime.stop_when_idle()
@@ -314,11 +284,30 @@ def autogen_creation(n: int) -> dict[str, Any]:
     return figures
 
 
-def _routed_agent(base: Any, description: str, handler: Any) -> Any:
-    def __init__(self: Any) -> None:
-        base.__init__(self, description)
+def _autogen() -> Any:
+    """autogen-core's module (raises when it is not installed or broken)."""
+    import autogen_core
 
-    return type("BenchAgent", (base,), {"__init__": __init__, "handle": handler})
+    return autogen_core
+
+
+def _routed_agent(ag: Any, description: str, message_type: type, handler: Any) -> Any:
+    """A RoutedAgent class whose one handler is `handler(self, message, ctx)`.
+
+    autogen reads the handler's type hints at decoration time; with postponed annotations (this
+    module) they must be real objects, so they are set here and the class is built by hand.
+    """
+    handler.__annotations__ = {
+        "message": message_type,
+        "ctx": ag.MessageContext,
+        "return": message_type,
+    }
+
+    def __init__(self: Any) -> None:
+        ag.RoutedAgent.__init__(self, description)
+
+    handle = ag.message_handler(handler)
+    return type("BenchAgent", (ag.RoutedAgent,), {"__init__": __init__, "handle": handle})
 
 
 # -- OpenAI Agents SDK --------------------------------------------------------------------------
