@@ -300,11 +300,7 @@ class AnthropicModel(HTTPModel):
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         base = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
-        all_headers: dict[str, str] = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream",
-            "anthropic-version": version,
-        }
+        all_headers = {"anthropic-version": version}
         if key:
             all_headers["x-api-key"] = key
         all_headers.update(headers or {})
@@ -316,8 +312,9 @@ class AnthropicModel(HTTPModel):
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             retry_after_max=retry_after_max,
-            connect_timeout=connect_timeout if timeout is None else timeout,
-            read_timeout=read_timeout if timeout is None else timeout,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            timeout=timeout,
             pool_size=pool_size,
             on_retry=on_retry,
         )

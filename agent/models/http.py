@@ -173,9 +173,12 @@ class HTTPModel:
         retry_after_max: float = 60.0,
         connect_timeout: float = 10.0,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        timeout: float | None = None,
         pool_size: int = 1024,
         on_retry: RetryHook | None = None,
     ) -> None:
+        if timeout is not None:  # `subagent run --timeout`: both timeouts at once
+            connect_timeout = read_timeout = timeout
         base = base_url.rstrip("/")
         parts = urlsplit(base)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -207,7 +210,9 @@ class HTTPModel:
         self.pool_size = pool_size
         self._on_retry = on_retry
         self._path = (parts.path or "") + path
-        self._headers = dict(headers)
+        # Every call streams JSON; `headers` add the adapter's auth and the caller's extras.
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._headers.update(headers)
         # One keep-alive pool per adapter (= per base URL), sized for many concurrent streams.
         # Made on first use: building it creates an SSL context, tens of milliseconds of CPU that
         # a runtime which never calls this model should not spend on the hub.

@@ -285,10 +285,7 @@ class OpenAIModel(HTTPModel):
     ) -> None:
         base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        all_headers: dict[str, str] = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream",
-        }
+        all_headers: dict[str, str] = {}
         if self._api_key:
             all_headers["Authorization"] = f"Bearer {self._api_key}"
         all_headers.update(headers or {})
@@ -300,8 +297,9 @@ class OpenAIModel(HTTPModel):
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             retry_after_max=retry_after_max,
-            connect_timeout=connect_timeout if timeout is None else timeout,
-            read_timeout=read_timeout if timeout is None else timeout,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            timeout=timeout,
             pool_size=pool_size,
             on_retry=on_retry,
         )
