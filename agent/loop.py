@@ -31,6 +31,7 @@ from gevent.event import Event as GEvent
 from agent import tracing
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import HistoryView, history_from_events, last_turn_number
+from agent.jsoncheck import is_lossless
 from agent.log import SessionLog
 from agent.model import (
     ModelAdapter,
@@ -46,6 +47,7 @@ from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
 from agent.usage import (
     Price,
     UsageAccount,
+    clean_total,
     cost_of_events,
     pico_to_usd,
     usage_of_events,
@@ -379,18 +381,19 @@ class AgentCore:
         """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
         content = list(response.content)
         tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls]
-        data: dict[str, Any] = {
-            "message": {
-                # Unique within the session, also across processes: the event's own seq.
-                "id": f"a{len(self.log.events)}",
-                "role": "assistant",
-                "content": content,
-                "tool_calls": tool_calls,
-            },
-            "finish": response.finish,
+        message = {
+            # Unique within the session, also across processes: the event's own seq.
+            "id": f"a{len(self.log.events)}",
+            "role": "assistant",
+            "content": content,
+            "tool_calls": tool_calls,
         }
+        data: dict[str, Any] = {"message": message, "finish": response.finish}
         usage = response.usage
         cost: int | None = None
+        # Checked once here (an adapter's usage is normally clean: known keys, exact ints), so
+        # neither the log's lossless-JSON walk nor the charge looks at it again.
+        total = clean_total(usage) if usage else 0
         if usage:
             # The log encodes it at once and keeps no reference: no copy needed for a dict.
             data["usage"] = usage if type(usage) is dict else dict(usage)
@@ -398,10 +401,19 @@ class AgentCore:
             if price is not None:
                 # Priced when spent: a later change of the price table never rewrites history.
                 cost = price.cost(usage)
-                data["cost_usd"] = pico_to_usd(cost)
-        self.log.append("assistant/message", data)
+                data["cost_usd"] = pico_to_usd(cost)  # a finite float (int / int)
+        # The walk covers the message alone: `finish` is a str (the replay checks it), a clean
+        # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
+        # Anything else (a usage that is not clean, a message that is not lossless) takes the
+        # log's own walk, which names the bad value as before.
+        self.log.append(
+            "assistant/message", data, prechecked=total is not None and is_lossless(message)
+        )
         if usage:
-            self.usage.charge(usage, cost)
+            if total is None:
+                self.usage.charge(usage, cost)
+            else:
+                self.usage.charge_clean(usage, total, cost)
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             entry["tool_calls"] = tool_calls

@@ -34,6 +34,7 @@ __all__ = [
     "add_usage",
     "child_budget",
     "child_cost_budget",
+    "clean_total",
     "cost_of_events",
     "normalize_usage",
     "pico_to_usd",
@@ -59,6 +60,24 @@ def normalize_usage(usage: Mapping[str, Any]) -> dict[str, int]:
         if type(value) is int and value >= 0:
             out[key] = value
     return out
+
+
+def clean_total(usage: Mapping[str, Any]) -> int | None:
+    """The total tokens of `usage` when it is already normalized (an exact dict of known keys
+    and non-negative exact ints: what the adapters hand over), else None.
+
+    One pass per model response: a clean usage is what the session log can append without
+    walking it (str keys, ints the strict encoder range-checks) and what `charge_clean` adds
+    without checking it again.
+    """
+    if type(usage) is not dict:
+        return None
+    total = 0
+    for key, value in usage.items():
+        if type(value) is not int or value < 0 or key not in _KNOWN:
+            return None
+        total += value
+    return total
 
 
 def add_usage(into: dict[str, int], usage: Mapping[str, Any]) -> None:
@@ -238,14 +257,17 @@ ExceededHook = Callable[["UsageAccount"], None]
 
 
 class UsageAccount:
-    """One agent's spend (`own`), its subtree's (`subtree`) and its token budget (`limit`);
-    with a price (`price`, its model route's), also its cost (`cost_own`, `cost_spent`, in
-    picodollars) and cost budget (`cost_limit`).
+    """One agent's spend (`own`), its subtree's (`subtree`, total `spent`) and its token
+    budget (`limit`); with a price (`price`, its model route's), also its cost (`cost_own`,
+    `cost_spent`, in picodollars) and cost budget (`cost_limit`).
 
-    Not thread-safe: like everything else, it lives on the gevent hub.
+    The sums are incremental: a charge adds to its own account and to the descendants' sum of
+    each ancestor (O(depth), never a walk of the tree), and `subtree` is own + descendants'
+    on read. Not thread-safe: like everything else, it lives on the gevent hub.
     """
 
     __slots__ = (
+        "_below",
         "_fired",
         "cost_limit",
         "cost_own",
@@ -257,7 +279,6 @@ class UsageAccount:
         "parent",
         "price",
         "spent",
-        "subtree",
     )
 
     def __init__(
@@ -276,8 +297,10 @@ class UsageAccount:
             raise ValueError(f"a cost budget must be non-negative picodollars, got {cost_limit!r}")
         self.owner = owner
         self.own: dict[str, int] = dict(own or {})
-        self.subtree: dict[str, int] = dict(self.own)
-        self.spent = total_tokens(self.subtree)
+        # What descendants spent (charged up to here); `subtree` adds `own` to it on read, so
+        # a charge updates one dict per account on the chain, not two.
+        self._below: dict[str, int] = {}
+        self.spent = total_tokens(self.own)
         self.limit = limit
         self.price = price
         self.cost_own = cost_own
@@ -290,6 +313,14 @@ class UsageAccount:
 
     def __repr__(self) -> str:
         return f"<UsageAccount {self.owner} spent={self.spent} limit={self.limit}>"
+
+    @property
+    def subtree(self) -> dict[str, int]:
+        """This agent's and its descendants' spend, by kind (a new dict: a snapshot)."""
+        out = dict(self.own)
+        for key, value in self._below.items():
+            out[key] = out.get(key, 0) + value
+        return out
 
     def over(self) -> bool:
         """Whether this account's own token or cost budget is used up."""
@@ -325,31 +356,36 @@ class UsageAccount:
 
     def add_subtree(self, usage: Mapping[str, Any], cost: int = 0) -> None:
         """Count spend that happened below this account before it was live (a cold resume)."""
-        add_usage(self.subtree, usage)
+        add_usage(self._below, usage)
         self.spent = total_tokens(self.subtree)
         self.cost_spent += cost
 
     def charge(self, usage: Mapping[str, Any], cost: int | None = None) -> None:
         """Record one model response's usage (and its cost in picodollars: by default what
         `price` makes of it) here and in every ancestor's subtree."""
-        # On the hot path (every model response): adapters hand over normalized usage, so one
-        # pass validates and totals it; anything else is normalized first (the slow path).
-        total = 0
-        for key, value in usage.items():
-            if type(value) is not int or key not in _KNOWN:
-                usage = normalize_usage(usage)
-                total = total_tokens(usage)
-                break
-            total += value
-        if not usage:
-            return
+        total = clean_total(usage)
+        if total is None:
+            usage = normalize_usage(usage)
+            total = total_tokens(usage)
+        if usage:
+            self.charge_clean(usage, total, cost)
+
+    def charge_clean(self, usage: Mapping[str, int], total: int, cost: int | None = None) -> None:
+        """`charge` for a usage `clean_total` accepted (`total` is what it returned): the hot
+        path of every model response, so no second check and one dict update per account."""
         own = self.own
         for key, value in usage.items():
             own[key] = own.get(key, 0) + value
         if cost is None:
             cost = 0 if self.price is None else self.price.cost(usage)
-        self.cost_own += cost
-        self.add_to_subtree(usage, total, cost)
+        self.spent += total
+        if cost:
+            self.cost_own += cost
+            self.cost_spent += cost
+        if (self.limit is not None or self.cost_limit is not None) and not self._fired:
+            self._check()
+        if self.parent is not None:
+            self.parent.add_to_subtree(usage, total, cost)
 
     def charge_remote(self, usage: Mapping[str, Any]) -> None:
         """Count what a remote child (ACP) reported spending against this account's subtree and
@@ -361,21 +397,23 @@ class UsageAccount:
     def add_to_subtree(
         self, usage: Mapping[str, int], total: int, cost: int, *, with_cost_limit: bool = True
     ) -> None:
-        """Count spend of this account's subtree (normalized `usage`, its token `total`, its
-        `cost`) here, then in every ancestor's; an account over its limit is told once."""
-        subtree = self.subtree
+        """Count spend of this account's descendants (normalized `usage`, its token `total`,
+        its `cost`) here, then in every ancestor's; an account over its limit is told once,
+        before its ancestors count the spend."""
+        below = self._below
         for key, value in usage.items():
-            subtree[key] = subtree.get(key, 0) + value
+            below[key] = below.get(key, 0) + value
         self.spent += total
-        self.cost_spent += cost
+        if cost:
+            self.cost_spent += cost
         limited = self.limit is not None or (with_cost_limit and self.cost_limit is not None)
-        if limited and not self._fired and self.over():
-            self._exhausted()
+        if limited and not self._fired:
+            self._check()
         if self.parent is not None:
             self.parent.add_to_subtree(usage, total, cost, with_cost_limit=with_cost_limit)
 
-    def _exhausted(self) -> None:
-        if self.on_exceeded is not None:
+    def _check(self) -> None:
+        if self.over() and self.on_exceeded is not None:
             self._fired = True
             self.on_exceeded(self)
 
