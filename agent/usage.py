@@ -267,8 +267,8 @@ class UsageAccount:
     """
 
     __slots__ = (
-        "_below",
         "_fired",
+        "below",
         "cost_limit",
         "cost_own",
         "cost_spent",
@@ -299,7 +299,7 @@ class UsageAccount:
         self.own: dict[str, int] = dict(own or {})
         # What descendants spent (charged up to here); `subtree` adds `own` to it on read, so
         # a charge updates one dict per account on the chain, not two.
-        self._below: dict[str, int] = {}
+        self.below: dict[str, int] = {}
         self.spent = total_tokens(self.own)
         self.limit = limit
         self.price = price
@@ -318,7 +318,7 @@ class UsageAccount:
     def subtree(self) -> dict[str, int]:
         """This agent's and its descendants' spend, by kind (a new dict: a snapshot)."""
         out = dict(self.own)
-        for key, value in self._below.items():
+        for key, value in self.below.items():
             out[key] = out.get(key, 0) + value
         return out
 
@@ -356,7 +356,7 @@ class UsageAccount:
 
     def add_subtree(self, usage: Mapping[str, Any], cost: int = 0) -> None:
         """Count spend that happened below this account before it was live (a cold resume)."""
-        add_usage(self._below, usage)
+        add_usage(self.below, usage)
         self.spent = total_tokens(self.subtree)
         self.cost_spent += cost
 
@@ -372,7 +372,8 @@ class UsageAccount:
 
     def charge_clean(self, usage: Mapping[str, int], total: int, cost: int | None = None) -> None:
         """`charge` for a usage `clean_total` accepted (`total` is what it returned): the hot
-        path of every model response, so no second check and one dict update per account."""
+        path of every model response, so no second check, one dict update per account on the
+        chain and one loop up it (O(depth), never a walk of the tree)."""
         own = self.own
         for key, value in usage.items():
             own[key] = own.get(key, 0) + value
@@ -382,10 +383,21 @@ class UsageAccount:
         if cost:
             self.cost_own += cost
             self.cost_spent += cost
-        if (self.limit is not None or self.cost_limit is not None) and not self._fired:
-            self._check()
-        if self.parent is not None:
-            self.parent.add_to_subtree(usage, total, cost)
+        if self.limit is not None or self.cost_limit is not None:
+            self.check_budget()
+        # `add_to_subtree` up the chain, inlined: each account is told it is over its budget
+        # before its ancestors count the spend.
+        acc = self.parent
+        while acc is not None:
+            below = acc.below
+            for key, value in usage.items():
+                below[key] = below.get(key, 0) + value
+            acc.spent += total
+            if cost:
+                acc.cost_spent += cost
+            if acc.limit is not None or acc.cost_limit is not None:
+                acc.check_budget()
+            acc = acc.parent
 
     def charge_remote(self, usage: Mapping[str, Any]) -> None:
         """Count what a remote child (ACP) reported spending against this account's subtree and
@@ -400,20 +412,20 @@ class UsageAccount:
         """Count spend of this account's descendants (normalized `usage`, its token `total`,
         its `cost`) here, then in every ancestor's; an account over its limit is told once,
         before its ancestors count the spend."""
-        below = self._below
+        below = self.below
         for key, value in usage.items():
             below[key] = below.get(key, 0) + value
         self.spent += total
         if cost:
             self.cost_spent += cost
-        limited = self.limit is not None or (with_cost_limit and self.cost_limit is not None)
-        if limited and not self._fired:
-            self._check()
+        if self.limit is not None or (with_cost_limit and self.cost_limit is not None):
+            self.check_budget()
         if self.parent is not None:
             self.parent.add_to_subtree(usage, total, cost, with_cost_limit=with_cost_limit)
 
-    def _check(self) -> None:
-        if self.over() and self.on_exceeded is not None:
+    def check_budget(self) -> None:
+        """Tell `on_exceeded`, once, if this account's budget is used up."""
+        if not self._fired and self.on_exceeded is not None and self.over():
             self._fired = True
             self.on_exceeded(self)
 
@@ -442,9 +454,15 @@ class UsageAccount:
 
     def exceeded(self) -> UsageAccount | None:
         """The nearest account on the chain (this one first) whose budget is used up."""
+        # Checked at every step boundary, mostly on chains with no budget at all: `over`
+        # inlined, so an account without one costs two attribute reads.
         acc: UsageAccount | None = self
         while acc is not None:
-            if acc.over():
+            limit = acc.limit
+            cost_limit = acc.cost_limit
+            if (limit is not None and acc.spent >= limit) or (
+                cost_limit is not None and acc.cost_spent >= cost_limit
+            ):
                 return acc
             acc = acc.parent
         return None
