@@ -9,7 +9,7 @@ step); the slow path re-walks a rejected value to name the offending path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, overload
 
 __all__ = ["MAX_DEPTH", "check_json", "explain", "is_lossless", "repair_surrogates"]
 
@@ -19,8 +19,11 @@ MAX_DEPTH = 200
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
 
+_K = TypeVar("_K")
+_T = TypeVar("_T")
 
-def check_json(value: Any, where: str = "data") -> None:
+
+def check_json(value: object, where: str = "data") -> None:
     """Raise TypeError naming the first path in `value` that is not lossless JSON."""
     if not _ok(value, 0):
         _explain(value, where, 0, [])
@@ -90,12 +93,12 @@ def _explain(v: Any, path: str, depth: int, stack: list[int]) -> None:
     raise TypeError(f"{path}: {t.__name__} is not lossless JSON")
 
 
-def is_lossless(value: Any) -> bool:
+def is_lossless(value: object) -> bool:
     """True when `value` passes `check_json` (the loader's test of a decoded frame)."""
     return _ok(value, 0)
 
 
-def explain(value: Any, where: str) -> str:
+def explain(value: object, where: str) -> str:
     """Why `value` fails `check_json`, as one line (for a loader's corruption report)."""
     try:
         _explain(value, where, 0, [])
@@ -109,7 +112,13 @@ def _fix(text: str) -> str:
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
-def repair_surrogates(value: Any) -> Any:
+@overload
+def repair_surrogates(value: str) -> str: ...
+@overload
+def repair_surrogates(value: list[_T]) -> list[_T]: ...
+@overload
+def repair_surrogates(value: dict[_K, _T]) -> dict[_K, _T]: ...
+def repair_surrogates(value: object) -> object:
     """Replace lone surrogates in every str of a lossless-JSON value, in place where it can.
 
     Lone surrogates come from outside: a JSON `\\ud83d` escape from a model or an ACP agent, or
@@ -119,15 +128,14 @@ def repair_surrogates(value: Any) -> Any:
     logged content blocks) sees the same text as the log. Returns the repaired value (a new
     object only when `value` itself is a str).
     """
-    t = type(value)
-    if t is str:
+    if type(value) is str:
         return _fix(value)
-    if t is list:
+    if type(value) is list:
         for i, x in enumerate(value):
             tx = type(x)
             if tx is str or tx is list or tx is dict:
                 value[i] = repair_surrogates(x)
-    elif t is dict:
+    elif type(value) is dict:
         items = list(value.items())
         if any(type(k) is str and k != _fix(k) for k, _ in items):
             value.clear()

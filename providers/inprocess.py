@@ -236,7 +236,7 @@ def _options_for(parent: Agent, options: AgentOptions | None, model: str | None)
 
 
 def _with_budget(
-    options: AgentOptions, token_budget: object, cost_budget: Decimal | None = None
+    options: AgentOptions, token_budget: int | None, cost_budget: Decimal | None = None
 ) -> AgentOptions:
     if options.token_budget == token_budget and options.cost_budget == cost_budget:
         return options

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from supervision.signal import AbortSignal
 
-if TYPE_CHECKING:  # type-only: the seam names the agent without importing the agent layer
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from pykka import Future
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "SubagentRun",
     "SubagentStartRequest",
     "ToolRestriction",
+    "TraceParent",
     "is_failure",
     "text_block",
 ]
@@ -153,6 +155,22 @@ class MessageSource:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceParent:
+    """Where an agent's work hangs in a trace; a value that crosses greenlets, mailboxes and the
+    seam (`SubagentStartRequest.trace`), made and read by `agent.tracing`.
+
+    `activation=True`: the span in `context` is this agent's activation span (made by the run
+    layer), so the agent's model and tool spans hang directly under it. Otherwise the agent
+    opens its own `invoke_agent` span per turn under `context`. `name` is the agent's display
+    name (a child's label) for span names and `gen_ai.agent.name`.
+    """
+
+    context: Context
+    activation: bool = False
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SubagentContinuation:
     """The service-allocated child id and the descriptor snapshot a continuable start carries."""
 
@@ -179,10 +197,10 @@ class SubagentStartRequest:
     # The most USD the child and its descendants may spend (priced by the runtime's price
     # table), clamped like `token_budget`; needs the same capability.
     cost_budget: float | None = None
-    # Tracing (an `agent.tracing.TraceParent`, None while tracing is off): from the tool layer,
+    # Tracing (None while tracing is off): from the tool layer,
     # where the child hangs (its call's `execute_tool` span, named with the child's label); as
     # the provider receives it, the context of the child's own activation span.
-    trace: Any = None
+    trace: TraceParent | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +213,7 @@ class SubagentResumeRequest:
     parent: Any  # the live parent agent recorded in the child's header
     signal: AbortSignal
     descriptor: Any  # subagent.descriptor.SubagentDescriptor
-    trace: Any = None  # as `SubagentStartRequest.trace`
+    trace: TraceParent | None = None  # as `SubagentStartRequest.trace`
 
 
 @dataclass(frozen=True, slots=True)
