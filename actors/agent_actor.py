@@ -120,7 +120,7 @@ class AgentActor(GeventActor):
 
     # -- mailbox -------------------------------------------------------------------------------
 
-    def on_receive(self, message: object) -> Any:
+    def on_receive(self, message: object) -> Any:  # Pykka's signature: a reply of any type
         if isinstance(message, Steer):
             return self._steer(message)
         if isinstance(message, Send):

@@ -28,6 +28,7 @@ from subagent.types import (
     REFUSAL,
     MessageSource,
     SubagentResult,
+    TraceParent,
 )
 from supervision.signal import AbortSignal
 
@@ -39,7 +40,11 @@ if TYPE_CHECKING:
 
 class _Actor(Protocol):
     def activate(
-        self, run: LocalRun, content: list[Mapping[str, Any]], source: MessageSource, trace: Any
+        self,
+        run: LocalRun,
+        content: list[Mapping[str, Any]],
+        source: MessageSource,
+        trace: TraceParent | None,
     ) -> str: ...
 
 
@@ -67,11 +72,15 @@ class RunAgent(Protocol):
     @property
     def usage(self) -> _Usage: ...
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]: ...
+    def steer(
+        self, content: Sequence[Mapping[str, Any]], source: MessageSource | None = None
+    ) -> Future[None]: ...
 
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]: ...
+    def cancel(
+        self, cause: object = None, keep_inbox: bool = False
+    ) -> Future[TurnOutcome | None]: ...
 
-    def close(self, cause: Any = None) -> None: ...
+    def close(self, cause: object = None) -> None: ...
 
 
 __all__ = ["LocalRun", "RunAgent", "clip_diagnostic", "stop_reason_of"]
@@ -137,7 +146,10 @@ class LocalRun:
         return self.result.settled
 
     def begin(
-        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: object = None
+        self,
+        prompt: Sequence[Mapping[str, Any]],
+        source: MessageSource,
+        trace: TraceParent | None = None,
     ) -> str:
         """Queue the activation's prompt (logged `inbox/accepted`; its spans under `trace`);
         returns its message id. A child just created or resumed in this greenlet takes it

@@ -66,7 +66,7 @@ class PublishedRun(Protocol):
     @property
     def result(self) -> GeventFuture[Any]: ...
 
-    def cancel(self, cause: Any = None) -> None: ...
+    def cancel(self, cause: object = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +237,8 @@ class RegistryActor(GeventActor):
         for entry in (e for queue in waiting.values() for e in queue):
             entry.reply.reject(SubagentError("RUNTIME_CLOSED", "the runtime closed first"))
 
+    # Pykka's signature (`Actor.on_receive(message: Any) -> Any`): the dispatch below is by
+    # `type(message) is X`, which the hot path needs and mypy does not narrow through.
     def on_receive(self, message: Any) -> Any:
         kind = type(message)
         if kind is Admit:

@@ -57,7 +57,7 @@ class RunActor(GeventActor):
             reply = self._dispose_reply = Deferred()
             self._tasks.spawn(self._dispose_now).link(lambda _g: reply.resolve(None))
 
-    def on_receive(self, message: object) -> Any:
+    def on_receive(self, message: object) -> Any:  # Pykka's signature: a reply of any type
         if isinstance(message, Steer):
             return self._steer(message)
         if isinstance(message, CancelRun):
