@@ -32,9 +32,10 @@ import logging
 import os
 import secrets
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 from gevent.event import AsyncResult
@@ -61,6 +62,10 @@ from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.signal import AbortSignal
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
 __all__ = ["LocalRay", "RayConfig", "RayProvider", "RayRun"]
 
 log = logging.getLogger(__name__)
@@ -72,7 +77,7 @@ _POLL_MAX = 0.01
 _MAX_BATCH = 256
 
 
-def _ray() -> Any:
+def _ray() -> types.ModuleType:
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -227,7 +232,7 @@ class _RefWaiter:
 class _Host:
     """The provider's view of one `ChildHost` actor."""
 
-    def __init__(self, index: int, handle: Any) -> None:
+    def __init__(self, index: int, handle: ActorHandle[Any]) -> None:
         self.index = index
         self.handle = handle
         self.incarnation = ""
@@ -599,7 +604,9 @@ class RayProvider:
     def _poll_loop(self, host: _Host) -> None:
         generation = host.generation
         while not self._closed and host.healthy and host.generation == generation:
-            ref = host.handle.poll.remote(host.incarnation, host.cursor, self.config.poll_timeout)
+            ref: ObjectRef[Any] = host.handle.poll.remote(
+                host.incarnation, host.cursor, self.config.poll_timeout
+            )
             try:
                 reply = self._waiter.wait(ref)
             except Exception as exc:
