@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pykka import ActorRef, Future
 
 from actors.gevent_actor import Deferred
+from agent.options import AgentOptions
 from agent.usage import pico_to_usd
 from subagent.errors import SubagentError
 from subagent.types import (
@@ -62,6 +63,15 @@ class RunAgent(Protocol):
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def cwd(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def options(self) -> AgentOptions: ...
 
     @property
     def ref(self) -> ActorRef[Any]: ...

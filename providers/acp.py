@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gevent
@@ -596,7 +596,7 @@ class ResumableAcpProvider(AcpProvider):
         descriptor = continuation.descriptor
         record_log = None
         if store is not None and descriptor is not None:
-            data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
+            data = descriptor if isinstance(descriptor, Mapping) else descriptor.to_json()
             source = MessageSource.coordinator(parent.id).to_json()
 
             def record_log(cwd: str, sid: str, blocks: list[dict[str, Any]]) -> ChildLog:
