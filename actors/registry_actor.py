@@ -26,7 +26,7 @@ from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
 from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
-from subagent.types import Resumable, SubagentProvider, SubagentStartRequest
+from subagent.types import AgentView, Resumable, SubagentProvider, SubagentStartRequest
 
 __all__ = [
     "Admit",
@@ -61,7 +61,7 @@ class PublishedRun(Protocol):
     def id(self) -> str: ...
 
     @property
-    def local_agent(self) -> Any: ...
+    def local_agent(self) -> AgentView | None: ...
 
     @property
     def result(self) -> GeventFuture[Any]: ...

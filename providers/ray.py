@@ -52,6 +52,7 @@ from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
     ERROR,
+    AgentView,
     MessageSource,
     SubagentCapabilities,
     SubagentResult,
@@ -814,7 +815,7 @@ class RayProvider:
             self._local_ray = None
 
 
-def _parent_spec(parent: Any) -> dict[str, Any]:
+def _parent_spec(parent: AgentView) -> dict[str, Any]:
     parent_id = getattr(parent, "id", None)
     if not isinstance(parent_id, str):
         raise TypeError("request.parent must be an agent (with a string id)")
