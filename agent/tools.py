@@ -41,7 +41,7 @@ from agent.fastcheck import compile_fast_check
 from agent.model import ToolCall, ToolSpec
 from subagent.errors import SubagentError
 from subagent.schema import LARGE_SCHEMA_VALUES, more_values_than
-from subagent.types import ToolRestriction, text_block
+from subagent.types import ToolRestriction, TraceParent, text_block
 from supervision.offload import offload
 from supervision.signal import AbortError, AbortSignal
 
@@ -75,8 +75,8 @@ class ToolContext:
     session_id: str
     call_id: str
     signal: AbortSignal
-    # The call's `execute_tool` span (agent.tracing.TraceParent) while tracing is on, else None.
-    trace: Any = None
+    # The call's `execute_tool` span while tracing is on, else None.
+    trace: TraceParent | None = None
 
 
 ToolFn = Callable[[Mapping[str, Any], ToolContext], "str | list[dict[str, Any]]"]
