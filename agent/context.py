@@ -15,7 +15,7 @@ from agent.models import ModelRegistry
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.store import MemoryStore, SessionStore
-from agent.tools import ToolRegistry
+from agent.tools import ToolHost, ToolRegistry
 from agent.usage import PriceTable
 from subagent.types import AgentView
 from supervision.supervisor import Supervisor
@@ -25,13 +25,17 @@ __all__ = ["AgentContext", "LiveAgent"]
 
 class LiveAgent(AgentView, Protocol):
     """A live agent as `ctx.agents` lists it (`actors.agent_handle.Agent`, a layer up): the
-    seam's view of it, its context and options, and the close its owner calls."""
+    seam's view of it, its context, options and loop, and the close its owner calls. Its loop
+    holds it too (`AgentCore.agent`), to hand it to tools (`ToolContext.agent`)."""
 
     @property
     def ctx(self) -> AgentContext: ...
 
     @property
     def options(self) -> AgentOptions: ...
+
+    @property
+    def core(self) -> ToolHost: ...
 
     def close(self, cause: object = None) -> None: ...
 

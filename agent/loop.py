@@ -29,6 +29,7 @@ import gevent
 from gevent.event import Event as GEvent
 
 from agent import tracing
+from agent.context import LiveAgent
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import HistoryView, history_from_events, last_turn_number
 from agent.log import SessionLog
@@ -141,7 +142,7 @@ class AgentCore:
         tools: ToolScope,
         prompt: SystemPrompt,
         variables: Mapping[str, str | None] | None = None,
-        agent: Any = None,
+        agent: LiveAgent | None = None,
         price: Price | None = None,
     ) -> None:
         cost_limit = None

@@ -29,14 +29,15 @@ class ParentAgent(AgentView, Protocol):
     def options(self) -> AgentOptions: ...
 
 
-def _is_parent_agent(parent: AgentView) -> TypeGuard[ParentAgent]:
+def _is_parent_agent(parent: AgentView | None) -> TypeGuard[ParentAgent]:
     return isinstance(getattr(parent, "ctx", None), AgentContext) and isinstance(
-        parent.options, AgentOptions
+        getattr(parent, "options", None), AgentOptions
     )
 
 
-def parent_agent(parent: AgentView) -> ParentAgent:
-    """`parent` as a `ParentAgent`; TypeError when it has no agent context or real options."""
-    if not _is_parent_agent(parent):
-        raise TypeError("request.parent must be an agent of this runtime (with ctx and options)")
-    return parent
+def parent_agent(agent: AgentView | None) -> ParentAgent:
+    """`agent` (a request's parent, a tool's caller) as a `ParentAgent`; TypeError when it is
+    not an agent of this runtime (no agent context or no real options)."""
+    if not _is_parent_agent(agent):
+        raise TypeError(f"expected an agent of this runtime (with ctx and options), got {agent!r}")
+    return agent

@@ -61,7 +61,7 @@ def structured_output_tool(schema: Mapping[str, Any]) -> Tool:
     check_output_schema(schema)
 
     def capture(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        ctx.agent.core.capture(dict(arguments))
+        ctx.caller.core.capture(dict(arguments))
         return "captured; your turn is complete"
 
     return _CaptureTool(
