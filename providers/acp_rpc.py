@@ -170,7 +170,7 @@ class JsonRpcConnection:
         *,
         signal: AbortSignal | None = None,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> object:
         """Send a request and wait cooperatively for its result.
 
         Raises `RpcError`, `ConnectionClosed`, `RequestAborted` when `signal` fires first, or

@@ -35,7 +35,7 @@ import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import gevent
 from gevent.event import AsyncResult
@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 __all__ = ["LocalRay", "RayConfig", "RayProvider", "RayRun"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ProgressCallback = Callable[[Mapping[str, Any]], None]
 
@@ -190,12 +192,13 @@ class _RefWaiter:
         self._loop: gevent.Greenlet | None = None
         self._tasks = TaskGroup("ray-ref-waiter")
 
-    def wait(self, ref: object) -> Any:
+    def wait(self, ref: ObjectRef[T]) -> T:
         result: AsyncResult = AsyncResult()
         self._pending[ref] = result
         if self._loop is None or self._loop.dead:
             self._loop = self._tasks.spawn(self._run)
-        return result.get()
+        value: T = result.get()
+        return value
 
     def close(self) -> None:
         """End the polling greenlet; a wait still pending fails with RUNTIME_CLOSED."""
@@ -513,7 +516,7 @@ class RayProvider:
             handles = offload(self._create_hosts, host_config)
             self._hosts = [_Host(i, h) for i, h in enumerate(handles)]
             for host in self._hosts:
-                reply = self._waiter.wait(host.handle.ready.remote())
+                reply: dict[str, Any] = self._waiter.wait(host.handle.ready.remote())
                 self._become_healthy(host, reply)
             self._connected = True
 
@@ -605,7 +608,7 @@ class RayProvider:
     def _poll_loop(self, host: _Host) -> None:
         generation = host.generation
         while not self._closed and host.healthy and host.generation == generation:
-            ref: ObjectRef[Any] = host.handle.poll.remote(
+            ref: ObjectRef[dict[str, Any]] = host.handle.poll.remote(
                 host.incarnation, host.cursor, self.config.poll_timeout
             )
             try:
@@ -649,7 +652,7 @@ class RayProvider:
             if self._closed:
                 return
             try:
-                reply = self._waiter.wait(host.handle.ready.remote())
+                reply: dict[str, Any] = self._waiter.wait(host.handle.ready.remote())
             except ray.exceptions.ActorUnavailableError:
                 gevent.sleep(0.1)
                 continue
