@@ -237,9 +237,10 @@ class RegistryActor(GeventActor):
         for entry in (e for queue in waiting.values() for e in queue):
             entry.reply.reject(SubagentError("RUNTIME_CLOSED", "the runtime closed first"))
 
-    # Pykka's signature (`Actor.on_receive(message: Any) -> Any`): the dispatch below is by
-    # `type(message) is X`, which the hot path needs and mypy does not narrow through.
-    def on_receive(self, message: Any) -> Any:
+    # Pykka's signature (`Actor.on_receive(message: Any) -> Any`) keeps `message: Any`: the
+    # dispatch below is by `type(message) is X`, which the hot path needs and mypy does not
+    # narrow through. The reply is opaque to the mailbox, as in the other actors.
+    def on_receive(self, message: Any) -> object:
         kind = type(message)
         if kind is Admit:
             return self._admit(message)
@@ -272,9 +273,11 @@ class RegistryActor(GeventActor):
         if kind is AdmitResume:
             return self._admit_resume(message)
         if kind is Register:
-            return self._register(message.provider)
+            self._register(message.provider)
+            return None
         if kind is Unregister:
-            return self._unregister(message.provider)
+            self._unregister(message.provider)
+            return None
         if kind is Subscribe:
             self._subscribe(message)
             return None
