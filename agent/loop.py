@@ -48,7 +48,7 @@ from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
 from agent.usage import (
     Price,
     UsageAccount,
-    clean_total,
+    check_usage,
     cost_of_events,
     pico_to_usd,
     usage_of_events,
@@ -394,7 +394,7 @@ class AgentCore:
         cost: int | None = None
         # Checked once here (an adapter's usage is normally clean: known keys, exact ints), so
         # neither the log's lossless-JSON walk nor the charge looks at it again.
-        total = clean_total(usage) if usage else 0
+        checked = check_usage(usage) if usage else None
         if usage:
             # The log encodes it at once and keeps no reference: no copy needed for a dict.
             data["usage"] = usage if type(usage) is dict else dict(usage)
@@ -408,13 +408,15 @@ class AgentCore:
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
         self.log.append(
-            "assistant/message", data, prechecked=total is not None and is_lossless(message)
+            "assistant/message",
+            data,
+            prechecked=(checked is not None or not usage) and is_lossless(message),
         )
         if usage:
-            if total is None:
+            if checked is None:
                 self.usage.charge(usage, cost)
             else:
-                self.usage.charge_clean(usage, total, cost)
+                self.usage.charge_checked(checked, usage, cost)
         entry: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             entry["tool_calls"] = tool_calls

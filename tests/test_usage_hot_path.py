@@ -1,8 +1,9 @@
 """The usage path of every model response (issue 17, "usage on within 5 % of off"): a usage is
-checked once (`clean_total`), the log appends a clean one without walking it and the account
-charges it without checking it again, while what is logged, summed and refused stays as it
-was: a usage that is not clean takes the old path (logged as given, walked, charged
-normalized), and a count too big for the log is still refused by name."""
+checked and packed once (`check_usage`), the log appends a clean one without walking it and the
+account charges it without checking it again (one int addition per account on the chain),
+while what is logged, summed and refused stays as it was: a usage that is not clean takes the
+old path (logged as given, walked, charged normalized), and a count too big for the log is
+still refused by name."""
 
 from __future__ import annotations
 
@@ -20,31 +21,49 @@ from agent.model import ModelRequest, ModelResponse, ProgressSink
 from agent.models import ModelRegistry
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
-from agent.usage import UsageAccount, clean_total, usage_of_events
+from agent.usage import UsageAccount, check_usage, pack_usage, unpack_usage, usage_of_events
 from subagent.runtime import Runtime
 from subagent.types import text_block
 
 # -- the check and the account ---------------------------------------------------------------
 
 
-def test_clean_total_accepts_only_an_exact_dict_of_known_non_negative_ints() -> None:
-    assert clean_total({"input_tokens": 7, "output_tokens": 3}) == 10
-    assert clean_total({"cache_read_input_tokens": 0}) == 0
-    assert clean_total({}) == 0
+def test_check_usage_accepts_only_an_exact_dict_of_known_counts_the_log_can_carry() -> None:
+    total, packed, kinds = check_usage({"input_tokens": 7, "output_tokens": 3}) or (0, 0, 0)
+    assert total == 10
+    assert unpack_usage(packed, kinds) == {"input_tokens": 7, "output_tokens": 3}
+    assert check_usage({"cache_read_input_tokens": 0}) is not None
+    assert check_usage({}) == (0, 0, 0)
     unclean_usages: list[Mapping[Any, Any]] = [
         {"input_tokens": -1},
         {"input_tokens": 1.0},
         {"input_tokens": True},
+        {"input_tokens": 2**64},  # beyond what the log can carry: its walk names it
         {"input_tokens": 1, "reasoning_tokens": 2},
         {1: 2},
     ]
     for unclean in unclean_usages:
-        assert clean_total(unclean) is None, unclean
+        assert check_usage(unclean) is None, unclean
 
     class Counts(dict[str, int]):
         pass
 
-    assert clean_total(Counts(input_tokens=1)) is None  # the strict encoder refuses subclasses
+    assert check_usage(Counts(input_tokens=1)) is None  # the strict encoder refuses subclasses
+
+
+def test_packed_sums_keep_every_kind_apart_and_the_kinds_reported() -> None:
+    big = 2**64 - 1
+    usage = {"input_tokens": big, "output_tokens": 0, "cache_read_input_tokens": 5}
+    total, packed, kinds = pack_usage(usage)
+    assert total == big + 5
+    summed = packed * 3  # three such responses: no lane carries into the next
+    assert unpack_usage(summed, kinds) == {
+        "input_tokens": 3 * big,
+        "output_tokens": 0,  # reported as 0: still a kind of this usage
+        "cache_read_input_tokens": 15,
+    }
+    with pytest.raises(ValueError):
+        pack_usage({"input_tokens": 2**128})
 
 
 def test_a_charge_counts_only_what_normalize_keeps() -> None:
@@ -65,7 +84,7 @@ def test_subtree_is_own_plus_descendants_and_a_snapshot() -> None:
     grandchild = UsageAccount(owner="grandchild")
     child.attach(root)
     grandchild.attach(child)
-    grandchild.charge_clean({"input_tokens": 10, "output_tokens": 2}, 12)
+    grandchild.charge({"input_tokens": 10, "output_tokens": 2})
     child.charge({"output_tokens": 5})
     root.add_subtree({"cache_read_input_tokens": 4})  # a stored descendant, at cold resume
     assert grandchild.subtree == grandchild.own == {"input_tokens": 10, "output_tokens": 2}
@@ -77,16 +96,16 @@ def test_subtree_is_own_plus_descendants_and_a_snapshot() -> None:
     assert root.subtree["input_tokens"] == 11
 
 
-def test_charge_clean_tells_each_account_over_its_budget_once_nearest_first() -> None:
+def test_a_charge_tells_each_account_over_its_budget_once_nearest_first() -> None:
     root = UsageAccount(owner="root", limit=10)
     child = UsageAccount(owner="child", limit=5)
     child.attach(root)
     told: list[tuple[str, int]] = []
     root.on_exceeded = child.on_exceeded = lambda acc: told.append((acc.owner, root.spent))
-    child.charge_clean({"input_tokens": 6}, 6)
+    child.charge({"input_tokens": 6})
     # The child is told before the root counts the spend, as in `add_to_subtree`.
     assert told == [("child", 0)]
-    child.charge_clean({"input_tokens": 6}, 6)
+    child.charge({"input_tokens": 6})
     assert told == [("child", 0), ("root", 12)]
     assert child.exceeded() is child and root.exceeded() is root
 
