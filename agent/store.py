@@ -13,39 +13,60 @@ import contextlib
 import errno
 import fcntl
 import gc
+import hashlib
 import logging
 import os
+import re
 import secrets
 import stat
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import msgpack
 
 import gevent
 import gevent.lock
 import platformdirs
 
-from agent.errors import SessionBusyError, SessionExistsError, SessionNotFoundError
-from agent.events import Event, SessionHeader, SessionLogError, validate_session_id
+from agent.errors import (
+    SessionBusyError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SharedHeaderMissingError,
+)
+from agent.events import (
+    REQUEST_HEADER,
+    Event,
+    SessionHeader,
+    SessionLogError,
+    validate_session_id,
+)
 from agent.frames import (
+    FRAME_HEADER_SIZE,
+    MAX_FRAME,
     CorruptSessionError,
+    _crc32,
+    _frame,
     decode_frames,
     decode_header,
     encode_header,
     iter_events,
 )
-from agent.jsoncheck import check_json
+from agent.jsoncheck import check_json, repair_surrogates
 from agent.log import (
     DURABILITY_SETTINGS,
     Durability,
     InvariantError,
     LogReplay,
     SessionLog,
+    ToolLike,
     closing_events,
     encode_events,
+    request_header_data,
     validate_log,
 )
 from supervision.offload import offload
@@ -57,6 +78,7 @@ __all__ = [
     "SessionExistsError",
     "SessionNotFoundError",
     "SessionStore",
+    "SharedHeaderMissingError",
     "UnreadableSession",
     "default_root",
 ]
@@ -69,6 +91,13 @@ _TMP_SUFFIX: Final = ".tmp"
 # Files at least this big are read and decoded in the hub's thread pool, not on the hub: a
 # 256 KiB log decodes in a few milliseconds, and a torn tail's search stays off the hub too.
 _THREADPOOL_READ: Final = 1 << 18
+# Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
+HEADERS_DIR: Final = "headers"
+_HEADER_SUFFIX: Final = ".header"
+_HEADER_REF = re.compile(r"[0-9a-f]{64}")
+# How many distinct (system prompt, tools) pairs a store remembers the address of.
+_HEADER_CACHE: Final = 256
+_pack_strict = msgpack.Packer(use_bin_type=True, autoreset=True, strict_types=True).pack
 
 
 @contextlib.contextmanager
@@ -132,6 +161,9 @@ class _Store:
         if durability not in DURABILITY_SETTINGS:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
         self.durability: Durability = durability
+        # system prompt -> [(tools, address)]: the addresses of headers stored or seen here.
+        self._header_refs: dict[str, builtins.list[tuple[builtins.list[Any], str]]] = {}
+        self._header_count = 0
 
     # -- backend primitives -----------------------------------------------------------------
 
@@ -164,6 +196,93 @@ class _Store:
     def exists(self, session_id: str) -> bool:
         raise NotImplementedError
 
+    def _has_shared(self, ref: str) -> bool:
+        raise NotImplementedError
+
+    def _put_shared(self, ref: str, frame: bytes) -> None:
+        """Store one shared header's frame, durably (per the store's setting), never clobbering."""
+        raise NotImplementedError
+
+    def _read_shared(self, ref: str) -> bytes:
+        """The frame; `SharedHeaderMissingError` when the store does not hold it."""
+        raise NotImplementedError
+
+    # -- shared request headers ---------------------------------------------------------------
+
+    def request_header_ref(self, system: str, tools: Sequence[ToolLike]) -> str:
+        """The address of this request header, its content stored here first if it is new.
+
+        Siblings share their system prompt and tool objects, so after the first child this is
+        a dict look-up and an identity comparison of the tools; the content is walked, encoded
+        and hashed once per distinct content and process."""
+        known = self._header_refs.get(system)
+        if known is not None:
+            for seen, ref in known:
+                if seen == tools:
+                    return ref
+        data = request_header_data(system, tools)
+        check_json(data, where="request/header")
+        try:
+            payload = _pack_strict(data)
+        except UnicodeEncodeError:  # lone surrogates: repaired as a log append repairs them
+            repair_surrogates(data)
+            payload = _pack_strict(data)
+        ref = hashlib.sha256(payload).hexdigest()
+        if not self._has_shared(ref):
+            self._put_shared(ref, _frame(payload))
+        if self._header_count >= _HEADER_CACHE:
+            self._header_refs.clear()
+            self._header_count = 0
+        self._header_refs.setdefault(system, []).append((builtins.list(tools), ref))
+        self._header_count += 1
+        return ref
+
+    def request_header(self, ref: str) -> dict[str, Any]:
+        """The content a shared header's address names: `{"system", "tools"}`.
+
+        `SharedHeaderMissingError` when this store does not hold it, `CorruptSessionError` when
+        what it holds is damaged or is not that content."""
+        if type(ref) is not str or not _HEADER_REF.fullmatch(ref):
+            raise ValueError(f"not a shared request header address: {ref!r}")
+        frame = self._read_shared(ref)
+        name = f"{self._shared_name(ref)}"
+        if len(frame) < FRAME_HEADER_SIZE:
+            raise CorruptSessionError(name, 0, "truncated shared header")
+        length = int.from_bytes(frame[:4], "big")
+        payload = frame[FRAME_HEADER_SIZE:]
+        if length != len(payload) or _crc32(payload) != int.from_bytes(frame[4:8], "big"):
+            raise CorruptSessionError(name, 0, "shared header frame fails its length or CRC")
+        if hashlib.sha256(payload).hexdigest() != ref:
+            raise CorruptSessionError(name, 0, "shared header content does not match its address")
+        data = msgpack.unpackb(payload)
+        if type(data) is not dict or type(data.get("system")) is not str:
+            raise CorruptSessionError(name, 0, "shared header is not {system, tools}")
+        if type(data.get("tools")) is not builtins.list:
+            raise CorruptSessionError(name, 0, "shared header is not {system, tools}")
+        return data
+
+    def resolve_request_header(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """A `request/header` event's content, whichever shape it was logged in."""
+        ref = data.get("ref")
+        if ref is not None:
+            return self.request_header(ref)
+        return {"system": data["system"], "tools": data["tools"]}
+
+    def _shared_name(self, ref: str) -> str:
+        return f"{HEADERS_DIR}/{ref}{_HEADER_SUFFIX}"
+
+    def _check_shared(self, session_id: str, events: Iterable[Event]) -> None:
+        """Every shared header the events name is held here: a log whose model input can no
+        longer be read fails loud when it is loaded, not when someone reads that event."""
+        refs = {
+            e["data"]["ref"]
+            for e in events
+            if e["type"] == REQUEST_HEADER and "ref" in e["data"]
+        }
+        for ref in sorted(refs):
+            if not self._has_shared(ref):
+                raise SharedHeaderMissingError(ref, self._name(session_id))
+
     # -- public API ---------------------------------------------------------------------------
 
     def create(self, header: SessionHeader, seed_events: Iterable[Event] = ()) -> SessionLog:
@@ -183,9 +302,18 @@ class _Store:
             raise ValueError(f"invalid seed: {exc}") from exc
         if replay.turn_open:
             raise ValueError("invalid seed: it ends inside an open turn")
+        if seed:
+            self._check_shared(header.id, seed)  # type: ignore[arg-type]
         data = encode_header(header) + encode_events(seed)  # type: ignore[arg-type]
         handle = self._create_bytes(header.id, data)
-        return SessionLog(header, seed, handle, self.durability, replay)  # type: ignore[arg-type]
+        return SessionLog(
+            header,
+            seed,  # type: ignore[arg-type]
+            handle,
+            self.durability,
+            replay,
+            shared=self,
+        )
 
     def open(self, session_id: str) -> SessionLog:
         """Load (repairing a torn or open tail durably) and hold the session for appending."""
@@ -195,10 +323,13 @@ class _Store:
             raise SessionBusyError(f"session {session_id} is already open")
         try:
             loaded, replay = self._load_locked(session_id, handle)
+            self._check_shared(session_id, loaded.events)
         except BaseException:
             handle.close()
             raise
-        return SessionLog(loaded.header, loaded.events, handle, self.durability, replay)
+        return SessionLog(
+            loaded.header, loaded.events, handle, self.durability, replay, shared=self
+        )
 
     def load(self, session_id: str) -> LoadedSession:
         """The session's header and events, with a torn or open tail repaired durably.
@@ -217,16 +348,18 @@ class _Store:
                 raise SessionLogError(
                     f"session {session_id} needs a repair, but its store is not writable: {exc}"
                 ) from exc
-            return loaded
-        if handle is None:
-            loaded = self.inspect(session_id)
-            if loaded.needs_repair:
-                raise SessionBusyError(f"session {session_id} is open and mid-turn")
-            return loaded
-        try:
-            return self._load_locked(session_id, handle)[0]
-        finally:
-            handle.close()
+        else:
+            if handle is None:
+                loaded = self.inspect(session_id)
+                if loaded.needs_repair:
+                    raise SessionBusyError(f"session {session_id} is open and mid-turn")
+            else:
+                try:
+                    loaded = self._load_locked(session_id, handle)[0]
+                finally:
+                    handle.close()
+        self._check_shared(session_id, loaded.events)
+        return loaded
 
     def inspect(self, session_id: str) -> LoadedSession:
         """What is stored, as is: never writes, never takes the session."""
@@ -681,6 +814,71 @@ class SessionStore(_Store):
         if self.durability != "none":
             offload(_fsync_dir, self.root)
 
+    # -- shared request headers: <root>/headers/<ref>.header ----------------------------------
+
+    def _shared_path(self, ref: str) -> Path:
+        return self.root / HEADERS_DIR / f"{ref}{_HEADER_SUFFIX}"
+
+    def _shared_name(self, ref: str) -> str:
+        return str(self._shared_path(ref))
+
+    def _has_shared(self, ref: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self._shared_path(ref)).st_mode)
+        except OSError:
+            return False
+
+    def _put_shared(self, ref: str, frame: bytes) -> None:
+        self.ensure_root()
+        directory = self.root / HEADERS_DIR
+        sync = self.durability != "none"
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(directory, 0o700)
+            if sync:
+                offload(_fsync_dir, self.root)
+        final = self._shared_path(ref)
+        tmp = directory / f".{ref}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(frame)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if sync:
+                    offload(os.fsync, fd)
+            finally:
+                os.close(fd)
+            # Same address, same content: a concurrent writer's file is as good as ours.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        if sync:
+            offload(_fsync_dir, directory)
+
+    def _read_shared(self, ref: str) -> bytes:
+        path = self._shared_path(ref)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SharedHeaderMissingError(ref, str(self.root)) from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise CorruptSessionError(str(path), 0, _not_regular(path)) from None
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptSessionError(str(path), 0, _not_regular(path))
+            return _pread_all(fd, min(info.st_size, MAX_FRAME + FRAME_HEADER_SIZE))
+        finally:
+            os.close(fd)
+
 
 # -- memory store --------------------------------------------------------------------------
 
@@ -729,6 +927,7 @@ class MemoryStore(_Store):
     def __init__(self, durability: Durability = "turn") -> None:
         super().__init__(durability)
         self.files: dict[str, _MemoryFile] = {}
+        self.headers: dict[str, bytes] = {}  # shared request headers by address
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self.files)} sessions)"
@@ -772,3 +971,15 @@ class MemoryStore(_Store):
 
     def _remove(self, session_id: str) -> None:
         del self.files[session_id]
+
+    def _has_shared(self, ref: str) -> bool:
+        return ref in self.headers
+
+    def _put_shared(self, ref: str, frame: bytes) -> None:
+        self.headers.setdefault(ref, frame)
+
+    def _read_shared(self, ref: str) -> bytes:
+        try:
+            return self.headers[ref]
+        except KeyError:
+            raise SharedHeaderMissingError(ref, repr(self)) from None
