@@ -26,7 +26,7 @@ from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
 from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
-from subagent.types import Resumable, SubagentProvider, SubagentStartRequest
+from subagent.types import Resumable, SubagentProvider, SubagentStartRequest, child_depth
 
 __all__ = [
     "Admit",
@@ -81,7 +81,8 @@ class Unregister:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Validate a start and wait for a slot. Replies `(provider, run_id)`."""
+    """Validate a start and wait for a slot. Replies `(provider, run_id, depth)`: `depth` is the
+    child's delegation depth, computed here once, which the caller carries to the provider."""
 
     name: str
     request: SubagentStartRequest
@@ -190,6 +191,7 @@ class _Waiting:
     parent_id: str | None
     provider: SubagentProvider
     reply: Deferred[Any]
+    depth: int | None = None  # the child's, for a start (a resume keeps its header's)
     run_id: str = ""
     seq: int = 0
 
@@ -341,14 +343,14 @@ class RegistryActor(GeventActor):
             raise TypeError(f"max_depth must be a non-negative int, got {max_depth!r}")
         if request.output_schema is not None:
             check_output_schema(request.output_schema)
-        parent_depth = getattr(request.parent, "depth", 0)
-        attempted = parent_depth + 1
-        if attempted > MAX_SAFE_INTEGER:
-            raise SubagentDepthError(attempted, MAX_SAFE_INTEGER)
-        if max_depth is not None and attempted > max_depth:
-            raise SubagentDepthError(attempted, max_depth)
+        # The child's depth: computed here, once, and carried to the provider in the request.
+        depth = child_depth(request.parent)
+        if depth > MAX_SAFE_INTEGER:
+            raise SubagentDepthError(depth, MAX_SAFE_INTEGER)
+        if max_depth is not None and depth > max_depth:
+            raise SubagentDepthError(depth, max_depth)
         _check_budget(request)
-        return self._enqueue(message.ticket, message.parent_id, provider)
+        return self._enqueue(message.ticket, message.parent_id, provider, depth)
 
     def _admit_resume(self, message: AdmitResume) -> Deferred[Any]:
         provider = message.provider
@@ -361,10 +363,14 @@ class RegistryActor(GeventActor):
     # -- admission control -------------------------------------------------------------------------
 
     def _enqueue(
-        self, ticket: int, parent_id: str | None, provider: SubagentProvider
+        self,
+        ticket: int,
+        parent_id: str | None,
+        provider: SubagentProvider,
+        depth: int | None = None,
     ) -> Deferred[Any]:
         reply: Deferred[Any] = Deferred()
-        waiting = _Waiting(ticket, parent_id, provider, reply)
+        waiting = _Waiting(ticket, parent_id, provider, reply, depth)
         if not self._waiting_count and self._has_slot(parent_id):
             self._grant(waiting)
         else:
@@ -387,7 +393,7 @@ class RegistryActor(GeventActor):
         slots.per_parent[waiting.parent_id] = slots.per_parent.get(waiting.parent_id, 0) + 1
         self.running_peak = max(self.running_peak, slots.total)
         self._holders[waiting.ticket] = waiting.parent_id
-        waiting.reply.resolve((waiting.provider, f"r{next(self._run_ids)}"))
+        waiting.reply.resolve((waiting.provider, f"r{next(self._run_ids)}", waiting.depth))
 
     def _release(self, ticket: int) -> None:
         if ticket not in self._holders:

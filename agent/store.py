@@ -26,10 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-import msgpack
-
 import gevent
 import gevent.lock
+import msgpack
 import platformdirs
 
 from agent.errors import (
@@ -275,9 +274,7 @@ class _Store:
         """Every shared header the events name is held here: a log whose model input can no
         longer be read fails loud when it is loaded, not when someone reads that event."""
         refs = {
-            e["data"]["ref"]
-            for e in events
-            if e["type"] == REQUEST_HEADER and "ref" in e["data"]
+            e["data"]["ref"] for e in events if e["type"] == REQUEST_HEADER and "ref" in e["data"]
         }
         for ref in sorted(refs):
             if not self._has_shared(ref):
@@ -758,16 +755,26 @@ class SessionStore(_Store):
         is older than TMP_GRACE and no process holds it (a create in progress holds its lock).
         Links are never followed; only regular files are touched.
         """
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
         removed: builtins.list[str] = []
         now = time.time()
-        for name in sorted(names):
+        for directory, prefix in ((self.root, ""), (self.root / HEADERS_DIR, f"{HEADERS_DIR}/")):
+            try:
+                names = os.listdir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            removed.extend(
+                prefix + name for name in self._clean_in(directory, sorted(names), now, dry_run)
+            )
+        return removed
+
+    def _clean_in(
+        self, directory: Path, names: builtins.list[str], now: float, dry_run: bool
+    ) -> builtins.list[str]:
+        removed: builtins.list[str] = []
+        for name in names:
             if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
                 continue
-            path = self.root / name
+            path = directory / name
             try:
                 info = os.lstat(path)
                 if not stat.S_ISREG(info.st_mode):

@@ -30,6 +30,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
     ToolRestriction,
+    depth_of,
 )
 from supervision.signal import AbortSignal
 
@@ -100,7 +101,7 @@ class InProcessProvider:
             output_schema=request.output_schema,
             session_id=None if continuation is None else continuation.session_id,
             seed=self.seed_for(parent),
-            depth=parent.depth + 1,
+            depth=depth_of(request),
             token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
             cost_budget=request.cost_budget,
         )
@@ -195,8 +196,8 @@ class InProcessProvider:
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
-            # The depth is the child's header's (Agent.depth reads it): the options are copied
-            # only to carry a budget.
+            # The depth (computed by the registry, carried by the request) is the child's
+            # header's, which Agent.depth reads: the options are copied only to carry a budget.
             options=options,
             cwd=parent.cwd,
             session_id=session_id,

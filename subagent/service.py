@@ -16,6 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import gevent
@@ -333,8 +334,12 @@ class SubagentService:
             # yield: give the other greenlets the hub now and then.
             gevent.sleep(0)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
-        provider, run_id = admitted
-        request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider)
+        provider, run_id, depth = admitted
+        request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider, depth)
+        if request.depth != depth:
+            # The depth the registry computed travels with the request (a copy: the caller's
+            # request is never changed), so no provider computes it again.
+            request = replace(request, depth=depth)
         start = provider.start
         return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
@@ -357,17 +362,17 @@ class SubagentService:
         if known is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
-        provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        provider, run_id, _ = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
         store = self._ctx.store
         request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, provider)
         resume = provider.resume
         return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 
-    def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
+    def _admit(self, message: Any, signal: Any) -> tuple[Any, str, int | None]:
         future = self._registry.ask_now(message, block=False)
         remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
         try:
-            admitted: tuple[Any, str] = future.get()
+            admitted: tuple[Any, str, int | None] = future.get()
         finally:
             remove()
         if signal.aborted:

@@ -33,8 +33,10 @@ def begin_start(
     run_id: str,
     parent_id: str,
     runner: object = None,
+    depth: int | None = None,
 ) -> tuple[SubagentStartRequest, tracing.Activation | None]:
-    """Open the child's activation span; the provider gets a request carrying its context.
+    """Open the child's activation span; the provider gets a request carrying its context (and
+    `depth`, the child's depth as the registry computed it, when given).
 
     `runner` is the provider object: one that runs its child in another process (a true
     `remote_process` attribute: ACP, Ray) gets a CLIENT span, as a call to a remote service.
@@ -48,12 +50,14 @@ def begin_start(
         provider=provider,
         run_id=run_id,
         parent_id=parent_id,
-        depth=_child_depth(request.parent),
+        depth=depth if depth is not None else _child_depth(request.parent),
         child_id=None if continuation is None else continuation.session_id,
         remote=_remote(runner),
     )
     if activation is None:
         return request, None
+    if depth is not None:
+        return replace(request, trace=activation.parent, depth=depth), activation
     return replace(request, trace=activation.parent), activation
 
 
