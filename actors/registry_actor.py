@@ -452,16 +452,17 @@ class RegistryActor(GeventActor):
         run_id = run.run_id
         self._live[run_id] = run
         self._by_parent.setdefault(run.parent_id, {})[run_id] = run
-        self._fan_out(
-            {
-                "type": "subagent/start",
-                "run_id": run_id,
-                "provider": run.provider,
-                "id": run.id,
-                "local": run.local_agent is not None,
-                "parent_id": run.parent_id,
-            }
-        )
+        if self._listeners or run.parent_id in self._parent_listeners:  # else: nobody to tell
+            self._fan_out(
+                {
+                    "type": "subagent/start",
+                    "run_id": run_id,
+                    "provider": run.provider,
+                    "id": run.id,
+                    "local": run.local_agent is not None,
+                    "parent_id": run.parent_id,
+                }
+            )
         # Observed only now: a result already settled reports at once, after the start above.
         me = self.actor_ref
 
@@ -481,26 +482,8 @@ class RegistryActor(GeventActor):
             siblings.pop(run.run_id, None)
             if not siblings:
                 del self._by_parent[run.parent_id]
-        outcome = outcome_of(run.result)
-        event: dict[str, Any] = {
-            "type": "subagent/end",
-            "run_id": run.run_id,
-            "provider": run.provider,
-            "id": run.id,
-            "local": run.local_agent is not None,
-            "parent_id": run.parent_id,
-        }
-        if isinstance(outcome, BaseException):
-            event["stop_reason"] = "error"
-            event["failure"] = f"{type(outcome).__name__}: {outcome}"
-        else:
-            event["stop_reason"] = outcome.stop_reason
-            usage = outcome.extra.get("usage")
-            if usage:
-                event["usage"] = dict(usage)
-            if outcome.output:
-                event["last_assistant_message"] = list(outcome.output)
-        self._fan_out(event)
+        if self._listeners or run.parent_id in self._parent_listeners:
+            self._fan_out(_end_event(run))
         self._release(run.ticket)
 
     # -- lifecycle events ----------------------------------------------------------------------
@@ -556,3 +539,27 @@ def _check_budget(request: SubagentStartRequest) -> None:
         raise SubagentError(
             "BUDGET_EXCEEDED", over.describe_exhausted() if over is not None else None
         )
+
+
+def _end_event(run: PublishedRun) -> dict[str, Any]:
+    """The `subagent/end` event of a settled run."""
+    outcome = outcome_of(run.result)
+    event: dict[str, Any] = {
+        "type": "subagent/end",
+        "run_id": run.run_id,
+        "provider": run.provider,
+        "id": run.id,
+        "local": run.local_agent is not None,
+        "parent_id": run.parent_id,
+    }
+    if isinstance(outcome, BaseException):
+        event["stop_reason"] = "error"
+        event["failure"] = f"{type(outcome).__name__}: {outcome}"
+    else:
+        event["stop_reason"] = outcome.stop_reason
+        usage = outcome.extra.get("usage")
+        if usage:
+            event["usage"] = dict(usage)
+        if outcome.output:
+            event["last_assistant_message"] = list(outcome.output)
+    return event

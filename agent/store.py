@@ -21,7 +21,7 @@ import secrets
 import stat
 import struct
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -218,7 +218,10 @@ class _Store:
         if known is not None:
             for seen, ref in known:
                 if seen == tools:
-                    return ref
+                    # On disk, `subagent gc` may have removed it since: one stat to be sure.
+                    if not self.persistent or self._has_shared(ref):
+                        return ref
+                    break
         data = request_header_data(system, tools)
         check_json(data, where="request/header")
         try:
@@ -497,11 +500,13 @@ class _Handle:
 
 
 class _FileHandle(_Handle):
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: Path, before_sync: Callable[[], None] | None = None) -> None:
         self.fd = fd
         self.path = path
         # Serialises sync/close so a close never lands while a pool thread fsyncs the fd.
         self._lock = gevent.lock.Semaphore()
+        # Makes what this log may name (shared request headers) durable before the log is.
+        self._before_sync = before_sync
 
     def read(self) -> bytes:
         size = os.fstat(self.fd).st_size
@@ -520,6 +525,8 @@ class _FileHandle(_Handle):
             view = view[written:]
 
     def sync(self) -> None:
+        if self._before_sync is not None:
+            self._before_sync()
         with self._lock:
             offload(os.fsync, self.fd)
 
@@ -610,6 +617,17 @@ def _not_regular(path: Path) -> str:
     return "not a regular file"
 
 
+def _fsync_paths(files: list[Path], dirs: list[Path]) -> None:
+    for path in files:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for path in dirs:
+        _fsync_dir(path)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -629,6 +647,11 @@ class SessionStore(_Store):
         super().__init__(durability)
         self.root = Path(root) if root is not None else default_root()
         self._root_ready = False
+        # Shared headers written but not yet fsynced (files, then directories): made durable
+        # before any log of this store syncs, so a durable event never names a lost header.
+        self._unsynced_headers: builtins.list[Path] = []
+        self._unsynced_dirs: builtins.list[Path] = []
+        self._headers_lock = gevent.lock.Semaphore()
 
     def __repr__(self) -> str:
         return f"SessionStore({str(self.root)!r}, durability={self.durability!r})"
@@ -669,12 +692,13 @@ class SessionStore(_Store):
             raise SessionExistsError(f"session {session_id} already exists")
         tmp = self.root / f".{session_id}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        handle = _FileHandle(fd, final)
+        handle = _FileHandle(fd, final, self._sync_shared)
         try:
             os.fchmod(fd, 0o600)  # 0600 whatever the umask took
             _try_lock(fd)
             handle.write(data)
             if self.durability != "none":
+                self._sync_shared()  # a seed may name shared headers
                 offload(os.fsync, fd)
             try:
                 os.link(tmp, final)  # atomic and never clobbers: a reader sees all or nothing
@@ -716,7 +740,7 @@ class SessionStore(_Store):
         if not _try_lock(fd):
             os.close(fd)
             return None
-        return _FileHandle(fd, self._path(session_id))
+        return _FileHandle(fd, self._path(session_id), self._sync_shared)
 
     def _read_unlocked(self, session_id: str) -> bytes:
         fd = self._open_fd(session_id, os.O_RDONLY)  # reading needs read access only
@@ -836,6 +860,9 @@ class SessionStore(_Store):
             return False
 
     def _put_shared(self, ref: str, frame: bytes) -> None:
+        """Written (to the page cache) now, complete under its name or not at all; fsynced by
+        the next sync of any log of this store, before that log (`_sync_shared`): a process
+        kill loses nothing written, and a power loss cannot leave a durable event naming it."""
         self.ensure_root()
         directory = self.root / HEADERS_DIR
         sync = self.durability != "none"
@@ -846,7 +873,7 @@ class SessionStore(_Store):
         else:
             os.chmod(directory, 0o700)
             if sync:
-                offload(_fsync_dir, self.root)
+                self._unsynced_dirs.append(self.root)
         final = self._shared_path(ref)
         tmp = directory / f".{ref}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -856,8 +883,6 @@ class SessionStore(_Store):
                 view = memoryview(frame)
                 while view:
                     view = view[os.write(fd, view) :]
-                if sync:
-                    offload(os.fsync, fd)
             finally:
                 os.close(fd)
             # Same address, same content: a concurrent writer's file is as good as ours.
@@ -866,7 +891,59 @@ class SessionStore(_Store):
         finally:
             tmp.unlink(missing_ok=True)
         if sync:
-            offload(_fsync_dir, directory)
+            self._unsynced_headers.append(final)
+            self._unsynced_dirs.append(directory)
+
+    def collect_headers(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Remove the shared request headers no stored session names (returns their names).
+
+        Only while no session of the store is live anywhere (a live log may be about to name
+        one), and only headers older than TMP_GRACE. Reads every session's events."""
+        directory = self.root / HEADERS_DIR
+        try:
+            names = sorted(os.listdir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        ids = builtins.list(self._ids())
+        if any(self.is_held(session_id) for session_id in ids):
+            return []
+        named: set[str] = set()
+        for session_id in ids:
+            try:
+                for event in self.scan(session_id):
+                    if event.get("type") == REQUEST_HEADER:
+                        ref = event.get("data", {}).get("ref")
+                        if isinstance(ref, str):
+                            named.add(ref)
+            except (SessionLogError, OSError):
+                return []  # an unreadable log may name any of them: keep them all
+        removed: builtins.list[str] = []
+        now = time.time()
+        for name in names:
+            if not name.endswith(_HEADER_SUFFIX) or name[: -len(_HEADER_SUFFIX)] in named:
+                continue
+            path = directory / name
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < TMP_GRACE:
+                    continue
+                if not dry_run:
+                    path.unlink()
+            except OSError:
+                continue
+            removed.append(f"{HEADERS_DIR}/{name}")
+        return removed
+
+    def _sync_shared(self) -> None:
+        """fsync the shared headers written since the last call (files, then directories).
+        Serialised: a second log syncing meanwhile waits until the first one's fsync is done."""
+        if not self._unsynced_headers and not self._unsynced_dirs:
+            return
+        with self._headers_lock:
+            files, self._unsynced_headers = self._unsynced_headers, []
+            dirs, self._unsynced_dirs = self._unsynced_dirs, []
+            if files or dirs:
+                offload(_fsync_paths, files, list(dict.fromkeys(dirs)))
 
     def _read_shared(self, ref: str) -> bytes:
         path = self._shared_path(ref)
