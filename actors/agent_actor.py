@@ -307,6 +307,11 @@ class AgentActor(GeventActor):
         core = self.core
         try:
             while self._queue and not self._closing and not self._held:
+                if not self.actor_inbox.empty():
+                    # Messages told before this turn starts (a cancel right after the start)
+                    # are handled first: the loop greenlet, woken by them, goes ahead.
+                    gevent.sleep(0)
+                    continue
                 message = self._queue.popleft()
                 controller = self._turn_abort = AbortController()
                 self.turn_running = True
