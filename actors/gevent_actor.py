@@ -269,11 +269,9 @@ _live: dict[str, GeventActor] = {}
 class _WakingInbox(gevent.queue.SimpleQueue):  # type: ignore[misc]
     """A lazy actor's inbox: the first message put into it starts the actor's loop."""
 
-    __slots__ = ("sleeper",)
+    __slots__ = ("sleeper",)  # set by the actor right after making it (no Python __init__)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.sleeper: GeventActor | None = None
+    sleeper: GeventActor | None
 
     def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
         sleeper = self.sleeper
@@ -310,8 +308,12 @@ class GeventActor(Actor):
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
         # the hub if anyone waited on it. A gevent Event has the same interface.
         self.actor_urn = _new_urn()
-        lazy = self.lazy_loop and type(self).on_start is Actor.on_start
-        self.actor_inbox = _WakingInbox() if lazy else self._create_actor_inbox()
+        if self.lazy_loop and type(self).on_start is Actor.on_start:
+            inbox = _WakingInbox()
+            inbox.sleeper = None
+            self.actor_inbox = inbox
+        else:
+            self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = gevent.event.Event()
         self._actor_ref = ActorRef(self)
         self._greenlet = None
