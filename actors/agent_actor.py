@@ -307,7 +307,7 @@ class AgentActor(GeventActor):
         core = self.core
         try:
             while self._queue and not self._closing and not self._held:
-                if not self.actor_inbox.empty():
+                if not self.actor_inbox.empty() and not self.actor_stopped.is_set():
                     # Messages told before this turn starts (a cancel right after the start)
                     # are handled first: the loop greenlet, woken by them, goes ahead.
                     gevent.sleep(0)
