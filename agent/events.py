@@ -126,9 +126,14 @@ def is_ignorable(event: Event) -> bool:
 
 def validate_session_id(session_id: object) -> str:
     """Return the id, or raise ValueError (ids become file names)."""
-    if type(session_id) is str and session_id.isascii() and session_id.isalnum():
-        if len(session_id) <= 128:  # letters and digits only: the pattern's common case
-            return session_id
+    # Letters and digits only (the common case, e.g. minted ids): the pattern holds, no regex.
+    if (
+        type(session_id) is str
+        and session_id.isascii()
+        and session_id.isalnum()
+        and len(session_id) <= 128
+    ):
+        return session_id
     if type(session_id) is not str or not SESSION_ID_PATTERN.fullmatch(session_id):
         raise ValueError(
             f"invalid session id {session_id!r}: must match {SESSION_ID_PATTERN.pattern}"
