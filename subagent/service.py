@@ -180,11 +180,11 @@ class SteerableRunHandle(RunHandle):
         if self.result.done:
             return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
         try:
-            agent = self._run.local_agent
-            if agent is not None:
+            actor = None if self._run.local_agent is None else gevent_actor.actor_of(self.ref)
+            if actor is not None:
                 # The child's own actor: told in place when it is idle (no hub switch before
                 # the steer is accepted), else queued behind what it is handling.
-                agent.actor.tell_now(message)
+                actor.tell_now(message)
             else:
                 # One tell; the run's actor settles `reply` itself (no ask future to bind).
                 self.ref.tell(message)
