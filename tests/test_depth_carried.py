@@ -55,7 +55,7 @@ def test_the_depth_is_computed_once_per_start(monkeypatch: pytest.MonkeyPatch) -
     calls: list[Any] = []
     rule = subagent.types.child_depth
 
-    def counted(parent: Any) -> int:
+    def counted(parent: object) -> int:
         calls.append(parent)
         return rule(parent)
 
