@@ -32,6 +32,7 @@ import argparse
 import gc
 import http.server
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,8 +51,6 @@ EXPORTING = ("drop", "on", "sampled")  # the modes whose spans are counted at th
 # Spans per child: its activation's `invoke_agent`, a `chat` per step, an `execute_tool` per
 # tool step.
 SPANS_PER_CHILD = 1 + STEPS + (STEPS - 1)
-
-QUEUE = 1 << 16
 
 TARGETS = {"off_over_none": 1.03, "on_over_none": 1.30}
 
@@ -108,6 +107,8 @@ def _child(mode: str, n: int, endpoint: str) -> dict[str, Any]:
         check=True,
         capture_output=True,
         text=True,
+        # The shell's own OTEL_* settings stay out: each mode sets up exactly what it names.
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -168,7 +169,21 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import now fails
     counted = [0]
     provider: Any = None
-    if mode not in ("none", "off"):
+    if mode in ("on", "sampled"):
+        # Exactly what `OTEL_TRACES_EXPORTER=otlp` gets from the CLI (`configure_from_env`):
+        # the SDK provider, a batch processor, the OTLP http/protobuf exporter.
+        os.environ["OTEL_TRACES_EXPORTER"] = "otlp"
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = endpoint
+        if mode == "sampled":  # the documented knob (docs/tracing.md), read by the SDK
+            os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+            os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0.1"
+        from opentelemetry import trace
+
+        from subagent import telemetry
+
+        assert telemetry.configure_from_env()
+        provider = trace.get_tracer_provider()
+    elif mode in ("floor", "drop"):
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import (
@@ -176,7 +191,8 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
             SpanExporter,
             SpanExportResult,
         )
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        from subagent import telemetry
 
         class Dropping(SpanExporter):
             """Reads each span's name and attributes, then drops it: the queue's and the
@@ -187,20 +203,11 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
                     counted[0] += 1 if span.name and span.attributes is not None else 0
                 return SpanExportResult.SUCCESS
 
-        # `sampled`: what OTEL_TRACES_SAMPLER=parentbased_traceidratio with arg 0.1 sets up.
-        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
-        provider = TracerProvider(sampler=sampler)
+        provider = TracerProvider()
         if mode == "drop":
-            provider.add_span_processor(BatchSpanProcessor(Dropping(), max_queue_size=QUEUE))
-        elif mode in ("on", "sampled"):
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            provider.add_span_processor(
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), max_queue_size=QUEUE)
-            )
+            queue = telemetry.DEFAULT_MAX_QUEUE_SIZE
+            provider.add_span_processor(BatchSpanProcessor(Dropping(), max_queue_size=queue))
         trace.set_tracer_provider(provider)
-
-    import os
 
     import gevent
 
