@@ -47,7 +47,6 @@ QUICK_ROUNDS = 2
 STEPS = 10
 LATENCY = 0.01
 MODES = ("none", "off", "floor", "drop", "on", "sampled")
-EXPORTING = ("drop", "on", "sampled")  # the modes whose spans are counted at the exporter
 # Spans per child: its activation's `invoke_agent`, a `chat` per step, an `execute_tool` per
 # tool step.
 SPANS_PER_CHILD = 1 + STEPS + (STEPS - 1)
@@ -116,7 +115,8 @@ def _child(mode: str, n: int, endpoint: str) -> dict[str, Any]:
 
 class _Collector:
     """A minimal OTLP/HTTP trace collector on 127.0.0.1 (in this, the parent, process): it
-    decodes each export request, counts its spans and answers 200 with an empty response."""
+    answers each export request 200 with an empty response, then decodes it and counts its
+    spans."""
 
     def __init__(self) -> None:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
