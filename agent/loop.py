@@ -30,7 +30,7 @@ from gevent.event import Event as GEvent
 
 from agent import tracing
 from agent.errors import ToolCrash, TurnBlocked
-from agent.history import HistoryView, history_from_events, last_turn_number
+from agent.history import Conversation, last_turn_number
 from agent.log import SessionLog
 from agent.model import (
     ModelAdapter,
@@ -163,7 +163,8 @@ class AgentCore:
         self.variables: Mapping[str, str | None] = variables or {}
         self.agent = agent
         self.on_progress: ProgressFn | None = None
-        self.history: list[dict[str, Any]] = history_from_events(log.events)
+        # The conversation, held once: positions of the log's message events.
+        self.history = Conversation(log.events)
         self.turn = last_turn_number(log.events)
         # This session's token spend (from its log) and budget; the subagent layer links it to
         # the parent's account so a subtree's spend counts against every ancestor's budget.
@@ -342,7 +343,7 @@ class AgentCore:
             session_id=self.session_id,
             model=self.model_name,
             system=system,
-            messages=HistoryView(self.history),
+            messages=self.history.view(),
             tools=tuple(specs),
             signal=signal,
             max_tokens=self.options.max_tokens,
@@ -370,8 +371,7 @@ class AgentCore:
             "content": content,
             "source": dict(message["source"]),
         }
-        self.log.append("user/message", {"message": entry})
-        self.history.append({"role": "user", "content": content})
+        self.history.note(self.log.append("user/message", {"message": entry}))
 
     def _log_assistant(
         self, response: ModelResponse, calls: Sequence[ToolCall]
@@ -399,13 +399,9 @@ class AgentCore:
                 # Priced when spent: a later change of the price table never rewrites history.
                 cost = price.cost(usage)
                 data["cost_usd"] = pico_to_usd(cost)
-        self.log.append("assistant/message", data)
+        self.history.note(self.log.append("assistant/message", data))
         if usage:
             self.usage.charge(usage, cost)
-        entry: dict[str, Any] = {"role": "assistant", "content": content}
-        if tool_calls:
-            entry["tool_calls"] = tool_calls
-        self.history.append(entry)
         if self.on_progress is not None:
             event: dict[str, Any] = {"kind": "assistant/message", "content": content}
             if usage:
@@ -583,7 +579,7 @@ class AgentCore:
         if result.code is not None:
             data["code"] = result.code
         try:
-            self.log.append("tool/result", data)
+            event = self.log.append("tool/result", data)
         except (TypeError, ValueError) as exc:
             # The tool's content is not lossless JSON (or too big): the model gets the failure.
             result = _synthetic(TOOL_FAILED, f"the tool returned content the log refused: {exc}")
@@ -594,16 +590,8 @@ class AgentCore:
                 "is_error": True,
                 "code": TOOL_FAILED,
             }
-            self.log.append("tool/result", data)
-        self.history.append(
-            {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "name": name,
-                "content": data["content"],
-                "is_error": data["is_error"],
-            }
-        )
+            event = self.log.append("tool/result", data)
+        self.history.note(event)
         if self.on_progress is not None:
             self._progress(
                 {
