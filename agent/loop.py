@@ -38,6 +38,7 @@ from agent.model import (
     ModelRequest,
     ModelResponse,
     ToolCall,
+    ToolSpec,
     without_lone_surrogates,
 )
 from agent.options import AgentOptions
@@ -176,7 +177,7 @@ class AgentCore:
             cost_own=cost_of_events(log.events, log.header.seed_length) if price else 0,
             cost_limit=cost_limit,
         )
-        self._last_header: tuple[str, list[Any]] | None = None
+        self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
         self._capture: _Conclude | None = None
         # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
         self.trace: tracing.TraceParent | None = None
@@ -325,7 +326,7 @@ class AgentCore:
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
         system = self.prompt.render(self.variables)
-        specs = self.tools.specs()
+        specs = tuple(self.tools.specs())
         last = self._last_header
         if last is None or last[0] is not system or last[1] != specs:
             self._last_header = (system, specs)
@@ -344,7 +345,7 @@ class AgentCore:
             model=self.model_name,
             system=system,
             messages=self.history.view(),
-            tools=tuple(specs),
+            tools=specs,
             signal=signal,
             max_tokens=self.options.max_tokens,
             turn=turn,
