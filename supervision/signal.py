@@ -33,10 +33,10 @@ class AbortSignal:
 
     def __init__(self) -> None:
         self._aborted = False
-        self._reason: Any = None
+        self._reason: object = None
         self._listeners: dict[int, Listener] | None = {}
         # Greenlets blocked in `wait`, each by its own Waiter: released from the hub on abort.
-        self._waiters: set[Waiter[Any]] | None = None
+        self._waiters: set[Waiter[None]] | None = None
 
     def __repr__(self) -> str:
         return f"<AbortSignal aborted={self._aborted} reason={self._reason!r}>"
@@ -46,7 +46,7 @@ class AbortSignal:
         return self._aborted
 
     @property
-    def reason(self) -> Any:
+    def reason(self) -> object:
         return self._reason
 
     def add_listener(self, fn: Listener) -> Callable[[], None]:
@@ -87,7 +87,7 @@ class AbortSignal:
         # and even its untimed links cost a notifier per wake-up; a scripted model waits like
         # this on every model call.
         hub = gevent.get_hub()
-        waiter: Waiter[Any] = Waiter(hub)
+        waiter: Waiter[None] = Waiter(hub)
         waiters = self._waiters
         if waiters is None:
             waiters = self._waiters = set()
@@ -108,12 +108,12 @@ class AbortSignal:
         return self._aborted
 
     @classmethod
-    def with_trigger(cls) -> tuple[AbortSignal, Callable[[Any], None]]:
+    def with_trigger(cls) -> tuple[AbortSignal, Callable[[object], None]]:
         """A new signal and the one function that aborts it (what `AbortController` holds)."""
         signal = cls()
         return signal, signal._abort
 
-    def _abort(self, reason: Any) -> None:
+    def _abort(self, reason: object) -> None:
         if self._aborted:
             return
         self._aborted = True
