@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gevent
@@ -23,6 +23,7 @@ from pykka import ActorDeadError, Future
 
 from actors import gevent_actor
 from actors import registry_actor as reg
+from actors.agent_handle import Agent
 from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
@@ -30,6 +31,8 @@ from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from agent import tracing
+from agent.context import AgentContext
 from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
@@ -37,7 +40,9 @@ from subagent.errors import SubagentError
 from subagent.listings import Listings
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
+    ContentBlock,
     MessageSource,
+    Resumable,
     SubagentProvider,
     SubagentResult,
     SubagentResumeRequest,
@@ -46,6 +51,7 @@ from subagent.types import (
 )
 from supervision.group import TaskGroup
 from supervision.offload import offload
+from supervision.signal import AbortSignal
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
 __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
@@ -53,6 +59,9 @@ __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Mapping[str, Any]], None]
+# What a caller may steer or message a child with: text, or a list of content blocks
+# (`actors.agent_messages.check_content` checks it at the call).
+Content = str | Sequence[ContentBlock]
 
 # How long a run actor may take to dispose its run when its supervisor stops it (an ACP child's
 # teardown graces fit well inside) before the supervisor kills the actor.
@@ -103,8 +112,9 @@ class RunHandle:
         self.started_at = time.monotonic()
         self.result = result
         self._disposed = False
+        # The run's actor: the child's `AgentActor` for a local run, else its `RunActor`.
         self.ref: Any = None
-        self._trace: Any = None  # the activation's span (agent.tracing.Activation), if tracing
+        self._trace: tracing.Activation | None = None  # the activation's span, if tracing
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} provider={self.provider} run_id={self.run_id}>"
@@ -115,8 +125,9 @@ class RunHandle:
         return run_id
 
     @property
-    def local_agent(self) -> Any:
-        return self._run.local_agent
+    def local_agent(self) -> Agent | None:
+        agent: Agent | None = self._run.local_agent
+        return agent
 
     @property
     def message_id(self) -> str:
@@ -134,7 +145,7 @@ class RunHandle:
         agent = self.local_agent
         return {} if agent is None else dict(agent.usage.subtree)
 
-    def cancel(self, cause: Any = None) -> None:
+    def cancel(self, cause: object = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
         try:  # noqa: SIM105 - no context manager on this hot path
             self.ref.tell(CancelRun(cause))
@@ -159,7 +170,7 @@ class SteerableRunHandle(RunHandle):
 
     __slots__ = ()
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
+    def steer(self, content: Content, source: MessageSource | None = None) -> Future[None]:
         """Fulfils once the child's running turn admitted the message at a step boundary."""
         reply: Deferred[Any] = Deferred()
         message = Steer(check_content(content), source or MessageSource.user(), reply)
@@ -183,7 +194,7 @@ class SubagentService:
 
     def __init__(
         self,
-        ctx: Any,
+        ctx: AgentContext,
         *,
         max_children: int | None = None,
         max_children_per_parent: int | None = None,
@@ -212,19 +223,23 @@ class SubagentService:
 
     def register(self, provider: SubagentProvider) -> Callable[[], None]:
         """Register a provider; returns its unregister function. Removal blocks new starts only."""
-        self._ask(reg.Register(provider))
+        with _registry_open():
+            self._ref.ask(reg.Register(provider), block=True)
 
         def unregister() -> None:
-            self._ask(reg.Unregister(provider))
+            with _registry_open():
+                self._ref.ask(reg.Unregister(provider), block=True)
 
         return unregister
 
     def providers(self) -> list[SubagentProvider]:
-        result: list[SubagentProvider] = self._ask(reg.Providers())
+        with _registry_open():
+            result: list[SubagentProvider] = self._ref.ask(reg.Providers(), block=True)
         return result
 
     def get(self, name: str) -> SubagentProvider | None:
-        result: SubagentProvider | None = self._ask(reg.GetProvider(name))
+        with _registry_open():
+            result: SubagentProvider | None = self._ref.ask(reg.GetProvider(name), block=True)
         return result
 
     # -- events -----------------------------------------------------------------------------------
@@ -234,11 +249,13 @@ class SubagentService:
         and must return quickly; one that raises is logged and the others still run."""
         if not callable(listener):
             raise TypeError("listener must be callable")
-        self._ask(reg.Subscribe(listener, parent_id))
+        with _registry_open():
+            self._ref.ask(reg.Subscribe(listener, parent_id), block=True)
 
         def remove() -> None:
             if self._ref.is_alive():
-                self._ask(reg.Unsubscribe(listener, parent_id))
+                with _registry_open():
+                    self._ref.ask(reg.Unsubscribe(listener, parent_id), block=True)
 
         return remove
 
@@ -252,13 +269,13 @@ class SubagentService:
 
         return remove
 
-    def _on_agent_published(self, agent: Any) -> None:
+    def _on_agent_published(self, agent: Agent) -> None:
         # Attached before the child's first turn runs, so a UI sees every event of it.
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
         self._account_for(agent)
 
-    def _account_for(self, agent: Any) -> None:
+    def _account_for(self, agent: Agent) -> None:
         """Link a new agent's usage account under its parent's (a subtree's spend counts
         against every ancestor's budget) and have a used-up budget cancel its descendants."""
         account = agent.usage
@@ -301,7 +318,8 @@ class SubagentService:
 
     def runs(self, parent_id: str | None = None) -> list[RunHandle]:
         """The live runs (all, or one parent's), from the registry's run table."""
-        runs: list[RunHandle] = self._ask(reg.Runs(parent_id))
+        with _registry_open():
+            runs: list[RunHandle] = self._ref.ask(reg.Runs(parent_id), block=True)
         return runs
 
     @property
@@ -353,21 +371,31 @@ class SubagentService:
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
-        known = self._ask(reg.Known(name))
+        with _registry_open():
+            known: SubagentProvider | None = self._ref.ask(reg.Known(name), block=True)
         if known is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
+        if not isinstance(known, Resumable):
+            # The registry refuses it as well; checked here first, so `known.resume` is typed
+            # and nothing is admitted for a resume that cannot run.
+            raise SubagentError(
+                "UNSUPPORTED_CAPABILITY", f"provider {known.name!r} cannot resume children"
+            )
         ticket = next(self._tickets)
-        provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        # The registry admits `known` itself (a resume names its provider, registered or not).
+        _admitted, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
         store = self._ctx.store
-        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, provider)
-        resume = provider.resume
-        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
+        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, known)
+        resume = known.resume
+        return self._launch(known, run_id, ticket, parent_id, lambda: resume(request), trace)
 
-    def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
+    def _admit(
+        self, message: reg.Admit | reg.AdmitResume, signal: AbortSignal
+    ) -> tuple[SubagentProvider, str]:
         future = self._registry.ask_now(message, block=False)
         remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
         try:
-            admitted: tuple[Any, str] = future.get()
+            admitted: tuple[SubagentProvider, str] = future.get()
         finally:
             remove()
         if signal.aborted:
@@ -384,7 +412,7 @@ class SubagentService:
         if usage and parent is not None:
             parent.usage.charge_remote(usage)
 
-    def _withdraw(self, ticket: int, reason: Any) -> None:
+    def _withdraw(self, ticket: int, reason: object) -> None:
         with contextlib.suppress(ActorDeadError):
             self._ref.tell(reg.Withdraw(ticket, reason))
 
@@ -400,7 +428,7 @@ class SubagentService:
         ticket: int,
         parent_id: str,
         start: Callable[[], SubagentRun],
-        trace: Any = None,
+        trace: tracing.Activation | None = None,
     ) -> RunHandle:
         try:
             run = start()
@@ -477,7 +505,7 @@ class SubagentService:
     def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
-            self._ref.ask(reg.Providers())
+            self._ref.ask(reg.Providers(), block=True)
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 
@@ -491,11 +519,11 @@ class SubagentService:
 
     def send_message(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
-        content: Any,
+        content: Content,
         source: MessageSource,
-        signal: Any = None,
+        signal: AbortSignal | None = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
         if self._closed:
@@ -504,7 +532,7 @@ class SubagentService:
             parent, child_id, check_content(content), source, signal
         )
 
-    def interrupt(self, child_id: str, *, by: Any) -> bool:
+    def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
@@ -539,13 +567,13 @@ class SubagentService:
         self._supervisors[parent_id] = supervisor
         return supervisor
 
-    def _on_parent_closing(self, agent: Any) -> None:
+    def _on_parent_closing(self, agent: Agent) -> None:
         """Dispose the closing agent's children first (release completes child-first)."""
         supervisor = self._supervisors.pop(agent.id, None)
         if supervisor is not None:
             supervisor.dispose(f"parent {agent.id} closing")
 
-    def _on_parent_cancelled(self, agent: Any, cause: Any) -> None:
+    def _on_parent_cancelled(self, agent: Agent, cause: object) -> None:
         if not self._registry.has_children(agent.id):
             return  # most agents (every leaf child) started no run: no message at all
         with contextlib.suppress(ActorDeadError):
@@ -561,11 +589,17 @@ class SubagentService:
         self._ref.stop(block=True)
         self._relays.close()
 
-    def _ask(self, message: Any) -> Any:
-        try:
-            return self._ref.ask(message)
-        except ActorDeadError:
-            raise SubagentError("RUNTIME_CLOSED") from None
+
+@contextlib.contextmanager
+def _registry_open() -> Iterator[None]:
+    """Around an ask of the registry: a registry already stopped means the runtime closed.
+
+    The reply's type is the message's (each message in `actors.registry_actor` says what it
+    replies); the caller names it where it binds the reply."""
+    try:
+        yield
+    except ActorDeadError:
+        raise SubagentError("RUNTIME_CLOSED") from None
 
 
 def _failed(exc: BaseException) -> GeventFuture[None]:
@@ -574,7 +608,8 @@ def _failed(exc: BaseException) -> GeventFuture[None]:
     return future
 
 
-def _parent_id(parent: Any) -> str:
+def _parent_id(parent: object) -> str:
+    """The id of a request's parent, checked: the request's `parent` is not typed below."""
     parent_id = getattr(parent, "id", None)
     if not isinstance(parent_id, str):
         raise TypeError("request.parent must be an agent (with a string id)")
