@@ -25,13 +25,16 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gevent.event import Event
 from gevent.lock import Semaphore
 
+from actors.agent_handle import Agent
 from actors.agents import new_session_id
-from agent.events import SessionLogError, validate_session_id
+from actors.gevent_actor import GeventFuture
+from agent.context import AgentContext
+from agent.events import SessionHeader, SessionLogError, validate_session_id
 from agent.store import SessionExistsError, SessionNotFoundError
 from subagent import settlement
 from subagent.descriptor import (
@@ -45,7 +48,9 @@ from subagent.listings import Activation
 from subagent.types import (
     MessageSource,
     Resumable,
+    Steerable,
     SubagentContinuation,
+    SubagentProvider,
     SubagentResult,
     SubagentResumeRequest,
     SubagentStartRequest,
@@ -53,9 +58,43 @@ from subagent.types import (
 from supervision.group import TaskGroup
 from supervision.signal import AbortController, AbortSignal
 
-__all__ = ["ContinuableStart", "ContinuationManager", "SendResult"]
+__all__ = ["ActivationRun", "ContinuableStart", "ContinuationManager", "RunStarter", "SendResult"]
 
 log = logging.getLogger(__name__)
+
+
+class ActivationRun(Protocol):
+    """What the manager holds of one activation: the service's `RunHandle` (named here as a
+    Protocol because the service module imports this one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def parent_id(self) -> str: ...
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def settled(self) -> bool: ...
+
+    @property
+    def result(self) -> GeventFuture[SubagentResult]: ...
+
+    def cancel(self, cause: object = None) -> None: ...
+
+    def dispose(self) -> None: ...
+
+
+class RunStarter(Protocol):
+    """What the manager asks of the `SubagentService` that owns it."""
+
+    def get(self, name: str) -> SubagentProvider | None: ...
+
+    def start(self, name: str, request: SubagentStartRequest) -> ActivationRun: ...
+
+    def resume(self, request: SubagentResumeRequest, name: str | None = None) -> ActivationRun: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +119,7 @@ class _Child:
     label: str = ""
     users: int = 0  # callers between `_use` and `_release`: the record must stay
     lock: Semaphore = field(default_factory=Semaphore)
-    handle: Any = None
+    handle: ActivationRun | None = None
     task_id: str | None = None
     settled: Event = field(default_factory=Event)
     restarts: list[float] = field(default_factory=list)
@@ -92,7 +131,14 @@ class _Child:
 class ContinuationManager:
     """Owns descriptor lookup and task association for continuable children."""
 
-    def __init__(self, service: Any, ctx: Any, *, max_restarts: int = 3, within: float = 60.0):
+    def __init__(
+        self,
+        service: RunStarter,
+        ctx: AgentContext,
+        *,
+        max_restarts: int = 3,
+        within: float = 60.0,
+    ) -> None:
         self._service = service
         self._ctx = ctx
         self._children: dict[str, _Child] = {}
@@ -173,7 +219,7 @@ class ContinuationManager:
 
     def send_message(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
         content: Sequence[Mapping[str, Any]],
         source: MessageSource,
@@ -193,7 +239,7 @@ class ContinuationManager:
 
     def _send(
         self,
-        parent: Any,
+        parent: Agent,
         child: _Child,
         content: list[Mapping[str, Any]],
         source: MessageSource,
@@ -207,7 +253,7 @@ class ContinuationManager:
                 if signal.aborted:
                     raise SubagentError("ABORTED", f"the message was aborted: {signal.reason}")
                 handle = child.handle
-                if handle is not None and not handle.settled and hasattr(handle, "steer"):
+                if handle is not None and not handle.settled and isinstance(handle, Steerable):
                     try:
                         admitted = handle.steer(content, source).get()
                         # The admitted message's id, once the agent's steer reply carries it.
@@ -229,7 +275,7 @@ class ContinuationManager:
 
     def resume_request(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
         content: Sequence[Mapping[str, Any]],
         source: MessageSource,
@@ -251,7 +297,7 @@ class ContinuationManager:
 
     def _resume(
         self,
-        parent: Any,
+        parent: Agent,
         child: _Child,
         content: list[Mapping[str, Any]],
         source: MessageSource,
@@ -277,7 +323,7 @@ class ContinuationManager:
 
     # -- interrupt ---------------------------------------------------------------------------
 
-    def interrupt(self, child_id: str, *, by: Any) -> bool:
+    def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may."""
         validate_session_id(child_id)
         self._authorize_ancestor(by, child_id)
@@ -327,12 +373,13 @@ class ContinuationManager:
         ):
             del self._children[child.child_id]
 
-    def _header(self, child_id: str) -> Any:
+    def _header(self, child_id: str) -> SessionHeader:
         """The live agent's header, else the stored one (read alone: the body may be corrupt)."""
         validate_session_id(child_id)  # never a path outside the store
         agent = self._ctx.agents.get(child_id)
         if agent is not None:
-            return agent.header
+            header: SessionHeader = agent.header
+            return header
         store = self._ctx.store
         try:
             return store.header(child_id)
@@ -343,16 +390,23 @@ class ContinuationManager:
                 "NOT_RESUMABLE", f"the header of child {child_id!r} cannot be read: {exc}"
             ) from exc
 
-    def _authorize_direct_parent(self, parent: Any, child_id: str) -> None:
+    def _live(self, agent: object) -> Agent | None:
+        """The live agent of `agent`'s id (None for an unknown id, or a caller that passed
+        something other than an agent: authorization then refuses it)."""
+        agent_id = getattr(agent, "id", None)
+        live: Agent | None = self._ctx.agents.get(agent_id) if isinstance(agent_id, str) else None
+        return live
+
+    def _authorize_direct_parent(self, parent: Agent, child_id: str) -> None:
         header = self._header(child_id)
-        live = self._ctx.agents.get(getattr(parent, "id", None))
+        live = self._live(parent)
         if live is not parent or header.parent_session != parent.id:
             raise SubagentError(
                 "UNAUTHORIZED", "only the exact live agent recorded as the child's parent may"
             )
 
-    def _authorize_ancestor(self, by: Any, child_id: str) -> None:
-        live = self._ctx.agents.get(getattr(by, "id", None))
+    def _authorize_ancestor(self, by: Agent, child_id: str) -> None:
+        live = self._live(by)
         if live is not by:
             raise SubagentError("UNAUTHORIZED", "the sender is not a live agent")
         header = self._header(child_id)
@@ -368,7 +422,7 @@ class ContinuationManager:
                 break
         raise SubagentError("UNAUTHORIZED", "only an ancestor may interrupt a child")
 
-    def _stored_descriptor(self, child_id: str) -> tuple[Any, SubagentDescriptor]:
+    def _stored_descriptor(self, child_id: str) -> tuple[SessionHeader, SubagentDescriptor]:
         """The stored header and authoritative descriptor. The log is scanned lazily up to the
         descriptor (the first turn), not decoded whole: resume opens and validates it anyway."""
         store = self._ctx.store
@@ -388,7 +442,7 @@ class ContinuationManager:
             raise SubagentError("NOT_RESUMABLE", f"child {child_id!r} has no usable descriptor")
         return header, found
 
-    def _adopt(self, child: _Child, handle: Any, label: str, owner: str) -> str:
+    def _adopt(self, child: _Child, handle: ActivationRun, label: str, owner: str) -> str:
         if self._closed:
             # close() already took its census: an activation it cannot see must not live on.
             handle.dispose()
@@ -407,10 +461,10 @@ class ContinuationManager:
         handle.result.add_done_callback(lambda _f: self._start_settling(child, handle, task.id))
         return str(task.id)
 
-    def _start_settling(self, child: _Child, handle: Any, task_id: str) -> None:
+    def _start_settling(self, child: _Child, handle: ActivationRun, task_id: str) -> None:
         self._settlers.spawn(self._settle, child, handle, task_id)
 
-    def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
+    def _settle(self, child: _Child, handle: ActivationRun, task_id: str) -> None:
         """When the activation ends: notify the parent, release the run, settle the task."""
         try:
             outcome = settlement.outcome_of(handle.result)
@@ -428,7 +482,9 @@ class ContinuationManager:
         finally:
             self._release(child)
 
-    def _notify_parent(self, child: _Child, handle: Any, outcome: settlement.Outcome) -> None:
+    def _notify_parent(
+        self, child: _Child, handle: ActivationRun, outcome: settlement.Outcome
+    ) -> None:
         parent = self._ctx.agents.get(handle.parent_id)
         if parent is None:
             log.info(
@@ -441,7 +497,7 @@ class ContinuationManager:
             content.extend(outcome.output)
         settlement.tell_parent(parent, content, summary)
 
-    def _maybe_restart(self, child: _Child, handle: Any, failure: BaseException) -> None:
+    def _maybe_restart(self, child: _Child, handle: ActivationRun, failure: BaseException) -> None:
         """Transient restart: a crashed activation is resumed cold, within the intensity.
 
         Past the intensity, or when the restart itself fails, the child is left stored and the
@@ -478,7 +534,7 @@ class ContinuationManager:
                 f"({settlement.one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
             )
 
-    def _report(self, parent: Any, text: str) -> None:
+    def _report(self, parent: Agent, text: str) -> None:
         try:
             parent.send([{"type": "text", "text": text}], MessageSource("subagent-report")).get()
         except Exception:
@@ -499,5 +555,5 @@ class ContinuationManager:
         self._settlers.close()
 
 
-def _message_id(handle: Any) -> str:
-    return str(getattr(handle, "message_id", "") or "")
+def _message_id(handle: ActivationRun) -> str:
+    return handle.message_id
