@@ -245,6 +245,16 @@ def test_install_refuses_a_config_the_provider_cannot_honour(env: Env) -> None:
     assert "subagent" not in env.rt.ctx.tools
 
 
+def test_install_takes_a_runtime_a_context_or_an_agent_and_refuses_anything_else(
+    env: Env,
+) -> None:
+    agent = env.rt.agent()
+    for target in (env.rt, env.rt.ctx, agent):
+        install_subagent_tools(target, tools=["spawn"])()
+    with pytest.raises(TypeError, match="Runtime, an AgentContext or an Agent"):
+        install_subagent_tools(object(), env.rt.subagents)  # type: ignore[arg-type]
+
+
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
         SubagentToolConfig("spawn", max_depth=-1)

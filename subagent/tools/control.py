@@ -8,12 +8,15 @@ child that is not its own. Failures come back as error tool results carrying the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
 from subagent.tools.delegate import child_labels
 from subagent.types import MessageSource, text_block
+
+if TYPE_CHECKING:
+    from subagent.service import SubagentService
 
 __all__ = [
     "INTERRUPT_AGENT",
@@ -34,7 +37,7 @@ def _error(exc: SubagentError) -> ToolError:
     return ToolError(f"{exc.detail} ({exc.code})", code=exc.code)
 
 
-def send_message_tool(service: Any) -> Tool:
+def send_message_tool(service: SubagentService) -> Tool:
     """Steer a running continuable child, or wake a stopped one with this message."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
@@ -78,7 +81,7 @@ def send_message_tool(service: Any) -> Tool:
     )
 
 
-def interrupt_agent_tool(service: Any) -> Tool:
+def interrupt_agent_tool(service: SubagentService) -> Tool:
     """Cancel a descendant's current turn; its queued messages are kept."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
@@ -122,7 +125,7 @@ def format_agent_rows(rows: list[dict[str, Any]], labels: Mapping[str, str]) -> 
     return "\n".join(lines)
 
 
-def list_agents_tool(service: Any) -> Tool:
+def list_agents_tool(service: SubagentService) -> Tool:
     """The caller's children (or whole subtree) with status running, idle or stored."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:

@@ -20,9 +20,10 @@ import re
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agent import tracing
+from agent.context import AgentContext
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
 from agent.usage import usd_to_pico
@@ -41,7 +42,11 @@ from subagent.types import (
     ToolRestriction,
     text_block,
 )
-from supervision.signal import AbortController
+from supervision.signal import AbortController, AbortSignal
+
+if TYPE_CHECKING:
+    from actors.agent_handle import Agent
+    from subagent.service import RunHandle, SubagentService
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -64,10 +69,10 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 # child id -> the description its delegating call gave, per runtime context. Display only:
 # the CLI's live tree shows it; nothing decides anything from it.
-_LABELS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+_LABELS: weakref.WeakKeyDictionary[AgentContext, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
-def child_labels(ctx: Any) -> dict[str, str]:
+def child_labels(ctx: AgentContext) -> dict[str, str]:
     """The labels the subagent tools recorded for children of this runtime context."""
     labels = _LABELS.get(ctx)
     if labels is None:
@@ -216,7 +221,7 @@ def _tool_error(exc: SubagentError) -> ToolError:
 class _Delegate:
     """The tool function, bound to its service and config."""
 
-    def __init__(self, service: Any, config: SubagentToolConfig, name: str) -> None:
+    def __init__(self, service: SubagentService, config: SubagentToolConfig, name: str) -> None:
         self.service = service
         self.config = config
         self.name = name
@@ -240,8 +245,12 @@ class _Delegate:
         return self._foreground(agent, description, prompt, ctx)
 
     def _request(
-        self, agent: Any, prompt: list[dict[str, Any]], signal: Any, trace: Any = None
-    ) -> Any:
+        self,
+        agent: Agent,
+        prompt: list[dict[str, Any]],
+        signal: AbortSignal,
+        trace: tracing.TraceParent | None = None,
+    ) -> SubagentStartRequest:
         c = self.config
         return SubagentStartRequest(
             prompt=prompt,
@@ -256,21 +265,22 @@ class _Delegate:
             trace=trace,
         )
 
-    def _start(self, request: Any, description: str) -> Any:
+    def _start(self, request: SubagentStartRequest, description: str) -> RunHandle:
         try:
             handle = self.service.start(self.config.provider, request)
         except SubagentError as exc:
             raise _tool_error(exc) from exc
-        child_labels(request.parent.ctx)[handle.id] = description
+        parent: Agent = request.parent
+        child_labels(parent.ctx)[handle.id] = description
         return handle
 
     def _foreground(
-        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+        self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
         trace = tracing.named(ctx.trace, description)
         handle = self._start(self._request(agent, prompt, ctx.signal, trace), description)
         try:
-            result: SubagentResult = handle.result.get()
+            result = handle.result.get()
         finally:
             handle.dispose()
         if result.stop_reason != COMPLETED:
@@ -280,7 +290,7 @@ class _Delegate:
         return output_text(result)
 
     def _one_shot(
-        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+        self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
         tasks = agent.ctx.tasks
         if tasks is None:
@@ -297,7 +307,7 @@ class _Delegate:
             f"stop it with task_kill(task_id={task.id!r})."
         )
 
-    def _watch(self, agent: Any, handle: Any, task_id: str, description: str) -> None:
+    def _watch(self, agent: Agent, handle: RunHandle, task_id: str, description: str) -> None:
         """Settle the task when the child ends (the path continuation shares), then tell the
         parent where to read the result."""
         try:
@@ -311,7 +321,7 @@ class _Delegate:
             settlement.tell_parent(agent, [text_block(note)], summary)
 
     def _continuable(
-        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+        self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
         request = self._request(agent, prompt, ctx.signal, tracing.named(ctx.trace, description))
         try:
@@ -328,7 +338,9 @@ class _Delegate:
         )
 
 
-def subagent_tool(service: Any, config: SubagentToolConfig, *, name: str | None = None) -> Tool:
+def subagent_tool(
+    service: SubagentService, config: SubagentToolConfig, *, name: str | None = None
+) -> Tool:
     """Build the delegation tool for `config.provider` (which must be registered)."""
     provider = service.get(config.provider)
     if provider is None:
