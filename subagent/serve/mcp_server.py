@@ -121,7 +121,7 @@ class McpServer:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _on_request(self, method: str, params: object) -> Any:
+    def _on_request(self, method: str, params: object) -> dict[str, Any] | gevent.Greenlet:
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
@@ -180,7 +180,8 @@ class McpServer:
 
     def _run_call(
         self, rid: object, call: ToolCall, controller: AbortController, token: object
-    ) -> Any:
+    ) -> object:
+        """The call's `CallToolResult`, or `NO_REPLY` when the client cancelled it."""
         remove = None
         if isinstance(token, (str, int)) and not isinstance(token, bool) and self._feed:
             remove = self._feed.add(lambda event: self._progress(token, event))

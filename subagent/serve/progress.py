@@ -9,7 +9,11 @@ forward and are skipped.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actors.agent_handle import Agent
+    from subagent.service import SubagentService
 
 __all__ = ["ChildFeed", "describe"]
 
@@ -54,7 +58,7 @@ class ChildFeed:
     steps count too.
     """
 
-    def __init__(self, service: Any, agents: Mapping[str, Any], root_id: str) -> None:
+    def __init__(self, service: SubagentService, agents: Mapping[str, Agent], root_id: str) -> None:
         self._agents = agents
         self._root = root_id
         self._known: set[str] = set()
