@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subagent.cli.common import (
     flat_text,
@@ -19,6 +19,10 @@ from subagent.cli.common import (
     when,
 )
 
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from agent.store import SessionStore, UnreadableSession
+    from subagent.cli.common import Subcommands
+
 __all__ = ["cmd_log", "cmd_ls", "cmd_tree", "register"]
 
 
@@ -28,7 +32,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     root = store_root(args)
     # A store nobody wrote yet (no directory) holds no roots: `ls` lists nothing, rc 0.
     store = open_store(args) if args.parent or root.is_dir() else None
-    if args.parent:
+    if args.parent and store is not None:
         require_session(store, args.parent)
         rows = listing_rows(store, lambda listings: listings.list_children(args.parent))
         if args.json:
@@ -61,12 +65,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
             created = "-" if r["created_at"] is None else when(r["created_at"])
             table.add_row(r["id"], r["status"], created, str(r["children"]), r["cwd"] or "-")
     make_console().print(table)
-    if args.parent:
+    if args.parent and store is not None:
         _note_unreadable(store)
     return 0
 
 
-def _root_rows(store: Any) -> list[dict[str, Any]]:
+def _root_rows(store: SessionStore) -> list[dict[str, Any]]:
     """Root sessions, plus what a listing by parent can never show: children whose parent is
     gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
     headers, unreadable = store.census()
@@ -112,7 +116,7 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _spend_of(store: Any, session_id: str) -> tuple[dict[str, int], int] | None:
+def _spend_of(store: SessionStore, session_id: str) -> tuple[dict[str, int], int] | None:
     """A stored session's own usage and cost (picodollars), or None when it is unreadable."""
     from agent.usage import cost_of_events, usage_of_events
 
@@ -173,12 +177,12 @@ def _spent_text(row: Mapping[str, Any], key: str = "subtree_usage") -> str:
     return text
 
 
-def _corrupt_status(bad: Any) -> str:
+def _corrupt_status(bad: UnreadableSession) -> str:
     where = "" if bad.offset is None else f" at byte {bad.offset}"
     return f"corrupt{where}: {bad.reason}"
 
 
-def _note_unreadable(store: Any) -> None:
+def _note_unreadable(store: SessionStore) -> None:
     """A listing by parent cannot place a session whose header is unreadable: say so."""
     _headers, unreadable = store.census()
     for bad in unreadable:
@@ -213,7 +217,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tree_root_row(store: Any, root_id: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _tree_root_row(store: SessionStore, root_id: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The row of the tree's root itself: its header, its own usage, and its subtree's (its
     own plus its children's subtree totals, which the descendant rows already carry)."""
     from agent.usage import PICO, add_usage, pico_to_usd
@@ -322,7 +326,7 @@ def _log_line(kind: str, data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     ls = sub.add_parser("ls", help="root sessions, or the children of PARENT")
     ls.add_argument("parent", nargs="?")
     ls.add_argument("--json", action="store_true")
