@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
-from agent.usage import PICO, add_usage, cost_of_events, pico_to_usd, usage_of_events
+from agent.log import SessionLog
+from agent.usage import PICO, UsageAccount, add_usage, cost_of_events, pico_to_usd, usage_of_events
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -25,7 +26,14 @@ from subagent.descriptor import (
     authoritative_descriptor,
 )
 
-__all__ = ["Activation", "ActivationView", "ListingStore", "Listings", "add_subtree_usage"]
+__all__ = [
+    "Activation",
+    "ActivationView",
+    "ListedAgent",
+    "ListingStore",
+    "Listings",
+    "add_subtree_usage",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,23 @@ class ListingStore(Protocol):
     def is_held(self, session_id: str) -> bool: ...
 
 
+class ListedAgent(Protocol):
+    """What a listing reads of a live agent (`actors.agent_handle.Agent`): its own header
+    overrides the stored one, its status says whether it runs, its log and account its spend."""
+
+    @property
+    def header(self) -> SessionHeader: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def log(self) -> SessionLog: ...
+
+    @property
+    def usage(self) -> UsageAccount: ...
+
+
 def _untracked(_child_id: str) -> Activation | None:
     return None
 
@@ -73,11 +98,11 @@ class Listings:
     def __init__(
         self,
         store: ListingStore,
-        agents: Mapping[str, Any] | None = None,
+        agents: Mapping[str, ListedAgent] | None = None,
         activations: ActivationView = _untracked,
     ) -> None:
         self._store = store
-        self._agents: Mapping[str, Any] = agents if agents is not None else {}
+        self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
 
     def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
@@ -166,10 +191,11 @@ class Listings:
         return bool(self._store.is_held(child_id))
 
     def _descriptor_of(
-        self, child_id: str, agent: Any
+        self, child_id: str, agent: ListedAgent | None
     ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
         """The child's descriptor, its own token usage and cost in picodollars (live: its
         account; else its log)."""
+        events: Sequence[Event]
         if agent is not None:
             events = agent.log.events
             seed_length = agent.header.seed_length

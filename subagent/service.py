@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gevent
-from pykka import ActorDeadError, Future
+from pykka import ActorDeadError
 
 from actors import gevent_actor
 from actors import registry_actor as reg
@@ -170,9 +170,13 @@ class SteerableRunHandle(RunHandle):
 
     __slots__ = ()
 
-    def steer(self, content: Content, source: MessageSource | None = None) -> Future[None]:
-        """Fulfils once the child's running turn admitted the message at a step boundary."""
-        reply: Deferred[Any] = Deferred()
+    def steer(
+        self, content: Content, source: MessageSource | None = None
+    ) -> GeventFuture[str | None]:
+        """Fulfils once the child's running turn admitted the message at a step boundary: with
+        the admitted message's id for a local child, with what the provider's `steer` gives
+        (None, by the seam) for a remote one."""
+        reply: Deferred[str | None] = Deferred()
         message = Steer(check_content(content), source or MessageSource.user(), reply)
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
@@ -602,8 +606,8 @@ def _registry_open() -> Iterator[None]:
         raise SubagentError("RUNTIME_CLOSED") from None
 
 
-def _failed(exc: BaseException) -> GeventFuture[None]:
-    future: GeventFuture[None] = GeventFuture()
+def _failed(exc: BaseException) -> GeventFuture[str | None]:
+    future: GeventFuture[str | None] = GeventFuture()
     future.set_exception((type(exc), exc, None))
     return future
 
