@@ -45,6 +45,8 @@ from subagent.descriptor import (
 )
 from subagent.errors import SubagentError
 from subagent.listings import Activation
+from subagent.live import live_agent, task_service
+from subagent.tasks import TaskService
 from subagent.types import (
     MessageSource,
     Resumable,
@@ -327,7 +329,7 @@ class ContinuationManager:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may."""
         validate_session_id(child_id)
         self._authorize_ancestor(by, child_id)
-        agent = self._ctx.agents.get(child_id)
+        agent = live_agent(self._ctx, child_id)
         if agent is None or agent.status != "running":
             return False
         agent.cancel(f"interrupted by {by.id}", keep_inbox=True).get()
@@ -348,10 +350,16 @@ class ContinuationManager:
     def _require_continuation(self) -> None:
         if not getattr(self._ctx.store, "persistent", False):
             raise SubagentError("PERSISTENCE_UNAVAILABLE")
-        if self._ctx.tasks is None or self._ctx.agents is None:
-            raise SubagentError("CONTINUATION_UNAVAILABLE")
-        if self._closed or getattr(self._ctx.tasks, "closed", False):
+        tasks = self._tasks()
+        if self._closed or tasks.closed:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closing")
+
+    def _tasks(self) -> TaskService:
+        """The runtime's task service, which continuation needs (a runtime always sets one)."""
+        tasks = task_service(self._ctx)
+        if tasks is None:
+            raise SubagentError("CONTINUATION_UNAVAILABLE")
+        return tasks
 
     def _use(self, child_id: str) -> _Child:
         """The child's record, held until `_release`: one record (one lock) per child id."""
@@ -376,7 +384,7 @@ class ContinuationManager:
     def _header(self, child_id: str) -> SessionHeader:
         """The live agent's header, else the stored one (read alone: the body may be corrupt)."""
         validate_session_id(child_id)  # never a path outside the store
-        agent = self._ctx.agents.get(child_id)
+        agent = live_agent(self._ctx, child_id)
         if agent is not None:
             header: SessionHeader = agent.header
             return header
@@ -394,8 +402,7 @@ class ContinuationManager:
         """The live agent of `agent`'s id (None for an unknown id, or a caller that passed
         something other than an agent: authorization then refuses it)."""
         agent_id = getattr(agent, "id", None)
-        live: Agent | None = self._ctx.agents.get(agent_id) if isinstance(agent_id, str) else None
-        return live
+        return live_agent(self._ctx, agent_id) if isinstance(agent_id, str) else None
 
     def _authorize_direct_parent(self, parent: Agent, child_id: str) -> None:
         header = self._header(child_id)
@@ -447,9 +454,8 @@ class ContinuationManager:
             # close() already took its census: an activation it cannot see must not live on.
             handle.dispose()
             raise SubagentError("RUNTIME_CLOSED", "the runtime closed while the child started")
-        tasks = self._ctx.tasks
         try:
-            task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))
+            task = self._tasks().adopt(label, owner, kill=lambda reason: handle.cancel(reason))
         except BaseException:
             handle.dispose()  # an activation nobody tracks must not keep running
             raise
@@ -475,7 +481,7 @@ class ContinuationManager:
                     handle.dispose()
                     if child.handle is handle:
                         child.handle = None
-                    settlement.settle_task(self._ctx.tasks, task_id, outcome)
+                    settlement.settle_task(self._tasks(), task_id, outcome)
                     child.settled.set()
             if isinstance(outcome, Exception):
                 self._maybe_restart(child, handle, outcome)
@@ -485,7 +491,7 @@ class ContinuationManager:
     def _notify_parent(
         self, child: _Child, handle: ActivationRun, outcome: settlement.Outcome
     ) -> None:
-        parent = self._ctx.agents.get(handle.parent_id)
+        parent = live_agent(self._ctx, handle.parent_id)
         if parent is None:
             log.info(
                 "parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id
@@ -505,7 +511,7 @@ class ContinuationManager:
         """
         if self._closed:
             return
-        parent = self._ctx.agents.get(handle.parent_id)
+        parent = live_agent(self._ctx, handle.parent_id)
         if parent is None:
             log.info("parent of crashed child %s is gone; not restarting", child.child_id)
             return

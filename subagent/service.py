@@ -38,6 +38,7 @@ from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.listings import Listings
+from subagent.live import live_agent
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     ContentBlock,
@@ -126,8 +127,8 @@ class RunHandle:
 
     @property
     def local_agent(self) -> Agent | None:
-        agent: Agent | None = self._run.local_agent
-        return agent
+        agent = self._run.local_agent  # the seam's view of it; the face's own class in-process
+        return agent if isinstance(agent, Agent) else None
 
     @property
     def message_id(self) -> str:
@@ -283,7 +284,7 @@ class SubagentService:
         """Link a new agent's usage account under its parent's (a subtree's spend counts
         against every ancestor's budget) and have a used-up budget cancel its descendants."""
         account = agent.usage
-        parent = self._ctx.agents.get(agent.header.parent_session or "")
+        parent = live_agent(self._ctx, agent.header.parent_session or "")
         if parent is not None:
             account.attach(parent.usage)
         if account.limit is None and account.cost_limit is None:
@@ -412,7 +413,7 @@ class SubagentService:
         if isinstance(outcome, BaseException):
             return
         usage = outcome.extra.get("usage")
-        parent = self._ctx.agents.get(parent_id)
+        parent = live_agent(self._ctx, parent_id)
         if usage and parent is not None:
             parent.usage.charge_remote(usage)
 
@@ -557,7 +558,7 @@ class SubagentService:
         if self._closed:
             raise SupervisorClosedError("the runtime is closing")
         supervisor = Supervisor(f"children of {parent_id}")
-        parent = self._ctx.agents.get(parent_id)
+        parent = live_agent(self._ctx, parent_id)
         grandparent_id = None if parent is None else parent.header.parent_session
         owner = self._supervisors.get(grandparent_id or "", self._root)
         owner.start_child(

@@ -29,6 +29,7 @@ from gevent.pool import Group
 from agent.options import AgentOptions
 from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
+from subagent.live import live_agent
 from subagent.serve.progress import ChildFeed, describe
 from subagent.serve.stdio import ProtocolPipes, serve_until_closed
 from subagent.serve.wiring import Served
@@ -169,7 +170,7 @@ class _Session:
     def _parent_of(self, child: str, event: Mapping[str, Any]) -> str | None:
         parent: str | None = event.get("parent_id")
         if parent is None:
-            agent = self.server.runtime.ctx.agents.get(child)
+            agent = live_agent(self.server.runtime.ctx, child)
             parent = agent.header.parent_session if agent is not None else child.rpartition(".")[0]
         return parent
 

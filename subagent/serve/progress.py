@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from actors.agent_handle import Agent
+
 if TYPE_CHECKING:
-    from actors.agent_handle import Agent
     from subagent.service import SubagentService
 
 __all__ = ["ChildFeed", "describe"]
@@ -58,7 +59,9 @@ class ChildFeed:
     steps count too.
     """
 
-    def __init__(self, service: SubagentService, agents: Mapping[str, Agent], root_id: str) -> None:
+    def __init__(
+        self, service: SubagentService, agents: Mapping[str, object], root_id: str
+    ) -> None:
         self._agents = agents
         self._root = root_id
         self._known: set[str] = set()
@@ -89,7 +92,7 @@ class ChildFeed:
             if current in self._known:
                 return True
             agent = self._agents.get(current)
-            if agent is not None:
+            if isinstance(agent, Agent):  # `ctx.agents` holds the face's agents only
                 parent = agent.header.parent_session
             else:
                 # A remote child (ACP, Ray) has a parent-scoped id, `<parent id>.<suffix>`: its

@@ -29,6 +29,7 @@ from agent.tools import Tool, ToolContext, ToolError
 from agent.usage import usd_to_pico
 from subagent import settlement
 from subagent.errors import SubagentError
+from subagent.live import task_service
 from subagent.settlement import headline, output_text
 from subagent.types import (
     ABORTED,
@@ -47,6 +48,7 @@ from supervision.signal import AbortController, AbortSignal
 if TYPE_CHECKING:
     from actors.agent_handle import Agent
     from subagent.service import RunHandle, SubagentService
+    from subagent.tasks import TaskService
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -265,20 +267,19 @@ class _Delegate:
             trace=trace,
         )
 
-    def _start(self, request: SubagentStartRequest, description: str) -> RunHandle:
+    def _start(self, agent: Agent, request: SubagentStartRequest, description: str) -> RunHandle:
         try:
             handle = self.service.start(self.config.provider, request)
         except SubagentError as exc:
             raise _tool_error(exc) from exc
-        parent: Agent = request.parent
-        child_labels(parent.ctx)[handle.id] = description
+        child_labels(agent.ctx)[handle.id] = description
         return handle
 
     def _foreground(
         self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
         trace = tracing.named(ctx.trace, description)
-        handle = self._start(self._request(agent, prompt, ctx.signal, trace), description)
+        handle = self._start(agent, self._request(agent, prompt, ctx.signal, trace), description)
         try:
             result = handle.result.get()
         finally:
@@ -292,29 +293,32 @@ class _Delegate:
     def _one_shot(
         self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
-        tasks = agent.ctx.tasks
+        tasks = task_service(agent.ctx)
         if tasks is None:
             raise ToolError("background subagents need ctx.tasks", code="CONTINUATION_UNAVAILABLE")
         # The child outlives this call, so it gets its own signal; the task's kill aborts it.
         controller = AbortController()
         trace = tracing.named(ctx.trace, description)
-        handle = self._start(self._request(agent, prompt, controller.signal, trace), description)
+        request = self._request(agent, prompt, controller.signal, trace)
+        handle = self._start(agent, request, description)
         task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
-        tasks.watch(self._watch, agent, handle, task.id, description)
+        tasks.watch(self._watch, agent, tasks, handle, task.id, description)
         return (
             f"Started subagent {handle.id} in the background as task {task.id}. "
             f"Read its result with task_output(task_id={task.id!r}); "
             f"stop it with task_kill(task_id={task.id!r})."
         )
 
-    def _watch(self, agent: Agent, handle: RunHandle, task_id: str, description: str) -> None:
+    def _watch(
+        self, agent: Agent, tasks: TaskService, handle: RunHandle, task_id: str, description: str
+    ) -> None:
         """Settle the task when the child ends (the path continuation shares), then tell the
         parent where to read the result."""
         try:
             outcome = settlement.outcome_of(handle.result)
         finally:
             handle.dispose()
-        settlement.settle_task(agent.ctx.tasks, task_id, outcome)
+        settlement.settle_task(tasks, task_id, outcome)
         if self.config.notify_parent and agent.ctx.agents.get(agent.id) is agent:
             summary = settlement.summary(description, handle.id, outcome)
             note = f"{summary} Read the result with task_output(task_id={task_id!r})."

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING
 from actors.agent_handle import Agent
 from agent.context import AgentContext
 from agent.tools import Tool
+from subagent.live import task_service
+from subagent.service import SubagentService
 from subagent.tools.control import interrupt_agent_tool, list_agents_tool, send_message_tool
 from subagent.tools.delegate import SubagentToolConfig, subagent_tool
 from subagent.tools.task_tools import task_kill_tool, task_output_tool
 
 if TYPE_CHECKING:
     from subagent.runtime import Runtime
-    from subagent.service import SubagentService
 
 __all__ = ["install_subagent_tools", "resolve_configs"]
 
@@ -80,7 +81,7 @@ def install_subagent_tools(
             kind = type(target).__name__
             raise TypeError(f"target must be a Runtime, an AgentContext or an Agent, got {kind}")
         ctx = found
-    if service is None:
+    if service is None and isinstance(ctx.subagents, SubagentService):
         service = ctx.subagents
     if service is None:
         raise ValueError("no SubagentService: pass service= or use a Runtime")
@@ -96,9 +97,10 @@ def install_subagent_tools(
             list_agents_tool(service),
         ]
     if task_tools:
-        if ctx.tasks is None:
+        tasks = task_service(ctx)
+        if tasks is None:
             raise ValueError("task tools need ctx.tasks (use a Runtime)")
-        extra += [task_output_tool(ctx.tasks), task_kill_tool(ctx.tasks)]
+        extra += [task_output_tool(tasks), task_kill_tool(tasks)]
     undo: list[Callable[[], None]] = []
     if root is not None:
         hook = _subtree_installer(root, delegation, extra, inherit)
@@ -109,7 +111,8 @@ def install_subagent_tools(
             undo.append(ctx.tools.register(tool))
         hook = _cap_hider(delegation)
         for agent in list(ctx.agents.values()):
-            hook(agent)
+            if isinstance(agent, Agent):  # it always is: the face's class, as published
+                hook(agent)
     unhook = ctx.lifecycle.on_published(hook)
 
     def uninstall() -> None:
