@@ -450,7 +450,8 @@ class SubagentService:
             handle._trace = trace
             trace.published(run.id)
             # The activation's span ends with its result (a done callback: no greenlet).
-            handle.result.add_done_callback(lambda future: trace.end(outcome_of(future)))
+            result = handle.result
+            result.add_done_callback(lambda _settled: trace.end(outcome_of(result)))
         if run.local_agent is None:
             # A remote child's reported spend (ACP) counts in its parent's subtree.
             handle.result.add_done_callback(lambda future: self._charge_remote(parent_id, future))
