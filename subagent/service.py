@@ -37,7 +37,7 @@ from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
-from subagent.listings import Listings
+from subagent.listings import ChildRow, Listings
 from subagent.live import live_agent
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
@@ -544,10 +544,10 @@ class SubagentService:
             raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.interrupt(child_id, by=by)
 
-    def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
+    def list_children(self, parent_session_id: str) -> list[ChildRow]:
         return self._listings.list_children(parent_session_id)
 
-    def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
+    def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------

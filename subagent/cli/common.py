@@ -17,7 +17,7 @@ from subagent.errors import CliError, UsageError
 if TYPE_CHECKING:  # imported where used, to keep the command's start fast
     from agent.models import ModelRegistry
     from agent.store import SessionStore
-    from subagent.listings import Listings
+    from subagent.listings import ChildRow, Listings
 
 __all__ = [
     "EXIT_ERROR",
@@ -231,8 +231,8 @@ def model_route(model: str | None) -> tuple[str, str]:
 
 
 def listing_rows(
-    store: SessionStore, listing: Callable[[Listings], list[dict[str, Any]]]
-) -> list[dict[str, Any]]:
+    store: SessionStore, listing: Callable[[Listings], list[ChildRow]]
+) -> list[ChildRow]:
     """One listing over `store` alone: reading the store needs no runtime (nothing is live in
     this process, so every child is stored, or running elsewhere when another process holds it)."""
     from subagent.listings import Listings

@@ -7,7 +7,7 @@ child that is not its own. Failures come back as error tool results carrying the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from agent.tools import Tool, ToolContext, ToolError
@@ -16,6 +16,7 @@ from subagent.tools.delegate import child_labels
 from subagent.types import MessageSource, text_block
 
 if TYPE_CHECKING:
+    from subagent.listings import ChildRow
     from subagent.service import SubagentService
 
 __all__ = [
@@ -111,7 +112,7 @@ def interrupt_agent_tool(service: SubagentService) -> Tool:
     )
 
 
-def format_agent_rows(rows: list[dict[str, Any]], labels: Mapping[str, str]) -> str:
+def format_agent_rows(rows: Sequence[ChildRow], labels: Mapping[str, str]) -> str:
     """One line per agent: id, status, mode, depth, parent, label."""
     if not rows:
         return "No subagents."
