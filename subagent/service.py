@@ -451,7 +451,7 @@ class SubagentService:
             trace.published(run.id)
             # The activation's span ends with its result (a done callback: no greenlet).
             result = handle.result
-            result.add_done_callback(lambda _settled: trace.end(outcome_of(result)))
+            result.add_done_callback(lambda _settled: _end_span(trace, result))
         if run.local_agent is None:
             # A remote child's reported spend (ACP) counts in its parent's subtree.
             handle.result.add_done_callback(lambda future: self._charge_remote(parent_id, future))
@@ -606,6 +606,12 @@ def _registry_open() -> Iterator[None]:
         yield
     except ActorDeadError:
         raise SubagentError("RUNTIME_CLOSED") from None
+
+
+def _end_span(trace: tracing.Activation, result: GeventFuture[SubagentResult]) -> None:
+    """End a run's activation span with its settled result."""
+    outcome = outcome_of(result)
+    trace.end(outcome)
 
 
 def _failed(exc: BaseException) -> GeventFuture[str | None]:
