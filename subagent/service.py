@@ -38,7 +38,7 @@ from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
 from subagent.listings import ChildRow, Listings
-from subagent.live import live_agent
+from subagent.live import LiveAgents, live_agent
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
     ContentBlock,
@@ -219,7 +219,7 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        self._listings = Listings(ctx.store, ctx.agents, self._continuation.activation)
+        self._listings = Listings(ctx.store, LiveAgents(ctx), self._continuation.activation)
         ctx.lifecycle.on_published(self._on_agent_published)
         ctx.lifecycle.on_closing(self._on_parent_closing)
         ctx.lifecycle.on_cancelled(self._on_parent_cancelled)

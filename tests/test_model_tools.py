@@ -306,11 +306,9 @@ def test_at_the_depth_cap_the_tool_is_hidden_and_a_forged_call_refused(
 def test_the_depth_cap_is_also_refused_at_run_time(env: Env) -> None:
     tool = subagent_tool(env.rt.subagents, SubagentToolConfig("spawn", max_depth=2))
 
-    class Deep:
-        depth = 2
-        id = "deep"
-
-    ctx = ToolContext(agent=Deep(), session_id="deep", call_id="c1", signal=AbortSignal.never())
+    deep = env.rt.agent(delegation_depth=2)
+    assert deep.depth == 2
+    ctx = ToolContext(agent=deep, session_id=deep.id, call_id="c1", signal=AbortSignal.never())
     with pytest.raises(ToolError) as info:
         tool.fn(call("x", "y"), ctx)
     assert info.value.code == "DEPTH_EXCEEDED"

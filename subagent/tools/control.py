@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
+from subagent.live import calling_agent
 from subagent.tools.delegate import child_labels
 from subagent.types import MessageSource, text_block
 
@@ -42,7 +43,7 @@ def send_message_tool(service: SubagentService) -> Tool:
     """Steer a running continuable child, or wake a stopped one with this message."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.agent
+        agent = calling_agent(ctx)
         child_id = str(arguments["subagent_id"])
         try:
             sent = service.send_message(
@@ -88,7 +89,7 @@ def interrupt_agent_tool(service: SubagentService) -> Tool:
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         agent_id = str(arguments["agent_id"])
         try:
-            stopped = service.interrupt(agent_id, by=ctx.agent)
+            stopped = service.interrupt(agent_id, by=calling_agent(ctx))
         except SubagentError as exc:
             raise _error(exc) from exc
         if stopped:
@@ -130,7 +131,7 @@ def list_agents_tool(service: SubagentService) -> Tool:
     """The caller's children (or whole subtree) with status running, idle or stored."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.agent
+        agent = calling_agent(ctx)
         scope = arguments.get("scope", "children")
         if scope == "descendants":
             rows = service.list_descendants(agent.id)

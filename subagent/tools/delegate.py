@@ -29,7 +29,7 @@ from agent.tools import Tool, ToolContext, ToolError
 from agent.usage import usd_to_pico
 from subagent import settlement
 from subagent.errors import SubagentError
-from subagent.live import task_service
+from subagent.live import calling_agent, task_service
 from subagent.settlement import headline, output_text
 from subagent.types import (
     ABORTED,
@@ -229,8 +229,8 @@ class _Delegate:
         self.name = name
 
     def __call__(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.agent
-        depth: int = agent.depth
+        agent = calling_agent(ctx)
+        depth = agent.depth
         if self.config.hidden_for(depth):
             raise ToolError(
                 f"{self.name} is not available at delegation depth {depth} "

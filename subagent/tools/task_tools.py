@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from agent.tools import Tool, ToolContext, ToolError
+from subagent.live import calling_agent
 from subagent.settlement import blocks_text
 from subagent.tasks import Task, TaskService, UnknownTaskError
 
@@ -61,7 +62,7 @@ def format_task(task: Task) -> str:
 def task_output_tool(tasks: TaskService) -> Tool:
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         task_id = str(arguments["task_id"])
-        task = _own_task(tasks, task_id, ctx.agent)
+        task = _own_task(tasks, task_id, calling_agent(ctx))
         if arguments.get("wait") and not task.settled:
             # Cooperative wait; the turn's signal ends it (the loop abandons the call).
             task = tasks.wait(task_id)
@@ -93,8 +94,9 @@ def task_output_tool(tasks: TaskService) -> Tool:
 def task_kill_tool(tasks: TaskService) -> Tool:
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         task_id = str(arguments["task_id"])
-        task = _own_task(tasks, task_id, ctx.agent)
-        if tasks.kill(task_id, f"killed by {ctx.agent.id}"):
+        agent = calling_agent(ctx)
+        task = _own_task(tasks, task_id, agent)
+        if tasks.kill(task_id, f"killed by {agent.id}"):
             return f"Task {task_id} ({task.label}) was killed."
         return f"Task {task_id} had already settled: {tasks.get(task_id).status}."
 
