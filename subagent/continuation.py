@@ -25,13 +25,16 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gevent.event import Event
 from gevent.lock import Semaphore
 
+from actors.agent_handle import Agent
 from actors.agents import new_session_id
-from agent.events import SessionLogError, validate_session_id
+from actors.gevent_actor import GeventFuture
+from agent.context import AgentContext
+from agent.events import SessionHeader, SessionLogError, validate_session_id
 from agent.store import SessionExistsError, SessionNotFoundError
 from subagent import settlement
 from subagent.descriptor import (
@@ -42,10 +45,14 @@ from subagent.descriptor import (
 )
 from subagent.errors import SubagentError
 from subagent.listings import Activation
+from subagent.live import live_agent, task_service
+from subagent.tasks import TaskService
 from subagent.types import (
     MessageSource,
     Resumable,
+    Steerable,
     SubagentContinuation,
+    SubagentProvider,
     SubagentResult,
     SubagentResumeRequest,
     SubagentStartRequest,
@@ -53,9 +60,43 @@ from subagent.types import (
 from supervision.group import TaskGroup
 from supervision.signal import AbortController, AbortSignal
 
-__all__ = ["ContinuableStart", "ContinuationManager", "SendResult"]
+__all__ = ["ActivationRun", "ContinuableStart", "ContinuationManager", "RunStarter", "SendResult"]
 
 log = logging.getLogger(__name__)
+
+
+class ActivationRun(Protocol):
+    """What the manager holds of one activation: the service's `RunHandle` (named here as a
+    Protocol because the service module imports this one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def parent_id(self) -> str: ...
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def settled(self) -> bool: ...
+
+    @property
+    def result(self) -> GeventFuture[SubagentResult]: ...
+
+    def cancel(self, cause: object = None) -> None: ...
+
+    def dispose(self) -> None: ...
+
+
+class RunStarter(Protocol):
+    """What the manager asks of the `SubagentService` that owns it."""
+
+    def get(self, name: str) -> SubagentProvider | None: ...
+
+    def start(self, name: str, request: SubagentStartRequest) -> ActivationRun: ...
+
+    def resume(self, request: SubagentResumeRequest, name: str | None = None) -> ActivationRun: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +121,7 @@ class _Child:
     label: str = ""
     users: int = 0  # callers between `_use` and `_release`: the record must stay
     lock: Semaphore = field(default_factory=Semaphore)
-    handle: Any = None
+    handle: ActivationRun | None = None
     task_id: str | None = None
     settled: Event = field(default_factory=Event)
     restarts: list[float] = field(default_factory=list)
@@ -92,7 +133,14 @@ class _Child:
 class ContinuationManager:
     """Owns descriptor lookup and task association for continuable children."""
 
-    def __init__(self, service: Any, ctx: Any, *, max_restarts: int = 3, within: float = 60.0):
+    def __init__(
+        self,
+        service: RunStarter,
+        ctx: AgentContext,
+        *,
+        max_restarts: int = 3,
+        within: float = 60.0,
+    ) -> None:
         self._service = service
         self._ctx = ctx
         self._children: dict[str, _Child] = {}
@@ -173,7 +221,7 @@ class ContinuationManager:
 
     def send_message(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
         content: Sequence[Mapping[str, Any]],
         source: MessageSource,
@@ -193,7 +241,7 @@ class ContinuationManager:
 
     def _send(
         self,
-        parent: Any,
+        parent: Agent,
         child: _Child,
         content: list[Mapping[str, Any]],
         source: MessageSource,
@@ -207,7 +255,7 @@ class ContinuationManager:
                 if signal.aborted:
                     raise SubagentError("ABORTED", f"the message was aborted: {signal.reason}")
                 handle = child.handle
-                if handle is not None and not handle.settled and hasattr(handle, "steer"):
+                if handle is not None and not handle.settled and isinstance(handle, Steerable):
                     try:
                         admitted = handle.steer(content, source).get()
                         # The admitted message's id, once the agent's steer reply carries it.
@@ -229,7 +277,7 @@ class ContinuationManager:
 
     def resume_request(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
         content: Sequence[Mapping[str, Any]],
         source: MessageSource,
@@ -251,7 +299,7 @@ class ContinuationManager:
 
     def _resume(
         self,
-        parent: Any,
+        parent: Agent,
         child: _Child,
         content: list[Mapping[str, Any]],
         source: MessageSource,
@@ -277,11 +325,11 @@ class ContinuationManager:
 
     # -- interrupt ---------------------------------------------------------------------------
 
-    def interrupt(self, child_id: str, *, by: Any) -> bool:
+    def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may."""
         validate_session_id(child_id)
         self._authorize_ancestor(by, child_id)
-        agent = self._ctx.agents.get(child_id)
+        agent = live_agent(self._ctx, child_id)
         if agent is None or agent.status != "running":
             return False
         agent.cancel(f"interrupted by {by.id}", keep_inbox=True).get()
@@ -302,10 +350,16 @@ class ContinuationManager:
     def _require_continuation(self) -> None:
         if not getattr(self._ctx.store, "persistent", False):
             raise SubagentError("PERSISTENCE_UNAVAILABLE")
-        if self._ctx.tasks is None or self._ctx.agents is None:
-            raise SubagentError("CONTINUATION_UNAVAILABLE")
-        if self._closed or getattr(self._ctx.tasks, "closed", False):
+        tasks = self._tasks()
+        if self._closed or tasks.closed:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closing")
+
+    def _tasks(self) -> TaskService:
+        """The runtime's task service, which continuation needs (a runtime always sets one)."""
+        tasks = task_service(self._ctx)
+        if tasks is None:
+            raise SubagentError("CONTINUATION_UNAVAILABLE")
+        return tasks
 
     def _use(self, child_id: str) -> _Child:
         """The child's record, held until `_release`: one record (one lock) per child id."""
@@ -327,12 +381,13 @@ class ContinuationManager:
         ):
             del self._children[child.child_id]
 
-    def _header(self, child_id: str) -> Any:
+    def _header(self, child_id: str) -> SessionHeader:
         """The live agent's header, else the stored one (read alone: the body may be corrupt)."""
         validate_session_id(child_id)  # never a path outside the store
-        agent = self._ctx.agents.get(child_id)
+        agent = live_agent(self._ctx, child_id)
         if agent is not None:
-            return agent.header
+            header: SessionHeader = agent.header
+            return header
         store = self._ctx.store
         try:
             return store.header(child_id)
@@ -343,16 +398,22 @@ class ContinuationManager:
                 "NOT_RESUMABLE", f"the header of child {child_id!r} cannot be read: {exc}"
             ) from exc
 
-    def _authorize_direct_parent(self, parent: Any, child_id: str) -> None:
+    def _live(self, agent: object) -> Agent | None:
+        """The live agent of `agent`'s id (None for an unknown id, or a caller that passed
+        something other than an agent: authorization then refuses it)."""
+        agent_id = getattr(agent, "id", None)
+        return live_agent(self._ctx, agent_id) if isinstance(agent_id, str) else None
+
+    def _authorize_direct_parent(self, parent: Agent, child_id: str) -> None:
         header = self._header(child_id)
-        live = self._ctx.agents.get(getattr(parent, "id", None))
+        live = self._live(parent)
         if live is not parent or header.parent_session != parent.id:
             raise SubagentError(
                 "UNAUTHORIZED", "only the exact live agent recorded as the child's parent may"
             )
 
-    def _authorize_ancestor(self, by: Any, child_id: str) -> None:
-        live = self._ctx.agents.get(getattr(by, "id", None))
+    def _authorize_ancestor(self, by: Agent, child_id: str) -> None:
+        live = self._live(by)
         if live is not by:
             raise SubagentError("UNAUTHORIZED", "the sender is not a live agent")
         header = self._header(child_id)
@@ -368,7 +429,7 @@ class ContinuationManager:
                 break
         raise SubagentError("UNAUTHORIZED", "only an ancestor may interrupt a child")
 
-    def _stored_descriptor(self, child_id: str) -> tuple[Any, SubagentDescriptor]:
+    def _stored_descriptor(self, child_id: str) -> tuple[SessionHeader, SubagentDescriptor]:
         """The stored header and authoritative descriptor. The log is scanned lazily up to the
         descriptor (the first turn), not decoded whole: resume opens and validates it anyway."""
         store = self._ctx.store
@@ -388,14 +449,13 @@ class ContinuationManager:
             raise SubagentError("NOT_RESUMABLE", f"child {child_id!r} has no usable descriptor")
         return header, found
 
-    def _adopt(self, child: _Child, handle: Any, label: str, owner: str) -> str:
+    def _adopt(self, child: _Child, handle: ActivationRun, label: str, owner: str) -> str:
         if self._closed:
             # close() already took its census: an activation it cannot see must not live on.
             handle.dispose()
             raise SubagentError("RUNTIME_CLOSED", "the runtime closed while the child started")
-        tasks = self._ctx.tasks
         try:
-            task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))
+            task = self._tasks().adopt(label, owner, kill=lambda reason: handle.cancel(reason))
         except BaseException:
             handle.dispose()  # an activation nobody tracks must not keep running
             raise
@@ -407,10 +467,10 @@ class ContinuationManager:
         handle.result.add_done_callback(lambda _f: self._start_settling(child, handle, task.id))
         return str(task.id)
 
-    def _start_settling(self, child: _Child, handle: Any, task_id: str) -> None:
+    def _start_settling(self, child: _Child, handle: ActivationRun, task_id: str) -> None:
         self._settlers.spawn(self._settle, child, handle, task_id)
 
-    def _settle(self, child: _Child, handle: Any, task_id: str) -> None:
+    def _settle(self, child: _Child, handle: ActivationRun, task_id: str) -> None:
         """When the activation ends: notify the parent, release the run, settle the task."""
         try:
             outcome = settlement.outcome_of(handle.result)
@@ -421,15 +481,17 @@ class ContinuationManager:
                     handle.dispose()
                     if child.handle is handle:
                         child.handle = None
-                    settlement.settle_task(self._ctx.tasks, task_id, outcome)
+                    settlement.settle_task(self._tasks(), task_id, outcome)
                     child.settled.set()
             if isinstance(outcome, Exception):
                 self._maybe_restart(child, handle, outcome)
         finally:
             self._release(child)
 
-    def _notify_parent(self, child: _Child, handle: Any, outcome: settlement.Outcome) -> None:
-        parent = self._ctx.agents.get(handle.parent_id)
+    def _notify_parent(
+        self, child: _Child, handle: ActivationRun, outcome: settlement.Outcome
+    ) -> None:
+        parent = live_agent(self._ctx, handle.parent_id)
         if parent is None:
             log.info(
                 "parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id
@@ -441,7 +503,7 @@ class ContinuationManager:
             content.extend(outcome.output)
         settlement.tell_parent(parent, content, summary)
 
-    def _maybe_restart(self, child: _Child, handle: Any, failure: BaseException) -> None:
+    def _maybe_restart(self, child: _Child, handle: ActivationRun, failure: BaseException) -> None:
         """Transient restart: a crashed activation is resumed cold, within the intensity.
 
         Past the intensity, or when the restart itself fails, the child is left stored and the
@@ -449,7 +511,7 @@ class ContinuationManager:
         """
         if self._closed:
             return
-        parent = self._ctx.agents.get(handle.parent_id)
+        parent = live_agent(self._ctx, handle.parent_id)
         if parent is None:
             log.info("parent of crashed child %s is gone; not restarting", child.child_id)
             return
@@ -478,7 +540,7 @@ class ContinuationManager:
                 f"({settlement.one_line(f'{type(exc).__name__}: {exc}')}); it stays stored.",
             )
 
-    def _report(self, parent: Any, text: str) -> None:
+    def _report(self, parent: Agent, text: str) -> None:
         try:
             parent.send([{"type": "text", "text": text}], MessageSource("subagent-report")).get()
         except Exception:
@@ -499,5 +561,5 @@ class ContinuationManager:
         self._settlers.close()
 
 
-def _message_id(handle: Any) -> str:
-    return str(getattr(handle, "message_id", "") or "")
+def _message_id(handle: ActivationRun) -> str:
+    return handle.message_id
