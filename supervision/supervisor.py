@@ -148,6 +148,7 @@ class Supervisor:
         max_restarts: int = 3,
         within_seconds: float = 5.0,
         on_exit: ExitListener | None = None,
+        quiet: bool = False,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -161,10 +162,17 @@ class Supervisor:
             raise TypeError(f"max_restarts must be an int, got {type(max_restarts).__name__}")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        if not isinstance(quiet, bool):
+            raise TypeError(f"quiet must be a bool, got {type(quiet).__name__}")
         self._name = name
         self.strategy: Strategy = strategy
         self.max_restarts = max_restarts
         self.within_seconds = _check_seconds("within_seconds", within_seconds)
+        # An owner that reports crashes and escalation itself, as results (the continuation
+        # manager tells the parent agent), asks for them at DEBUG: a contained crash is not a
+        # line on an unconfigured host's stderr (docs/decisions.md).
+        self._crash_level = logging.DEBUG if quiet else logging.WARNING
+        self._escalation_level = logging.DEBUG if quiet else logging.ERROR
         self._children: dict[str, _Entry] = {}  # in start order; a restart keeps the slot
         self._resources: dict[int, tuple[str, Callable[[], object]]] = {}
         self._resource_keys = 0
@@ -241,6 +249,12 @@ class Supervisor:
             and self._worker is None
             and (g is None or bool(g.dead))
         )
+
+    @property
+    def recent_restarts(self) -> int:
+        """How many restarts fall within the current intensity window (`within_seconds`)."""
+        window_start = _monotonic() - self.within_seconds
+        return sum(1 for t in self._restarts if t >= window_start)
 
     def children(self) -> dict[str, Child]:
         """The running children by id, in start order (a snapshot)."""
@@ -407,8 +421,13 @@ class Supervisor:
             del self._children[spec.id]
             return
         if exit.kind == "crashed":
-            log.warning(
-                "%s: child %r crashed: %s: %s", self._name, spec.id, exit.exc_type, exit.message
+            log.log(
+                self._crash_level,
+                "%s: child %r crashed: %s: %s",
+                self._name,
+                spec.id,
+                exit.exc_type,
+                exit.message,
             )
         if self._intensity_exceeded():
             self._escalate(spec.id, exit)
@@ -447,7 +466,7 @@ class Supervisor:
             child = _call_start(spec)
         except Exception as exc:
             # A failed restart counts as another failure of that child; the intensity bounds it.
-            log.warning("%s: restarting %r failed: %r", self._name, spec.id, exc)
+            log.log(self._crash_level, "%s: restarting %r failed: %r", self._name, spec.id, exc)
             exit = Exit.crashed(exc)
             entry = _Entry(spec, None, exit)
             self._children[spec.id] = entry
@@ -475,7 +494,7 @@ class Supervisor:
             f"within {self.within_seconds:g} s; last exit: {last.kind}"
             + (f" ({last.exc_type}: {last.message})" if last.exc_type else "")
         )
-        log.error("%s; stopping all children and escalating", message)
+        log.log(self._escalation_level, "%s; stopping all children and escalating", message)
         exc = RestartIntensityExceeded(message)
         self._begin_shutdown(
             exc,
