@@ -26,6 +26,7 @@ This module is the lifecycle only (start, message, restart, settlement); the row
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -143,7 +144,8 @@ class _Activation:
         if self._stop is None:
             self._stop = (None,)
         if self.handle is not None:
-            self._group.spawn(self.handle.dispose)
+            with contextlib.suppress(SupervisorClosedError):  # the manager already closed
+                self._group.spawn(self.handle.dispose)
 
     def join(self, timeout: float | None = None) -> bool:
         if self.exit is not None:
@@ -441,14 +443,18 @@ class ContinuationManager:
         self._forget_if_idle(child)
 
     def _forget_if_idle(self, child: _Child) -> None:
-        """Forget an idle record, and end its supervisor unless it holds restarts that still
-        count toward the intensity (a child crashing again soon must meet them)."""
+        """Forget an idle record and end its supervisor, once that holds no activation and no
+        restart that still counts toward the intensity (a child crashing again soon must meet
+        it)."""
         supervisor = child.supervisor
         if (
             child.users == 0
             and child.handle is None
             and child.settled.is_set()
-            and (supervisor is None or supervisor.recent_restarts == 0)
+            and (
+                supervisor is None
+                or (not supervisor.children() and supervisor.recent_restarts == 0)
+            )
             and self._children.get(child.child_id) is child
         ):
             del self._children[child.child_id]
@@ -578,9 +584,10 @@ class ContinuationManager:
         """Cold-resume a crashed child, telling it its last activation crashed."""
         parent = self._ctx.agents.get(child.parent_id)
         if parent is None or self._closed:
-            log.info("parent of crashed child %s is gone; not restarting", child.child_id)
+            why = "the runtime is closing" if self._closed else "its parent is gone"
+            log.info("crashed child %s is not restarted: %s", child.child_id, why)
             self._mark_settled(child)
-            activation.end(Exit("cancelled", message="not restarted: its parent is gone"))
+            activation.end(Exit("cancelled", message=f"not restarted: {why}"))
             return
         try:
             with child.lock:
@@ -710,6 +717,11 @@ class ContinuationManager:
                     else:
                         self._mark_settled(child)
                     activation.end(exit)
+            supervisor = child.supervisor
+            if supervisor is not None:
+                # Let it decide (restart, or forget a normal or cancelled end) before the
+                # record is released: an idle record is dropped only once its supervisor is.
+                supervisor.wait_handled()
         finally:
             self._release(child)
 

@@ -256,6 +256,21 @@ class Supervisor:
         window_start = _monotonic() - self.within_seconds
         return sum(1 for t in self._restarts if t >= window_start)
 
+    def wait_handled(self, timeout: float | None = None) -> bool:
+        """Wait until every exit delivered so far has been handled: restarted, forgotten or
+        escalated. Returns whether it was within `timeout` (False at once if called from the
+        restart worker itself). For an owner that acts on the decision, e.g. one that drops its
+        own record of a child once the supervisor forgot it."""
+        current = gevent.getcurrent()
+        deadline = None if timeout is None else _monotonic() + timeout
+        while (worker := self._worker) is not None:
+            if worker is current:
+                return False
+            worker.join(None if deadline is None else max(0.0, deadline - _monotonic()))
+            if not worker.dead:
+                return False
+        return True
+
     def children(self) -> dict[str, Child]:
         """The running children by id, in start order (a snapshot)."""
         return {cid: e.child for cid, e in self._children.items() if e.child is not None}
