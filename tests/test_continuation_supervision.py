@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import gevent
 import pytest
@@ -25,7 +25,7 @@ from agent.store import SessionStore
 from agent.tools import Tool
 from providers.inprocess import SpawnProvider
 from subagent.errors import SubagentError
-from subagent.types import MessageSource, SubagentResumeRequest, SubagentRun
+from subagent.types import MessageSource, SubagentResumeRequest
 
 CRASH_NOTE = "Your last activation crashed"
 
@@ -71,6 +71,8 @@ def test_a_normal_end_is_final(k: Kit) -> None:
     started = start(k, parent)
     assert k.runtime.tasks.wait(started.task_id).status == "completed"
     wait_until(lambda: forgotten(k, started.child_id))
+    # Its supervisor, idle and with no restart to remember, is gone too: nothing accumulates.
+    wait_until(lambda: not k.service._continuation._supervisor.children())
     assert lifecycle(k, started.child_id) == [
         ("subagent/start", None),
         ("subagent/end", "completed"),
@@ -195,7 +197,7 @@ def test_past_the_default_intensity_the_child_ends_stored_with_the_documented_re
 class ResumeRefused(SpawnProvider):
     """A spawn provider whose cold resume always fails, as for a child that cannot be resumed."""
 
-    def resume(self, request: SubagentResumeRequest) -> SubagentRun:
+    def resume(self, request: SubagentResumeRequest) -> NoReturn:
         self.refused += 1
         raise SubagentError("NOT_RESUMABLE", "this child cannot be resumed here")
 
