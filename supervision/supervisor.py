@@ -136,7 +136,8 @@ class Supervisor:
     """Owns children started from `ChildSpec`s; see the module docstring for the policy.
 
     Every method returns at once except `start_child` (it runs the start function), `stop_child`
-    and `dispose` (they wait for children to end) and `join`. Exit listeners and monitors may run
+    and `dispose` (they wait for children to end), `wait_handled` and `join`. `quiet=True` logs
+    crashes and escalation at DEBUG, for an owner that reports them itself as results. Exit listeners and monitors may run
     in the hub, so they must not block; spawn a greenlet if they need to.
     """
 
