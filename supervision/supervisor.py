@@ -136,9 +136,9 @@ class Supervisor:
     """Owns children started from `ChildSpec`s; see the module docstring for the policy.
 
     Every method returns at once except `start_child` (it runs the start function), `stop_child`
-    and `dispose` (they wait for children to end), `wait_handled` and `join`. `quiet=True` logs
-    crashes and escalation at DEBUG, for an owner that reports them itself as results. Exit listeners and monitors may run
-    in the hub, so they must not block; spawn a greenlet if they need to.
+    and `dispose` (they wait for children to end), `wait_handled` and `join`. Exit listeners and
+    monitors may run in the hub, so they must not block; spawn a greenlet if they need to.
+    `quiet=True` logs crashes and escalation at DEBUG, for an owner that reports them itself.
     """
 
     def __init__(
@@ -408,6 +408,11 @@ class Supervisor:
             return
         if self._children.get(entry.spec.id) is not entry:
             return
+        if self._worker is None and not _should_restart(entry.spec.restart, exit):
+            # Nothing to decide but forgetting it (a temporary child's end, a transient one's
+            # normal end), and no earlier exit waiting: done here, without a restart worker.
+            del self._children[entry.spec.id]
+            return
         self._enqueue(entry, exit)
 
     def _enqueue(self, entry: _Entry, exit: Exit) -> None:
@@ -527,6 +532,18 @@ class Supervisor:
             # cause, and a wave of 10,000 stops does not make 10,000 exceptions.
             reason = AbortError(exit.message or "stop requested")
         self._state = _STOPPING
+        worker = self._worker
+        if (
+            (worker is None or worker is gevent.getcurrent())
+            and not self._resources
+            and not any(e.alive for e in self._children.values())
+        ):
+            # Nothing to stop, kill or close: end here, without a greenlet (an idle supervisor
+            # stopped by its owner, or one escalating from its worker after its last child).
+            self._pending.clear()
+            self._children.clear()
+            self._finish(exit)
+            return
         self._shutdown_greenlet = gevent.spawn(self._shutdown, reason, exit)
 
     def _shutdown(self, reason: object, exit: Exit) -> None:
@@ -546,10 +563,13 @@ class Supervisor:
             self._resources.clear()
             raise
         finally:
-            self._state = _STOPPED
-            self._exit = exit
-            self._notices.deliver(exit)
-            self._done.set()
+            self._finish(exit)
+
+    def _finish(self, exit: Exit) -> None:
+        self._state = _STOPPED
+        self._exit = exit
+        self._notices.deliver(exit)
+        self._done.set()
 
     def _stop_wave(self, entries: Iterable[_Entry], reason: object) -> None:
         """Ask all `entries` to stop at once, kill each when its grace is over, wait for all."""

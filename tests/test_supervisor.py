@@ -803,8 +803,8 @@ def test_wait_handled_returns_after_the_decision() -> None:
     sup = Supervisor("s")
     sup.start_child(spec("gone"))
     sup.start_child(spec("back"))
-    started["gone"][-1].end(Exit("normal"))  # the decision: forget it
     started["back"][-1].end(Exit("crashed", "RuntimeError", "boom"))  # the decision: restart
+    started["gone"][-1].end(Exit("normal"))  # the decision: forget it (after the crash)
     assert list(sup.children()) == ["gone", "back"]  # ended, not yet handled
     assert sup.wait_handled(WAIT)
     assert list(sup.children()) == ["back"]
@@ -812,6 +812,34 @@ def test_wait_handled_returns_after_the_decision() -> None:
     assert sup.wait_handled(0)  # nothing pending: at once
     sup.dispose()
     assert sup.quiescent
+
+
+def test_an_end_that_only_needs_forgetting_is_handled_at_once() -> None:
+    """No restart worker for a temporary child's end or a transient one's normal end."""
+    started: list[ManualChild] = []
+
+    def start() -> ManualChild:
+        started.append(ManualChild(f"c{len(started)}"))
+        return started[-1]
+
+    sup = Supervisor("s")
+    sup.start_child(ChildSpec("once", start, restart="temporary"))
+    sup.start_child(ChildSpec("maybe", start, restart="transient"))
+    started[0].end(Exit("crashed", "RuntimeError", "boom"))
+    started[1].end(Exit("normal"))
+    assert sup.children() == {}  # both forgotten in the exit listener itself
+    assert sup._worker is None
+    sup.dispose()
+    assert sup.quiescent
+
+
+def test_an_idle_supervisor_stops_without_a_greenlet() -> None:
+    notices: list[Exit] = []
+    sup = Supervisor("idle", on_exit=notices.append)
+    sup.request_stop("not needed")
+    assert [n.kind for n in notices] == ["cancelled"]  # delivered before request_stop returned
+    assert sup.quiescent
+    sup.dispose()  # idempotent
 
 
 def test_a_quiet_supervisor_logs_crashes_and_escalation_at_debug_only(
