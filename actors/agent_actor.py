@@ -120,7 +120,9 @@ class AgentActor(GeventActor):
 
     # -- mailbox -------------------------------------------------------------------------------
 
-    def on_receive(self, message: object) -> Any:
+    # Pykka's `on_receive(message: Any) -> Any`, narrowed: the reply is opaque to the mailbox
+    # (each message's reply type is the handler's; the handle's methods type the futures).
+    def on_receive(self, message: object) -> object:
         if isinstance(message, Steer):
             return self._steer(message)
         if isinstance(message, Send):
@@ -132,7 +134,8 @@ class AgentActor(GeventActor):
         if isinstance(message, Close):
             return self._close(message)
         if isinstance(message, CancelRun):
-            return self._cancel_run(message)
+            self._cancel_run(message)
+            return None
         if isinstance(message, DisposeRun):
             return self._dispose_run()
         return rejected(TypeError(f"AgentActor does not understand {type(message).__name__}"))

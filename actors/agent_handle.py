@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pykka import Future
@@ -16,6 +16,7 @@ from actors.gevent_actor import GeventFuture
 from actors.local import start_local
 from agent import tracing
 from agent.context import AgentContext
+from agent.events import SessionHeader
 from agent.log import SessionLog
 from agent.loop import AgentCore, TurnOutcome
 from agent.options import AgentOptions
@@ -38,7 +39,7 @@ class Agent:
         *,
         ctx: AgentContext,
         core: AgentCore,
-        header: Any,
+        header: SessionHeader,
         tools: ToolScope,
         prompt: SystemPrompt,
         options: AgentOptions,
@@ -101,7 +102,7 @@ class Agent:
 
     def send(
         self,
-        content: Any,
+        content: str | Sequence[Mapping[str, Any]],
         source: MessageSource | None = None,
         *,
         message_id: str | None = None,
@@ -115,10 +116,12 @@ class Agent:
             Send(check_content(content), source or MessageSource.user(), message_id, trace)
         )
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
+    def steer(
+        self, content: str | Sequence[Mapping[str, Any]], source: MessageSource | None = None
+    ) -> Future[None]:
         return self._ask(Steer(check_content(content), source or MessageSource.user()))
 
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
+    def cancel(self, cause: object = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
         """Abort the running turn (and the children it started); replies when idle."""
         self.ctx.lifecycle.cancelled(self, cause)
         return self._ask(Cancel(cause, keep_inbox))
@@ -192,7 +195,7 @@ class Agent:
             except Exception:
                 log.exception("agent %s: progress listener raised (ignored)", self.id)
 
-    def close(self, cause: Any = None) -> None:
+    def close(self, cause: object = None) -> None:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""
         if self._closed and not self.ref.is_alive():
             return

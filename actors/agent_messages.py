@@ -90,7 +90,7 @@ class Close:
     cause: Any = None
 
 
-def check_content(content: Any) -> list[Mapping[str, Any]]:
+def check_content(content: object) -> list[Mapping[str, Any]]:
     """Validate content blocks at the call site: a list of `{"type": ..., ...}` dicts."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]

@@ -14,7 +14,9 @@ from typing import Any, Literal, cast
 from actors.agent_handle import Agent
 from agent.context import AgentContext
 from agent.events import Event, SessionHeader
+from agent.log import SessionLog
 from agent.loop import AgentCore
+from agent.model import ModelAdapter
 from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import ToolScope
@@ -89,9 +91,9 @@ def resume_agent(
 
 def _build(
     ctx: AgentContext,
-    session_log: Any,
+    session_log: SessionLog,
     options: AgentOptions,
-    adapter: Any,
+    adapter: ModelAdapter,
     model_name: str,
     tools: ToolScope | None,
     prompt: SystemPrompt | None,
@@ -138,7 +140,7 @@ def pending_inbox(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return list(pending.values())
 
 
-def _discard_session(ctx: AgentContext, session_id: str, session_log: Any) -> None:
+def _discard_session(ctx: AgentContext, session_id: str, session_log: SessionLog) -> None:
     try:
         session_log.close()
     finally:

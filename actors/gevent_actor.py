@@ -23,7 +23,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
 
 import gevent
 import gevent.event
@@ -82,7 +82,8 @@ class _FutureResult:
     __slots__ = ("exc_info", "value")
 
     def __init__(self, value: object = None, exc_info: OptExcInfo | None = None) -> None:
-        self.value = value
+        # Type-erased: the `T` of the future that holds it (only `set` / `resolve` store it).
+        self.value: Any = value
         self.exc_info = exc_info
 
 
@@ -100,7 +101,7 @@ class GeventFuture(Future[T]):
         self._event: gevent.event.Event | None = None
         self._callbacks: list[Callable[[GeventFuture[T]], None]] | None = None
 
-    def get(self, *, timeout: float | None = None) -> Any:
+    def get(self, *, timeout: float | None = None) -> T:
         try:
             return super().get(timeout=timeout)
         except NotImplementedError:
@@ -122,7 +123,8 @@ class GeventFuture(Future[T]):
             if exc_value.__traceback__ is not exc_traceback:
                 raise exc_value.with_traceback(exc_traceback)
             raise exc_value
-        return result.value
+        value: T = result.value
+        return value
 
     @property
     def done(self) -> bool:
@@ -190,7 +192,7 @@ class Deferred(GeventFuture[T]):
     def settled(self) -> bool:
         return self.settlement is not None
 
-    def resolve(self, value: Any = None) -> bool:
+    def resolve(self, value: T) -> bool:
         if self.settlement is not None:
             return False
         self._resolve(_FutureResult(value=value))
@@ -222,17 +224,18 @@ class Deferred(GeventFuture[T]):
             exc = result.exc_info[1]
             self.reject(exc if exc is not None else RuntimeError("failed"))
 
-    def outcome(self) -> Any:
+    def outcome(self) -> T | BaseException:
         """The settled value, or the exception it failed with (call only once settled)."""
         return outcome_of(self)
 
 
-def outcome_of(future: GeventFuture[Any]) -> Any:
+def outcome_of(future: GeventFuture[T]) -> T | BaseException:
     """A settled future's value, or the exception it failed with."""
     result = future.settlement
     assert result is not None
     if result.exc_info is None:
-        return result.value
+        value: T = result.value
+        return value
     exc = result.exc_info[1]
     if exc is None:
         exc_type = result.exc_info[0]
@@ -500,7 +503,13 @@ class GeventActor(Actor):
 
     # -- the run-to-completion shortcut -------------------------------------------------------
 
-    def ask_now(self, message: object, *, block: bool = True) -> Any:
+    @overload
+    def ask_now(self, message: object, *, block: Literal[True] = True) -> object: ...
+
+    @overload
+    def ask_now(self, message: object, *, block: Literal[False]) -> GeventFuture[Any]: ...
+
+    def ask_now(self, message: object, *, block: bool = True) -> object:
         """`ref.ask(message, block=...)`, minus the mailbox when that changes nothing: if this
         actor is idle (its loop is parked on an empty inbox, no handler is running), the handler
         runs right here, in the caller's greenlet, exactly as the loop would run it next.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pykka import ActorRef, Future
 
 from actors.gevent_actor import Deferred
+from agent.options import AgentOptions
 from agent.usage import pico_to_usd
 from subagent.errors import SubagentError
 from subagent.types import (
@@ -28,6 +29,7 @@ from subagent.types import (
     REFUSAL,
     MessageSource,
     SubagentResult,
+    TraceParent,
 )
 from supervision.signal import AbortSignal
 
@@ -39,7 +41,11 @@ if TYPE_CHECKING:
 
 class _Actor(Protocol):
     def activate(
-        self, run: LocalRun, content: list[Mapping[str, Any]], source: MessageSource, trace: Any
+        self,
+        run: LocalRun,
+        content: list[Mapping[str, Any]],
+        source: MessageSource,
+        trace: TraceParent | None,
     ) -> str: ...
 
 
@@ -59,6 +65,15 @@ class RunAgent(Protocol):
     def id(self) -> str: ...
 
     @property
+    def cwd(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def options(self) -> AgentOptions: ...
+
+    @property
     def ref(self) -> ActorRef[Any]: ...
 
     @property
@@ -67,11 +82,15 @@ class RunAgent(Protocol):
     @property
     def usage(self) -> _Usage: ...
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]: ...
+    def steer(
+        self, content: Sequence[Mapping[str, Any]], source: MessageSource | None = None
+    ) -> Future[None]: ...
 
-    def cancel(self, cause: Any = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]: ...
+    def cancel(
+        self, cause: object = None, keep_inbox: bool = False
+    ) -> Future[TurnOutcome | None]: ...
 
-    def close(self, cause: Any = None) -> None: ...
+    def close(self, cause: object = None) -> None: ...
 
 
 __all__ = ["LocalRun", "RunAgent", "clip_diagnostic", "stop_reason_of"]
@@ -137,7 +156,10 @@ class LocalRun:
         return self.result.settled
 
     def begin(
-        self, prompt: Sequence[Mapping[str, Any]], source: MessageSource, trace: object = None
+        self,
+        prompt: Sequence[Mapping[str, Any]],
+        source: MessageSource,
+        trace: TraceParent | None = None,
     ) -> str:
         """Queue the activation's prompt (logged `inbox/accepted`; its spans under `trace`);
         returns its message id. A child just created or resumed in this greenlet takes it

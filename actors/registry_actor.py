@@ -26,7 +26,7 @@ from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
 from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
-from subagent.types import Resumable, SubagentProvider, SubagentStartRequest
+from subagent.types import AgentView, Resumable, SubagentProvider, SubagentStartRequest
 
 __all__ = [
     "Admit",
@@ -61,12 +61,12 @@ class PublishedRun(Protocol):
     def id(self) -> str: ...
 
     @property
-    def local_agent(self) -> Any: ...
+    def local_agent(self) -> AgentView | None: ...
 
     @property
     def result(self) -> GeventFuture[Any]: ...
 
-    def cancel(self, cause: Any = None) -> None: ...
+    def cancel(self, cause: object = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +237,10 @@ class RegistryActor(GeventActor):
         for entry in (e for queue in waiting.values() for e in queue):
             entry.reply.reject(SubagentError("RUNTIME_CLOSED", "the runtime closed first"))
 
-    def on_receive(self, message: Any) -> Any:
+    # Pykka's signature (`Actor.on_receive(message: Any) -> Any`) keeps `message: Any`: the
+    # dispatch below is by `type(message) is X`, which the hot path needs and mypy does not
+    # narrow through. The reply is opaque to the mailbox, as in the other actors.
+    def on_receive(self, message: Any) -> object:
         kind = type(message)
         if kind is Admit:
             return self._admit(message)
@@ -270,9 +273,11 @@ class RegistryActor(GeventActor):
         if kind is AdmitResume:
             return self._admit_resume(message)
         if kind is Register:
-            return self._register(message.provider)
+            self._register(message.provider)
+            return None
         if kind is Unregister:
-            return self._unregister(message.provider)
+            self._unregister(message.provider)
+            return None
         if kind is Subscribe:
             self._subscribe(message)
             return None

@@ -57,7 +57,9 @@ class RunActor(GeventActor):
             reply = self._dispose_reply = Deferred()
             self._tasks.spawn(self._dispose_now).link(lambda _g: reply.resolve(None))
 
-    def on_receive(self, message: object) -> Any:
+    # Pykka's `on_receive(message: Any) -> Any`, narrowed: the reply is opaque to the mailbox
+    # (each message's reply type is the handler's; the handle's methods type the futures).
+    def on_receive(self, message: object) -> object:
         if isinstance(message, Steer):
             return self._steer(message)
         if isinstance(message, CancelRun):

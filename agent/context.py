@@ -8,16 +8,36 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from agent.lifecycle import AgentLifecycle
 from agent.models import ModelRegistry
+from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.store import MemoryStore, SessionStore
-from agent.tools import ToolRegistry
+from agent.tools import ToolHost, ToolRegistry
 from agent.usage import PriceTable
+from subagent.types import AgentView
+from supervision.supervisor import Supervisor
 
-__all__ = ["AgentContext"]
+__all__ = ["AgentContext", "LiveAgent"]
+
+
+class LiveAgent(AgentView, Protocol):
+    """A live agent as `ctx.agents` lists it (`actors.agent_handle.Agent`, a layer up): the
+    seam's view of it, its context, options and loop, and the close its owner calls. Its loop
+    holds it too (`AgentCore.agent`), to hand it to tools (`ToolContext.agent`)."""
+
+    @property
+    def ctx(self) -> AgentContext: ...
+
+    @property
+    def options(self) -> AgentOptions: ...
+
+    @property
+    def core(self) -> ToolHost: ...
+
+    def close(self, cause: object = None) -> None: ...
 
 
 @dataclass(eq=False)
@@ -30,11 +50,13 @@ class AgentContext:
     # Prices by model route (USD per million tokens): what costs and cost budgets count.
     prices: PriceTable = field(default_factory=PriceTable)
     # Live agents by session id (`ctx.agents`): the one place that knows who is running.
-    agents: MutableMapping[str, Any] = field(default_factory=dict)
-    # Services of upper layers, set by the runtime wiring.
-    subagents: Any = None
-    tasks: Any = None
-    supervisor: Any = None
+    agents: MutableMapping[str, LiveAgent] = field(default_factory=dict)
+    # Services of upper layers, set by the runtime wiring (`subagent.SubagentService`,
+    # `subagent.tasks.TaskService`): opaque here, held for the face, which holds them typed too
+    # (`Runtime.subagents`, `Runtime.tasks`).
+    subagents: object = None
+    tasks: object = None
+    supervisor: Supervisor | None = None
     # Who hears when an agent is published, closing or cancelled: register through its
     # methods (`ctx.lifecycle.on_published(fn)` returns the remover).
     lifecycle: AgentLifecycle = field(default_factory=AgentLifecycle)

@@ -57,7 +57,7 @@ _SUSPECT = re.compile(rb"[\xc4-\xc9\xd4-\xd8]|\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7
 _suspect = _SUSPECT.search
 
 
-def _not_json(event: Any, name: str, offset: int) -> CorruptSessionError:
+def _not_json(event: object, name: str, offset: int) -> CorruptSessionError:
     """Only JSON-native values are valid in a log: anything else is corruption here."""
     why = explain(event, "event")
     return CorruptSessionError(name, offset, f"frame holds a value JSON cannot: {why}")

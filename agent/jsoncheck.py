@@ -9,7 +9,7 @@ step); the slow path re-walks a rejected value to name the offending path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, overload
 
 __all__ = ["MAX_DEPTH", "check_json", "explain", "is_lossless", "repair_surrogates"]
 
@@ -19,8 +19,11 @@ MAX_DEPTH = 200
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
 
+_K = TypeVar("_K")
+_T = TypeVar("_T")
 
-def check_json(value: Any, where: str = "data") -> None:
+
+def check_json(value: object, where: str = "data") -> None:
     """Raise TypeError naming the first path in `value` that is not lossless JSON."""
     if not _ok(value, 0):
         _explain(value, where, 0, [])
@@ -28,6 +31,8 @@ def check_json(value: Any, where: str = "data") -> None:
         raise TypeError(f"{where}: not lossless JSON")  # pragma: no cover
 
 
+# `v: Any`: the hot path (every append) dispatches on `t = type(v)` once, which the checker
+# does not narrow through; `_explain` below is the same walk, typed `object`, for failures.
 def _ok(v: Any, depth: int) -> bool:
     t = type(v)
     if t is str or t is bool or v is None:
@@ -59,30 +64,31 @@ def _ok(v: Any, depth: int) -> bool:
     return False
 
 
-def _explain(v: Any, path: str, depth: int, stack: list[int]) -> None:
+def _explain(v: object, path: str, depth: int, stack: list[int]) -> None:
+    # The slow path (a rejected value): `type(v) is X` narrows `v` for the checker as it goes.
     t = type(v)
     if t is str or t is bool or v is None:
         return
-    if t is int:
+    if type(v) is int:
         if not _INT_MIN <= v <= _INT_MAX:
             raise TypeError(f"{path}: integer {v} is outside the 64-bit range")
         return
-    if t is float:
+    if type(v) is float:
         if not v - v == 0.0:
             raise TypeError(f"{path}: {v!r} is not a finite float")
         return
-    if t is dict or t is list:
+    if type(v) is dict or type(v) is list:
         if id(v) in stack:
             raise TypeError(f"{path}: cycle (the value contains itself)")
         if depth >= MAX_DEPTH:
             raise TypeError(f"{path}: nested deeper than {MAX_DEPTH} levels")
         stack.append(id(v))
-        if t is dict:
+        if type(v) is dict:
             for k, x in v.items():
                 if type(k) is not str:
                     raise TypeError(f"{path}: key {k!r} is a {type(k).__name__}, not a str")
                 _explain(x, f"{path}.{k}", depth + 1, stack)
-        else:
+        elif type(v) is list:
             for i, x in enumerate(v):
                 _explain(x, f"{path}[{i}]", depth + 1, stack)
         stack.pop()
@@ -90,12 +96,12 @@ def _explain(v: Any, path: str, depth: int, stack: list[int]) -> None:
     raise TypeError(f"{path}: {t.__name__} is not lossless JSON")
 
 
-def is_lossless(value: Any) -> bool:
+def is_lossless(value: object) -> bool:
     """True when `value` passes `check_json` (the loader's test of a decoded frame)."""
     return _ok(value, 0)
 
 
-def explain(value: Any, where: str) -> str:
+def explain(value: object, where: str) -> str:
     """Why `value` fails `check_json`, as one line (for a loader's corruption report)."""
     try:
         _explain(value, where, 0, [])
@@ -109,7 +115,13 @@ def _fix(text: str) -> str:
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
-def repair_surrogates(value: Any) -> Any:
+@overload
+def repair_surrogates(value: str) -> str: ...
+@overload
+def repair_surrogates(value: list[_T]) -> list[_T]: ...
+@overload
+def repair_surrogates(value: dict[_K, _T]) -> dict[_K, _T]: ...
+def repair_surrogates(value: object) -> object:
     """Replace lone surrogates in every str of a lossless-JSON value, in place where it can.
 
     Lone surrogates come from outside: a JSON `\\ud83d` escape from a model or an ACP agent, or
@@ -119,15 +131,14 @@ def repair_surrogates(value: Any) -> Any:
     logged content blocks) sees the same text as the log. Returns the repaired value (a new
     object only when `value` itself is a str).
     """
-    t = type(value)
-    if t is str:
+    if type(value) is str:
         return _fix(value)
-    if t is list:
+    if type(value) is list:
         for i, x in enumerate(value):
             tx = type(x)
             if tx is str or tx is list or tx is dict:
                 value[i] = repair_surrogates(x)
-    elif t is dict:
+    elif type(value) is dict:
         items = list(value.items())
         if any(type(k) is str and k != _fix(k) for k, _ in items):
             value.clear()

@@ -23,12 +23,13 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import gevent
 from gevent.event import Event as GEvent
 
 from agent import tracing
+from agent.context import LiveAgent
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import HistoryView, history_from_events, last_turn_number
 from agent.log import SessionLog
@@ -124,7 +125,7 @@ class _Conclude:
 
     def __init__(self) -> None:
         self.concluded = False
-        self.value: Any = None
+        self.value: object = None
 
 
 class AgentCore:
@@ -141,7 +142,7 @@ class AgentCore:
         tools: ToolScope,
         prompt: SystemPrompt,
         variables: Mapping[str, str | None] | None = None,
-        agent: Any = None,
+        agent: LiveAgent | None = None,
         price: Price | None = None,
     ) -> None:
         cost_limit = None
@@ -183,7 +184,7 @@ class AgentCore:
 
     # -- hooks for tools -------------------------------------------------------------------
 
-    def capture(self, value: Any) -> None:
+    def capture(self, value: object) -> None:
         """Stage a structured result and conclude the turn after the current step.
 
         Called by the runtime's `structured_output` tool; later tool calls in the turn are
@@ -650,6 +651,15 @@ def _synthetic(code: str, text: str) -> ToolResult:
     return ToolResult(content=[{"type": "text", "text": text}], is_error=True, code=code)
 
 
+class _TurnGreenlet(Protocol):
+    """What an abort needs of the greenlet running the turn (`gevent.getcurrent()`)."""
+
+    @property
+    def dead(self) -> bool: ...
+
+    def throw(self, typ: type[BaseException]) -> object: ...
+
+
 class _TurnState:
     __slots__ = (
         "batch_done",
@@ -661,7 +671,7 @@ class _TurnState:
         "step",
     )
 
-    def __init__(self, greenlet: Any) -> None:
+    def __init__(self, greenlet: _TurnGreenlet) -> None:
         self.greenlet = greenlet
         self.step = 0
         self.in_tool = False
@@ -670,7 +680,7 @@ class _TurnState:
         self.partial: list[str] = []
         self.last_output: list[Mapping[str, Any]] | None = None
 
-    def on_abort(self, reason: Any) -> None:
+    def on_abort(self, reason: object) -> None:
         """Signal listener: stop waiting for tools. Runs on the aborting greenlet."""
         batch = self.batch_done
         if batch is not None:
@@ -694,7 +704,7 @@ class _TurnState:
         return []
 
 
-def _cause(reason: Any) -> str:
+def _cause(reason: object) -> str:
     if isinstance(reason, AbortError):
         return str(reason) if reason.reason is None else str(reason.reason)
     if isinstance(reason, BaseException):

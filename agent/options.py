@@ -5,9 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-__all__ = ["AgentOptions"]
+__all__ = ["AgentOptions", "OptionChanges"]
+
+
+class OptionChanges(TypedDict, total=False):
+    """The fields `AgentOptions.with_` may replace (a typo is a type error)."""
+
+    model: str
+    max_tokens: int | None
+    max_steps: int
+    subagent_depth: int | None
+    token_budget: int | None
+    cost_budget: float | Decimal | None
+    extra: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,5 +73,5 @@ class AgentOptions:
 
             usd_to_pico(self.cost_budget, "cost_budget")  # TypeError / ValueError when bad
 
-    def with_(self, **changes: Any) -> AgentOptions:
+    def with_(self, **changes: Unpack[OptionChanges]) -> AgentOptions:
         return replace(self, **changes)

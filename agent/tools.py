@@ -31,7 +31,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -39,9 +39,10 @@ from jsonschema.exceptions import SchemaError
 from agent.errors import TOOL_FAILED, ToolError
 from agent.fastcheck import compile_fast_check
 from agent.model import ToolCall, ToolSpec
+from agent.options import AgentOptions
 from subagent.errors import SubagentError
 from subagent.schema import LARGE_SCHEMA_VALUES, more_values_than
-from subagent.types import ToolRestriction, text_block
+from subagent.types import AgentView, ToolRestriction, TraceParent, text_block
 from supervision.offload import offload
 from supervision.signal import AbortError, AbortSignal
 
@@ -50,9 +51,11 @@ __all__ = [
     "TOOL_FAILED",
     "UNKNOWN_TOOL",
     "Tool",
+    "ToolCaller",
     "ToolContext",
     "ToolError",
     "ToolFn",
+    "ToolHost",
     "ToolRegistry",
     "ToolResult",
     "ToolScope",
@@ -67,16 +70,45 @@ _MAX_ARG_ERRORS = 5
 _versions = itertools.count(1)
 
 
+class ToolHost(Protocol):
+    """What a tool may ask of the loop running it (`agent.loop.AgentCore`)."""
+
+    def capture(self, value: object) -> None:
+        """Stage a structured result; the turn concludes after this step."""
+        ...
+
+
+class ToolCaller(AgentView, Protocol):
+    """The agent whose turn runs a tool (`actors.agent_handle.Agent`, a layer up): the seam's
+    view of it (id, cwd, depth), its options and its loop. Its context is not named here: the
+    context holds the tools, so naming it would be an import cycle; a tool that needs it narrows
+    with `agent.parent.parent_agent`, which checks it."""
+
+    @property
+    def options(self) -> AgentOptions: ...
+
+    @property
+    def core(self) -> ToolHost: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a running tool may know about its caller."""
 
-    agent: Any
+    # None only for a loop run without an agent handle (a bare `AgentCore`, as tests make).
+    agent: ToolCaller | None
     session_id: str
     call_id: str
     signal: AbortSignal
-    # The call's `execute_tool` span (agent.tracing.TraceParent) while tracing is on, else None.
-    trace: Any = None
+    # The call's `execute_tool` span while tracing is on, else None.
+    trace: TraceParent | None = None
+
+    @property
+    def caller(self) -> ToolCaller:
+        """The calling agent; a `ToolError` when the loop runs without one."""
+        if self.agent is None:
+            raise ToolError("this tool needs a calling agent", code=TOOL_FAILED)
+        return self.agent
 
 
 ToolFn = Callable[[Mapping[str, Any], ToolContext], "str | list[dict[str, Any]]"]

@@ -23,16 +23,18 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
+from subagent.types import SubagentResult, TraceParent
 from supervision.signal import AbortError
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Link, Span, Tracer
 
     from agent.model import ModelRequest, ModelResponse, ProgressSink, ToolCall
+    from agent.options import AgentOptions
     from agent.tools import ToolContext, ToolResult
     from supervision.signal import AbortSignal
 
@@ -50,6 +52,8 @@ except ImportError:  # the `otel` extra is not installed: tracing is off for goo
 __all__ = [
     "Activation",
     "TraceParent",
+    "TracedCore",
+    "TurnEnd",
     "TurnTrace",
     "ambient",
     "begin_turn",
@@ -100,21 +104,6 @@ def tracer() -> Tracer | None:
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class TraceParent:
-    """Where an agent's work hangs in a trace; a value that crosses greenlets and mailboxes.
-
-    `activation=True`: the span in `context` is this agent's activation span (made by the run
-    layer), so the agent's model and tool spans hang directly under it. Otherwise the agent
-    opens its own `invoke_agent` span per turn under `context`. `name` is the agent's display
-    name (a child's label) for span names and `gen_ai.agent.name`.
-    """
-
-    context: Context
-    activation: bool = False
-    name: str | None = None
-
-
 def ambient(name: str | None = None) -> TraceParent | None:
     """The calling greenlet's current span as a parent, if tracing is on and one is active."""
     if _trace is None or tracer() is None:
@@ -140,7 +129,7 @@ def carrier(parent: TraceParent | None) -> dict[str, str]:
     return out
 
 
-def extract(data: Any, name: str | None = None) -> TraceParent | None:
+def extract(data: object, name: str | None = None) -> TraceParent | None:
     """A `TraceParent` from a carrier received from another process; None if absent/invalid."""
     if (
         _trace is None
@@ -154,7 +143,7 @@ def extract(data: Any, name: str | None = None) -> TraceParent | None:
     return TraceParent(ctx, name=name)
 
 
-def link_to(data: Any) -> Any:
+def link_to(data: object) -> Link | None:
     """A span link to the span named by a stored `traceparent` carrier, or None."""
     parent = extract(data)
     if parent is None:
@@ -197,7 +186,7 @@ class Activation:
         self.span.set_attribute("error.type", getattr(exc, "code", None) or type(exc).__name__)
         self.span.end()
 
-    def end(self, outcome: Any) -> None:
+    def end(self, outcome: SubagentResult | BaseException) -> None:
         """Settled: a `SubagentResult`, or an infrastructure fault (an exception)."""
         span = self.span
         if isinstance(outcome, BaseException):
@@ -229,7 +218,7 @@ def start_activation(
     parent_id: str,
     depth: int | None,
     child_id: str | None = None,
-    link: Any = None,
+    link: Link | None = None,
     resumed: bool = False,
     remote: bool = False,
 ) -> Activation | None:
@@ -268,6 +257,39 @@ def start_activation(
 
 
 # -- turns (the loop) --------------------------------------------------------------------------
+
+
+class TracedCore(Protocol):
+    """What a turn's spans read of its agent (`agent.loop.AgentCore`, which imports this
+    module): its ids, its model route and its latest trace parent."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def options(self) -> AgentOptions: ...
+
+    @property
+    def trace(self) -> TraceParent | None: ...
+
+
+class TurnEnd(Protocol):
+    """What a turn's span records of its end (`agent.loop.TurnOutcome`)."""
+
+    @property
+    def turn(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def cause(self) -> str | None: ...
+
+    @property
+    def message(self) -> str | None: ...
 
 
 class TurnTrace:
@@ -381,7 +403,7 @@ class TurnTrace:
                 {"subagent.message_id": steer.message_id, "subagent.source": str(source)},
             )
 
-    def end(self, outcome: Any) -> None:
+    def end(self, outcome: TurnEnd) -> None:
         """The turn ended: close its own span (an activation span is the run layer's)."""
         span = self.span
         if not self.recording:
@@ -406,7 +428,7 @@ class TurnTrace:
             _fail(self.span, exc)
 
 
-def begin_turn(core: Any, message: Mapping[str, Any], turn: int) -> TurnTrace | None:
+def begin_turn(core: TracedCore, message: Mapping[str, Any], turn: int) -> TurnTrace | None:
     """The spans for `core`'s turn `turn`, parented as its message says (None: tracing off)."""
     if _trace is None:
         return None

@@ -144,7 +144,7 @@ class Price:
         object.__setattr__(self, "_rates", tuple(rates))
 
     @classmethod
-    def from_json(cls, data: Any, route: str = "") -> Price:
+    def from_json(cls, data: object, route: str = "") -> Price:
         """A price from a `{input, output, cache_read?, cache_write?}` mapping."""
         if not isinstance(data, Mapping):
             raise ValueError(f"the price of {route!r} must be a table, got {data!r}")

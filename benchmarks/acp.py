@@ -22,6 +22,7 @@ import gevent.events
 import gevent.subprocess
 import greenlet  # type: ignore[import-untyped]
 
+from agent.options import AgentOptions
 from providers.acp import AcpConfig, AcpProvider
 from providers.acp_process import group_has_live_member
 from subagent.types import SubagentStartRequest
@@ -32,8 +33,13 @@ MAX_BLOCKING_TIME = 0.1
 
 
 class _Parent:
+    """The seam's view of a parent agent (`subagent.types.AgentView`), all ACP reads of it."""
+
     def __init__(self, cwd: str) -> None:
+        self.id = "bench"
         self.cwd = cwd
+        self.depth = 0
+        self.options = AgentOptions()
         self.session_id = "bench"
 
 

@@ -24,8 +24,8 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Unpack
 
 import gevent
 from gevent.event import Event
@@ -33,7 +33,7 @@ from gevent.event import Event
 from agent import tracing
 from agent.events import SessionHeader, SessionLogError
 from agent.store import SessionBusyError, SessionNotFoundError
-from providers.acp_config import AcpConfig, ProgressCallback, check_cwd
+from providers.acp_config import AcpConfig, AcpOverrides, ProgressCallback, check_cwd
 from providers.acp_log import AcpRecord, ChildLog, SessionStoreLike, read_record
 from providers.acp_process import ProcessGroup
 from providers.acp_rpc import (
@@ -198,7 +198,7 @@ class _Child:
         self._tasks.spawn(self._watch_leader)
 
     @staticmethod
-    def _no_run_request(method: str, _params: object) -> Any:
+    def _no_run_request(method: str, _params: object) -> dict[str, Any]:
         if method == "session/request_permission":
             return {"outcome": {"outcome": "cancelled"}}  # no turn is running
         raise MethodNotFound(method)
@@ -213,7 +213,7 @@ class _Child:
         if self._teardown is None:
             self._teardown = self._tasks.spawn(self._do_teardown, False)
 
-    def request(self, method: str, params: object, signal: AbortSignal) -> Any:
+    def request(self, method: str, params: object, signal: AbortSignal) -> object:
         """A handshake-phase request, bounded by `handshake_timeout`."""
         return self.conn.request(
             method, params, signal=signal, timeout=self.config.handshake_timeout
@@ -404,7 +404,7 @@ class AcpRun(RemoteRun):
     def _on_abort(self, reason: object) -> None:
         self._cancel(f"aborted by the request signal: {reason!r}")
 
-    def _on_request(self, method: str, params: object) -> Any:
+    def _on_request(self, method: str, params: object) -> dict[str, Any]:
         if method != "session/request_permission":
             raise MethodNotFound(method)
         if self._settled:  # the turn was cancelled: ACP's answer for that is `cancelled`
@@ -596,7 +596,7 @@ class ResumableAcpProvider(AcpProvider):
         descriptor = continuation.descriptor
         record_log = None
         if store is not None and descriptor is not None:
-            data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
+            data = descriptor if isinstance(descriptor, Mapping) else descriptor.to_json()
             source = MessageSource.coordinator(parent.id).to_json()
 
             def record_log(cwd: str, sid: str, blocks: list[dict[str, Any]]) -> ChildLog:
@@ -716,7 +716,7 @@ def provider_for_stored_child(
     child_id: str,
     *,
     pass_env: Sequence[str] = (),
-    **overrides: Any,
+    **overrides: Unpack[AcpOverrides],
 ) -> ResumableAcpProvider | None:
     """A provider that reaches a stored continuable ACP child again, from its ACP record: same
     name, command, arguments and passed-through variable names (plus `pass_env`). None when the

@@ -9,15 +9,16 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
     "PERMISSION_POLICIES",
     "AcpConfig",
+    "AcpOverrides",
     "ProgressCallback",
     "check_cwd",
     "is_default_allowed",
@@ -123,6 +124,22 @@ def _check_env_name(name: object, what: str) -> str:
     return name
 
 
+class AcpOverrides(TypedDict, total=False):
+    """The `AcpConfig` fields a caller may set when the command comes from a stored record
+    (`provider_for_stored_child`): everything but the name, command, arguments and pass-env."""
+
+    cwd: str | None
+    env: Mapping[str, str]
+    permission: str
+    handshake_timeout: float
+    exit_drain: float
+    eof_grace: float
+    terminate_grace: float
+    max_line_bytes: int
+    on_progress: ProgressCallback | None
+    session_index: MutableMapping[str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class AcpConfig:
     """How to launch and talk to one external ACP agent.
@@ -153,7 +170,7 @@ class AcpConfig:
     max_line_bytes: int = 8 * 1024 * 1024
     name: str = "acp"
     on_progress: ProgressCallback | None = None
-    session_index: Any = None  # MutableMapping[str, str]; a fresh dict when None
+    session_index: MutableMapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__

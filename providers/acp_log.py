@@ -13,11 +13,11 @@ child at once; a process that died mid-turn leaves an open turn, closed by the n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.events import SessionHeader
+from agent.events import Event, SessionHeader
 from agent.log import SessionLog
 
 __all__ = ["ACP_RECORD_EVENT", "AcpRecord", "ChildLog", "SessionStoreLike", "read_record"]
@@ -32,7 +32,7 @@ class SessionStoreLike(Protocol):
 
     def open(self, session_id: str) -> SessionLog: ...
 
-    def scan(self, session_id: str, start: int = ...) -> Any: ...
+    def scan(self, session_id: str, start: int = ...) -> Iterator[Event]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ _LIVE: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
 _PR_SET_PDEATHSIG = 1
 
 
-def _load_prctl() -> Any:
+def _load_prctl() -> Callable[..., int] | None:
     """libc's `prctl` on Linux (loaded in the parent: nothing is imported after `fork`)."""
     if not sys.platform.startswith("linux"):
         return None

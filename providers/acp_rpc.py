@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import gevent
 from gevent.event import AsyncResult, Event
@@ -52,6 +52,32 @@ METHOD_NOT_FOUND = -32601
 INTERNAL_ERROR = -32603
 
 RequestHandler = Callable[[str, Any], Any]
+
+
+class ReadPipe(Protocol):
+    """A child's stderr as `StderrTail` drains it (a `gevent.subprocess` pipe)."""
+
+    def read1(self, size: int = -1, /) -> bytes: ...
+
+
+class LinePipe(Protocol):
+    """The byte stream a connection reads its messages from, one line each."""
+
+    def readline(self, size: int | None = -1, /) -> bytes: ...
+
+    def close(self) -> object: ...
+
+
+class WritePipe(Protocol):
+    """The byte stream a connection writes its messages to."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+    def close(self) -> object: ...
+
+
 NotificationHandler = Callable[[str, Any], None]
 
 
@@ -63,7 +89,7 @@ NO_REPLY: Any = object()
 class StderrTail:
     """Drains a stderr pipe so a chatty child never blocks, keeping the tail for diagnostics."""
 
-    def __init__(self, pipe: Any, keep: int = 8192) -> None:
+    def __init__(self, pipe: ReadPipe, keep: int = 8192) -> None:
         self._pipe = pipe
         self._keep = keep
         self._buf = bytearray()
@@ -102,8 +128,8 @@ class JsonRpcConnection:
 
     def __init__(
         self,
-        stdin: Any,
-        stdout: Any,
+        stdin: WritePipe,
+        stdout: LinePipe,
         *,
         on_request: RequestHandler,
         on_notification: NotificationHandler,
@@ -120,7 +146,7 @@ class JsonRpcConnection:
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
         self._outbox: Queue = Queue()
         self._closed: ConnectionClosed | None = None
-        self._request_id: Any = None
+        self._request_id: object = None
         self.closed = Event()
         # The reader and writer loops; `shutdown` kills and joins them.
         self._tasks = TaskGroup(f"jsonrpc:{name}")
@@ -128,7 +154,7 @@ class JsonRpcConnection:
         self._tasks.spawn(self._write_loop)
 
     @property
-    def request_id(self) -> Any:
+    def request_id(self) -> object:
         """The id of the peer's request whose handler is running (None outside a handler)."""
         return self._request_id
 
@@ -144,7 +170,7 @@ class JsonRpcConnection:
         *,
         signal: AbortSignal | None = None,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> object:
         """Send a request and wait cooperatively for its result.
 
         Raises `RpcError`, `ConnectionClosed`, `RequestAborted` when `signal` fires first, or

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 __all__ = ["MAX_DATA_CHARS", "clean_text", "describe_data"]
 
@@ -44,7 +43,7 @@ def describe_data(data: object, limit: int = MAX_DATA_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _clean_strings(value: object) -> Any:
+def _clean_strings(value: object) -> object:
     """`value` with every string in it cleaned (before JSON would escape the escapes)."""
     if isinstance(value, str):
         return clean_text(value)

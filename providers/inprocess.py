@@ -17,8 +17,9 @@ from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
 from actors.local_run import LocalRun
 from agent import tracing
-from agent.log import completed_turn_prefix
+from agent.log import SessionLog, completed_turn_prefix
 from agent.options import AgentOptions
+from agent.parent import ParentAgent, parent_agent
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
 from agent.tools import Tool, ToolContext, ToolScope
 from agent.usage import PICO, child_budget, child_cost_budget, usd_to_pico
@@ -26,6 +27,7 @@ from subagent.errors import SubagentError
 from subagent.schema import check_output_schema
 from subagent.types import (
     MessageSource,
+    OptionsView,
     SubagentCapabilities,
     SubagentResumeRequest,
     SubagentStartRequest,
@@ -59,7 +61,7 @@ def structured_output_tool(schema: Mapping[str, Any]) -> Tool:
     check_output_schema(schema)
 
     def capture(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        ctx.agent.core.capture(dict(arguments))
+        ctx.caller.core.capture(dict(arguments))
         return "captured; your turn is complete"
 
     return _CaptureTool(
@@ -85,16 +87,16 @@ class InProcessProvider:
     def name(self) -> str:
         return self._name
 
-    def seed_for(self, parent: Agent) -> list[Mapping[str, Any]]:
+    def seed_for(self, parent: ParentAgent) -> list[Mapping[str, Any]]:
         return []
 
     def start(self, request: SubagentStartRequest) -> LocalRun:
         _raise_if_aborted(request.signal)
-        parent: Agent = request.parent
+        parent = parent_agent(request.parent)
         continuation = request.continuation
         agent = self._create_child(
             parent,
-            options=request.agent_options,
+            options=_agent_options(request.agent_options),
             tool_filter=request.tool_filter,
             persona=request.persona,
             output_schema=request.output_schema,
@@ -126,7 +128,7 @@ class InProcessProvider:
     def resume(self, request: SubagentResumeRequest) -> LocalRun:
         """Rebuild a stored continuable child under the live parent and drive one turn."""
         _raise_if_aborted(request.signal)
-        parent: Agent = request.parent
+        parent = parent_agent(request.parent)
         descriptor = request.descriptor
         ctx = parent.ctx
         options = _options_for(parent, None, descriptor.model).with_(
@@ -151,7 +153,7 @@ class InProcessProvider:
 
     def _scopes(
         self,
-        parent: Agent,
+        parent: ParentAgent,
         tool_filter: ToolRestriction | None,
         persona: str | None,
         output_schema: Mapping[str, Any] | None,
@@ -176,7 +178,7 @@ class InProcessProvider:
 
     def _create_child(
         self,
-        parent: Agent,
+        parent: ParentAgent,
         *,
         options: AgentOptions | None,
         tool_filter: ToolRestriction | None,
@@ -224,11 +226,16 @@ class ForkProvider(InProcessProvider):
     def __init__(self, name: str = "fork") -> None:
         super().__init__(name)
 
-    def seed_for(self, parent: Agent) -> list[Mapping[str, Any]]:
-        return list(completed_turn_prefix(parent.log.events))
+    def seed_for(self, parent: ParentAgent) -> list[Mapping[str, Any]]:
+        log = getattr(parent, "log", None)
+        if not isinstance(log, SessionLog):
+            raise TypeError("a fork needs a live parent agent (with its session log)")
+        return list(completed_turn_prefix(log.events))
 
 
-def _options_for(parent: Agent, options: AgentOptions | None, model: str | None) -> AgentOptions:
+def _options_for(
+    parent: ParentAgent, options: AgentOptions | None, model: str | None
+) -> AgentOptions:
     base = options if options is not None else AgentOptions(model=parent.options.model)
     if model is not None:
         base = base.with_(model=model)
@@ -236,11 +243,18 @@ def _options_for(parent: Agent, options: AgentOptions | None, model: str | None)
 
 
 def _with_budget(
-    options: AgentOptions, token_budget: object, cost_budget: Decimal | None = None
+    options: AgentOptions, token_budget: int | None, cost_budget: Decimal | None = None
 ) -> AgentOptions:
     if options.token_budget == token_budget and options.cost_budget == cost_budget:
         return options
     return options.with_(token_budget=token_budget, cost_budget=cost_budget)
+
+
+def _agent_options(options: OptionsView | None) -> AgentOptions | None:
+    """The request's options: an in-process child is built from real `AgentOptions`."""
+    if options is not None and not isinstance(options, AgentOptions):
+        raise TypeError("agent_options must be an AgentOptions or None")
+    return options
 
 
 def _raise_if_aborted(signal: AbortSignal) -> None:
@@ -256,7 +270,7 @@ def _discard(agent: Agent) -> None:
         store.delete(agent.id)
 
 
-def _child_cost(parent: Agent, requested: float | None) -> Decimal | None:
+def _child_cost(parent: ParentAgent, requested: float | None) -> Decimal | None:
     """The child's cost budget in USD: as asked, clamped to what the parent's chain has left."""
     if requested is None:
         return None
@@ -264,7 +278,7 @@ def _child_cost(parent: Agent, requested: float | None) -> Decimal | None:
     return None if pico is None else Decimal(pico) / PICO
 
 
-def _check_priced(parent: Agent, options: AgentOptions) -> None:
+def _check_priced(parent: ParentAgent, options: AgentOptions) -> None:
     """A cost budget on the child or above it needs the child's model route priced: an unpriced
     model would spend without being counted, so the child is refused before it exists."""
     account = getattr(parent, "usage", None)

@@ -32,9 +32,10 @@ import logging
 import os
 import secrets
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import gevent
 from gevent.event import AsyncResult
@@ -51,6 +52,7 @@ from subagent.errors import SubagentError
 from subagent.types import (
     ABORTED,
     ERROR,
+    AgentView,
     MessageSource,
     SubagentCapabilities,
     SubagentResult,
@@ -61,9 +63,15 @@ from supervision.group import TaskGroup
 from supervision.offload import offload
 from supervision.signal import AbortSignal
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
 __all__ = ["LocalRay", "RayConfig", "RayProvider", "RayRun"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ProgressCallback = Callable[[Mapping[str, Any]], None]
 
@@ -72,7 +80,7 @@ _POLL_MAX = 0.01
 _MAX_BATCH = 256
 
 
-def _ray() -> Any:
+def _ray() -> types.ModuleType:
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -184,12 +192,13 @@ class _RefWaiter:
         self._loop: gevent.Greenlet | None = None
         self._tasks = TaskGroup("ray-ref-waiter")
 
-    def wait(self, ref: object) -> Any:
+    def wait(self, ref: ObjectRef[T]) -> T:
         result: AsyncResult = AsyncResult()
         self._pending[ref] = result
         if self._loop is None or self._loop.dead:
             self._loop = self._tasks.spawn(self._run)
-        return result.get()
+        value: T = result.get()
+        return value
 
     def close(self) -> None:
         """End the polling greenlet; a wait still pending fails with RUNTIME_CLOSED."""
@@ -227,7 +236,7 @@ class _RefWaiter:
 class _Host:
     """The provider's view of one `ChildHost` actor."""
 
-    def __init__(self, index: int, handle: Any) -> None:
+    def __init__(self, index: int, handle: ActorHandle[Any]) -> None:
         self.index = index
         self.handle = handle
         self.incarnation = ""
@@ -507,7 +516,7 @@ class RayProvider:
             handles = offload(self._create_hosts, host_config)
             self._hosts = [_Host(i, h) for i, h in enumerate(handles)]
             for host in self._hosts:
-                reply = self._waiter.wait(host.handle.ready.remote())
+                reply: dict[str, Any] = self._waiter.wait(host.handle.ready.remote())
                 self._become_healthy(host, reply)
             self._connected = True
 
@@ -599,7 +608,9 @@ class RayProvider:
     def _poll_loop(self, host: _Host) -> None:
         generation = host.generation
         while not self._closed and host.healthy and host.generation == generation:
-            ref = host.handle.poll.remote(host.incarnation, host.cursor, self.config.poll_timeout)
+            ref: ObjectRef[dict[str, Any]] = host.handle.poll.remote(
+                host.incarnation, host.cursor, self.config.poll_timeout
+            )
             try:
                 reply = self._waiter.wait(ref)
             except Exception as exc:
@@ -641,7 +652,7 @@ class RayProvider:
             if self._closed:
                 return
             try:
-                reply = self._waiter.wait(host.handle.ready.remote())
+                reply: dict[str, Any] = self._waiter.wait(host.handle.ready.remote())
             except ray.exceptions.ActorUnavailableError:
                 gevent.sleep(0.1)
                 continue
@@ -807,7 +818,7 @@ class RayProvider:
             self._local_ray = None
 
 
-def _parent_spec(parent: Any) -> dict[str, Any]:
+def _parent_spec(parent: AgentView) -> dict[str, Any]:
     parent_id = getattr(parent, "id", None)
     if not isinstance(parent_id, str):
         raise TypeError("request.parent must be an agent (with a string id)")

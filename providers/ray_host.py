@@ -29,13 +29,15 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 from gevent.event import Event as GEvent
 
 from providers.ray_runtime import HostConfig, HostedRuntime, HostSetup
 from supervision.group import TaskGroup
+
+T = TypeVar("T")
 
 __all__ = ["ChildHost", "HubThread"]
 
@@ -73,7 +75,7 @@ class HubThread:
         self._jobs.append((fn, None))
         self._async.send()
 
-    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run `fn` on the hub and wait (this thread) for its value. Never call on the hub."""
         done = threading.Event()
         box: list[Any] = []
@@ -89,9 +91,10 @@ class HubThread:
         self.call_soon(job)
         if not done.wait(timeout):
             raise TimeoutError("the hub did not answer in time")
-        ok, value = box[0]
+        ok, outcome = box[0]
         if not ok:
-            raise value
+            raise outcome
+        value: T = outcome
         return value
 
     def _drain(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import gevent
 from gevent.event import Event as GEvent
 
+from actors.agent_handle import Agent
 from agent import tracing
 from agent.context import AgentContext
 from agent.models.scripted import DEFAULT, ScriptedModel, Step
@@ -145,7 +146,7 @@ class _StandInParent:
     """What the in-process machinery reads from `request.parent`, for a parent elsewhere."""
 
     id: str
-    ctx: Any
+    ctx: AgentContext
     cwd: str
     depth: int
     options: AgentOptions
@@ -203,7 +204,7 @@ class HostedRuntime:
 
     # -- events -------------------------------------------------------------------------------
 
-    def _on_published(self, agent: Any) -> None:
+    def _on_published(self, agent: Agent) -> None:
         key = self._starting.get(gevent.getcurrent())
         if key is None:
             return

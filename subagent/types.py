@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from supervision.signal import AbortSignal
 
-if TYPE_CHECKING:  # type-only: the seam names the agent without importing the agent layer
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from pykka import Future
 
 __all__ = [
@@ -25,8 +26,11 @@ __all__ = [
     "KNOWN_STOP_REASONS",
     "MAX_TOKENS",
     "REFUSAL",
+    "AgentView",
     "ContentBlock",
+    "ContinuationDescriptor",
     "MessageSource",
+    "OptionsView",
     "Resumable",
     "Steerable",
     "SubagentCapabilities",
@@ -37,6 +41,7 @@ __all__ = [
     "SubagentRun",
     "SubagentStartRequest",
     "ToolRestriction",
+    "TraceParent",
     "is_failure",
     "text_block",
 ]
@@ -106,6 +111,65 @@ class ToolRestriction:
         )
 
 
+class OptionsView(Protocol):
+    """Agent options as the seam reads them (`agent.options.AgentOptions` has this and more):
+    the model route a child defaults to. A provider that builds an agent checks for the real
+    options type itself."""
+
+    @property
+    def model(self) -> str: ...
+
+
+class AgentView(Protocol):
+    """An agent as the seam sees it: a request's `parent`, a run's `local_agent`.
+
+    Who it is and where it stands. The live agent (`actors.agent_handle.Agent`) and Ray's
+    stand-in for a parent in another process have these members and more; a provider that
+    needs the agent's context narrows with `agent.parent.parent_agent`, which checks it. The
+    vocabulary cannot name the agent layer (tests/test_layers.py), hence a Protocol here.
+    """
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def cwd(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def options(self) -> OptionsView: ...
+
+
+class ContinuationDescriptor(Protocol):
+    """A continuable child's composition as a provider reads it: `subagent.descriptor.
+    SubagentDescriptor`, named by its members because that module imports this one."""
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def persona(self) -> str | None: ...
+
+    @property
+    def tool_filter(self) -> ToolRestriction | None: ...
+
+    @property
+    def token_budget(self) -> int | None: ...
+
+    @property
+    def cost_budget(self) -> float | None: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 MESSAGE_SOURCE_KINDS = frozenset({"user", "coordinator", "subagent-report", "subagent-settled"})
 
 
@@ -153,11 +217,27 @@ class MessageSource:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceParent:
+    """Where an agent's work hangs in a trace; a value that crosses greenlets, mailboxes and the
+    seam (`SubagentStartRequest.trace`), made and read by `agent.tracing`.
+
+    `activation=True`: the span in `context` is this agent's activation span (made by the run
+    layer), so the agent's model and tool spans hang directly under it. Otherwise the agent
+    opens its own `invoke_agent` span per turn under `context`. `name` is the agent's display
+    name (a child's label) for span names and `gen_ai.agent.name`.
+    """
+
+    context: Context
+    activation: bool = False
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SubagentContinuation:
     """The service-allocated child id and the descriptor snapshot a continuable start carries."""
 
     session_id: str
-    descriptor: Any  # subagent.descriptor.SubagentDescriptor
+    descriptor: ContinuationDescriptor
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +245,9 @@ class SubagentStartRequest:
     """What a caller asks for. The service validates it against the provider, never mutates it."""
 
     prompt: Sequence[ContentBlock]
-    parent: Any  # the spawning agent (agent.Agent)
+    parent: AgentView  # the spawning agent
     signal: AbortSignal
-    agent_options: Any = None  # agent.options.AgentOptions | None
+    agent_options: OptionsView | None = None  # an `agent.options.AgentOptions` for local children
     output_schema: Mapping[str, Any] | None = None
     max_depth: int | None = None
     tool_filter: ToolRestriction | None = None
@@ -179,10 +259,10 @@ class SubagentStartRequest:
     # The most USD the child and its descendants may spend (priced by the runtime's price
     # table), clamped like `token_budget`; needs the same capability.
     cost_budget: float | None = None
-    # Tracing (an `agent.tracing.TraceParent`, None while tracing is off): from the tool layer,
+    # Tracing (None while tracing is off): from the tool layer,
     # where the child hangs (its call's `execute_tool` span, named with the child's label); as
     # the provider receives it, the context of the child's own activation span.
-    trace: Any = None
+    trace: TraceParent | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +272,10 @@ class SubagentResumeRequest:
     session_id: str
     prompt: Sequence[ContentBlock]
     source: MessageSource
-    parent: Any  # the live parent agent recorded in the child's header
+    parent: AgentView  # the live parent agent recorded in the child's header
     signal: AbortSignal
-    descriptor: Any  # subagent.descriptor.SubagentDescriptor
-    trace: Any = None  # as `SubagentStartRequest.trace`
+    descriptor: ContinuationDescriptor
+    trace: TraceParent | None = None  # as `SubagentStartRequest.trace`
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +297,9 @@ class SubagentRun(Protocol):
     def id(self) -> str: ...
 
     @property
-    def local_agent(self) -> Any: ...
+    def local_agent(self) -> AgentView | None:
+        """The child agent when it runs in this process, else None."""
+        ...
 
     @property
     def result(self) -> Future[SubagentResult]: ...

@@ -34,7 +34,7 @@ class AbortSignal:
 
     def __init__(self) -> None:
         self._aborted = False
-        self._reason: Any = None
+        self._reason: object = None
         self._listeners: dict[int, Listener] | None = {}
         self._event: Event | None = None
 
@@ -46,7 +46,7 @@ class AbortSignal:
         return self._aborted
 
     @property
-    def reason(self) -> Any:
+    def reason(self) -> object:
         return self._reason
 
     def add_listener(self, fn: Listener) -> Callable[[], None]:
@@ -104,12 +104,12 @@ class AbortSignal:
         return self._aborted
 
     @classmethod
-    def with_trigger(cls) -> tuple[AbortSignal, Callable[[Any], None]]:
+    def with_trigger(cls) -> tuple[AbortSignal, Callable[[object], None]]:
         """A new signal and the one function that aborts it (what `AbortController` holds)."""
         signal = cls()
         return signal, signal._abort
 
-    def _abort(self, reason: Any) -> None:
+    def _abort(self, reason: object) -> None:
         if self._aborted:
             return
         self._aborted = True

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from geventhttpclient.response import HTTPSocketPoolResponse
 
 from agent.model import (
     MAX_ARGUMENT_DEPTH,
@@ -69,7 +71,7 @@ _CACHE = {"type": "ephemeral"}
 # --- canonical messages -> Messages API ---------------------------------------------------------
 
 
-def _text_blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _text_blocks(content: str | Iterable[object] | None, where: str) -> list[dict[str, Any]]:
     """Canonical text blocks, minus empty ones (the API refuses empty text blocks)."""
     if content is None:
         return []
@@ -360,7 +362,9 @@ class AnthropicModel(HTTPModel):
             pass
         return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
 
-    def read_answer(self, resp: Any, on_progress: ProgressSink | None) -> ModelResponse:
+    def read_answer(
+        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
+    ) -> ModelResponse:
         ctype = str(resp.get("content-type") or "")
         if "text/event-stream" not in ctype:
             raise ModelError(f"anthropic: unexpected content type {ctype!r}")

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import gevent
 from geventhttpclient import HTTPClient
-from geventhttpclient.response import HTTPParseError
+from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
 from agent.errors import Retryable
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
@@ -77,14 +77,14 @@ def aborted(signal: AbortSignal) -> AbortError:
     return AbortError(f"aborted: {reason!r}", reason=reason)
 
 
-def jsonable(obj: object) -> Any:
+def jsonable(obj: object) -> dict[object, object]:
     """`json.dumps` default: read-only mappings (e.g. tool arguments) serialize as objects."""
     if isinstance(obj, Mapping):
         return dict(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def retry_after(resp: Any) -> float | None:
+def retry_after(resp: HTTPSocketPoolResponse) -> float | None:
     """Seconds the server asked us to wait (`retry-after-ms`, `retry-after` seconds or date)."""
     ms = resp.get("retry-after-ms")
     if isinstance(ms, str):
@@ -106,7 +106,7 @@ def retry_after(resp: Any) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def read_capped(resp: Any, limit: int = _ERROR_BODY_LIMIT) -> bytes:
+def read_capped(resp: HTTPSocketPoolResponse, limit: int = _ERROR_BODY_LIMIT) -> bytes:
     """At most `limit` bytes of a body (an error page can be anything)."""
     data = bytearray()
     while len(data) < limit:
@@ -117,7 +117,7 @@ def read_capped(resp: Any, limit: int = _ERROR_BODY_LIMIT) -> bytes:
     return bytes(data)
 
 
-def sse_events(resp: Any, label: str) -> Iterator[SSEEvent]:
+def sse_events(resp: HTTPSocketPoolResponse, label: str) -> Iterator[SSEEvent]:
     """The server-sent events of a streamed response, as they arrive.
 
     Ends when the body ends; raises `ModelError` when the connection closes mid-body or a line
@@ -144,7 +144,7 @@ def sse_events(resp: Any, label: str) -> Iterator[SSEEvent]:
             return
 
 
-def drain(resp: Any) -> None:
+def drain(resp: HTTPSocketPoolResponse) -> None:
     """Read the (normally empty) rest so the connection can go back to the pool; a server that
     keeps the stream open after its end costs its connection, not our time."""
     if not resp.message_complete:
@@ -250,7 +250,9 @@ class HTTPModel:
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_answer(self, resp: object, on_progress: ProgressSink | None) -> ModelResponse:
+    def read_answer(
+        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
+    ) -> ModelResponse:
         """Turn a 200 response into the answer (raise `ModelError` or `Retryable`)."""
         raise NotImplementedError
 
@@ -292,7 +294,7 @@ class HTTPModel:
             raise outcome
         raise ModelError(f"{self.label}: unexpected worker outcome {outcome!r}")  # pragma: no cover
 
-    def _guarded(self, body: bytes, on_progress: ProgressSink | None) -> Any:
+    def _guarded(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse | Exception:
         # Errors come back as values: an exception escaping a greenlet is printed by the hub.
         try:
             return self._with_retries(body, on_progress)

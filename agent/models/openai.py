@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from geventhttpclient.response import HTTPSocketPoolResponse
 
 from agent.model import (
     MAX_ARGUMENT_DEPTH,
@@ -55,7 +57,7 @@ _FINISH: dict[str, FinishReason] = {
 # --- canonical messages -> Chat Completions -------------------------------------------------
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: str | Iterable[object] | None, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -343,7 +345,9 @@ class OpenAIModel(HTTPModel):
             pass
         return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
 
-    def read_answer(self, resp: Any, on_progress: ProgressSink | None) -> ModelResponse:
+    def read_answer(
+        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
+    ) -> ModelResponse:
         ctype = str(resp.get("content-type") or "")
         if "text/event-stream" in ctype:
             return self._read_stream(resp, on_progress)
@@ -351,7 +355,9 @@ class OpenAIModel(HTTPModel):
             return self._read_json(resp, on_progress)
         raise ModelError(f"openai: unexpected content type {ctype!r}")
 
-    def _read_json(self, resp: Any, on_progress: ProgressSink | None) -> ModelResponse:
+    def _read_json(
+        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
+    ) -> ModelResponse:
         raw = resp.read()
         if not resp.message_complete:
             raise ModelError("openai: connection closed before the JSON answer ended")
@@ -368,7 +374,9 @@ class OpenAIModel(HTTPModel):
             on_progress({"type": "text", "text": text})
         return answer.response()
 
-    def _read_stream(self, resp: object, on_progress: ProgressSink | None) -> ModelResponse:
+    def _read_stream(
+        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
+    ) -> ModelResponse:
         answer = _Answer()
         done = False
         for event in sse_events(resp, "openai"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from agent.parent import parent_agent
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
 from subagent.tools.delegate import child_labels
@@ -38,7 +39,7 @@ def send_message_tool(service: Any) -> Tool:
     """Steer a running continuable child, or wake a stopped one with this message."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.agent
+        agent = ctx.caller
         child_id = str(arguments["subagent_id"])
         try:
             sent = service.send_message(
@@ -126,7 +127,7 @@ def list_agents_tool(service: Any) -> Tool:
     """The caller's children (or whole subtree) with status running, idle or stored."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.agent
+        agent = parent_agent(ctx.agent)
         scope = arguments.get("scope", "children")
         if scope == "descendants":
             rows = service.list_descendants(agent.id)

@@ -222,7 +222,7 @@ class _Delegate:
         self.name = name
 
     def __call__(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.agent
+        agent = ctx.caller
         depth: int = agent.depth
         if self.config.hidden_for(depth):
             raise ToolError(

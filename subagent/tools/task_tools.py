@@ -90,7 +90,7 @@ def task_kill_tool(tasks: Any) -> Tool:
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         task_id = str(arguments["task_id"])
         task = _own_task(tasks, task_id, ctx.agent)
-        if tasks.kill(task_id, f"killed by {ctx.agent.id}"):
+        if tasks.kill(task_id, f"killed by {ctx.caller.id}"):
             return f"Task {task_id} ({task.label}) was killed."
         return f"Task {task_id} had already settled: {tasks.get(task_id).status}."
 
