@@ -568,8 +568,12 @@ class Supervisor:
     def _finish(self, exit: Exit) -> None:
         self._state = _STOPPED
         self._exit = exit
-        self._notices.deliver(exit)
+        # Done before the listeners run: one that disposes or joins this supervisor from the
+        # caller's own greenlet (an idle one ends there) must not wait on itself. Joiners
+        # elsewhere still wake after them: they run only once this greenlet yields, and the
+        # shutdown greenlet's joiners wait for that greenlet too.
         self._done.set()
+        self._notices.deliver(exit)
 
     def _stop_wave(self, entries: Iterable[_Entry], reason: object) -> None:
         """Ask all `entries` to stop at once, kill each when its grace is over, wait for all."""

@@ -841,6 +841,14 @@ def test_an_idle_supervisor_stops_without_a_greenlet() -> None:
     assert sup.quiescent
     sup.dispose()  # idempotent
 
+    # A listener that disposes and joins the idle supervisor it is told about does not wait on
+    # itself, although it runs in the greenlet that stopped it.
+    seen: list[bool] = []
+    again = Supervisor("idle again")
+    again.add_exit_listener(lambda _exit: (again.dispose(), seen.append(again.join(0))))
+    again.dispose()
+    assert seen == [True]
+
 
 def test_a_quiet_supervisor_logs_crashes_and_escalation_at_debug_only(
     workers: Workers, caplog: pytest.LogCaptureFixture
