@@ -64,7 +64,13 @@ def _admitted(reply: Deferred[Any], message_id: str) -> None:
 
 
 class AgentActor(GeventActor):
-    """Hosts one `AgentCore`."""
+    """Hosts one `AgentCore`.
+
+    A lazy actor (no `on_start`): its creator accepts the first prompt in place and steers are
+    told in place while it is idle, so its loop greenlet is made only when a message has to
+    wait (a cancel, a dispose, a steer that finds a handler running)."""
+
+    lazy_loop = True
 
     def __init__(self, core: AgentCore, on_closed: Callable[[], None] | None = None) -> None:
         super().__init__()
@@ -102,15 +108,12 @@ class AgentActor(GeventActor):
         trace: tracing.TraceParent | None = None,
     ) -> str:
         """Queue `run`'s prompt; returns its message id. Called by whoever just created or
-        resumed this agent, in the same greenlet: while the actor has not served anyone yet
-        (its loop has not started), the prompt is accepted right here, with no mailbox round
-        trip; otherwise it goes through the mailbox like any `Send`."""
+        resumed this agent, in the same greenlet: while the actor is idle (a new agent always
+        is), the prompt is accepted right here, with no mailbox round trip (`ask_now`);
+        otherwise it goes through the mailbox like any `Send`."""
         trace = trace or tracing.ambient()
         message = Send(check_content(content), source, run.message_id, trace, run)
-        loop = self._greenlet
-        if loop is not None and not loop and not loop.dead:
-            return self._send(message)
-        return str(self.actor_ref.ask(message))
+        return str(self.ask_now(message))
 
     def restore_queue(self, messages: Sequence[dict[str, Any]]) -> None:
         """Before the actor serves anyone: requeue accepted work found in a stored log. It does
@@ -307,6 +310,11 @@ class AgentActor(GeventActor):
         core = self.core
         try:
             while self._queue and not self._closing and not self._held:
+                if not self.actor_inbox.empty() and not self.actor_stopped.is_set():
+                    # Messages told before this turn starts (a cancel right after the start)
+                    # are handled first: the loop greenlet, woken by them, goes ahead.
+                    gevent.sleep(0)
+                    continue
                 message = self._queue.popleft()
                 controller = self._turn_abort = AbortController()
                 self.turn_running = True

@@ -7,6 +7,7 @@ deleted again before the error propagates, so a failed creation leaves nothing b
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
@@ -24,8 +25,14 @@ from agent.tools import ToolScope
 __all__ = ["create_agent", "new_session_id", "pending_inbox", "resume_agent"]
 
 
+# Session ids: 64 random bits from a generator seeded by the OS (reseeded in a forked child),
+# as unpredictable across processes as `os.urandom` without a syscall per child.
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
+
+
 def new_session_id() -> str:
-    return "s" + os.urandom(8).hex()
+    return f"s{_ids.getrandbits(64):016x}"
 
 
 def create_agent(

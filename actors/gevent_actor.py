@@ -102,10 +102,8 @@ class GeventFuture(Future[T]):
         self._callbacks: list[Callable[[GeventFuture[T]], None]] | None = None
 
     def get(self, *, timeout: float | None = None) -> T:
-        try:
+        if self._get_hook is not None:  # Pykka's get hook (`map`, `filter`, ...)
             return super().get(timeout=timeout)
-        except NotImplementedError:
-            pass
         result = self.settlement
         if result is None:
             if self._event is None:
@@ -271,12 +269,33 @@ def _new_urn() -> str:
 _live: dict[str, GeventActor] = {}
 
 
+class _WakingInbox(gevent.queue.SimpleQueue):  # type: ignore[misc]
+    """A lazy actor's inbox: the first message put into it starts the actor's loop."""
+
+    __slots__ = ("sleeper",)  # set by the actor right after making it (no Python __init__)
+
+    sleeper: GeventActor | None
+
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+        sleeper = self.sleeper
+        if sleeper is not None:
+            self.sleeper = None
+            sleeper.wake_loop()
+        super().put(item, block, timeout)
+
+
 class GeventActor(Actor):
     """A Pykka actor whose loop is a greenlet on the gevent hub.
 
     Handlers must stay short and cooperative; a blocking call stalls every actor.
     `kill()` (module function) stops one actor at once, whatever it is doing.
+
+    `lazy_loop = True` (for a class without `on_start`): the loop's greenlet is made only when
+    a message first has to wait in the inbox. Until then every `ask_now`/`tell_now` is handled
+    in place, so an actor nobody has had to queue for costs no greenlet at all.
     """
+
+    lazy_loop: bool = False
 
     _greenlet: Any
     _crash: BaseException | None
@@ -292,7 +311,12 @@ class GeventActor(Actor):
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
         # the hub if anyone waited on it. A gevent Event has the same interface.
         self.actor_urn = _new_urn()
-        self.actor_inbox = self._create_actor_inbox()
+        if self.lazy_loop and type(self).on_start is Actor.on_start:
+            inbox = _WakingInbox()
+            inbox.sleeper = None
+            self.actor_inbox = inbox
+        else:
+            self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = gevent.event.Event()
         self._actor_ref = ActorRef(self)
         self._greenlet = None
@@ -335,7 +359,16 @@ class GeventActor(Actor):
 
     def _start_actor_loop(self) -> None:
         _live[self.actor_urn] = self
+        inbox = self.actor_inbox
+        if type(inbox) is _WakingInbox:
+            inbox.sleeper = self  # the first queued message spawns the loop
+            return
         self._greenlet = gevent.spawn_raw(self._actor_loop)
+
+    def wake_loop(self) -> None:
+        """A lazy actor's loop, started by the first message that must wait (or a kill)."""
+        if self._greenlet is None:
+            self._greenlet = gevent.spawn_raw(self._actor_loop)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -517,14 +550,7 @@ class GeventActor(Actor):
         answer comes as a future (a handler's `Deferred` itself). Same thread only; handlers
         reached this way must not depend on the current greenlet. Should one switch out, the
         loop holds its next message until it is done, so the order stays the mailbox's."""
-        glet = self._greenlet
-        if (
-            self._in_handler
-            or glet is None
-            or not glet  # not started yet (or dead)
-            or self.actor_stopped.is_set()
-            or not self.actor_inbox.empty()
-        ):
+        if not self._idle():
             return self._actor_ref.ask(message, block=block)
         self._in_handler = True
         try:
@@ -545,6 +571,32 @@ class GeventActor(Actor):
         done.resolve(response)
         return done
 
+    def tell_now(self, message: object) -> None:
+        """`ref.tell(message)`, run in place when this actor is idle (as `ask_now` does). For
+        handlers that never raise (a rejection travels in the message's own reply); one that
+        does anyway crashes the actor, as it would in the loop."""
+        if not self._idle():
+            self._actor_ref.tell(message)
+            return
+        self._in_handler = True
+        try:
+            self._handle_receive(message)
+        except Exception as exc:
+            logger.exception("told %r failed in place; %s stops", type(message).__name__, self)
+            self._record_crash(exc)
+            self.request_kill(ActorKilled(f"{self}: a told handler raised"))
+        finally:
+            self._in_handler = False
+
+    def _idle(self) -> bool:
+        """Parked on an empty inbox with no handler running (or lazy and never needed yet)."""
+        if self._in_handler or self.actor_stopped.is_set() or not self.actor_inbox.empty():
+            return False
+        glet = self._greenlet
+        if glet is None:  # a lazy actor nobody had to queue for: nothing to keep in order
+            return type(self.actor_inbox) is _WakingInbox
+        return bool(glet)  # started and parked (not: about to run on_start, or dead)
+
     # -- used by kill(), join(), the supervision adapter -------------------------------------
 
     def request_kill(self, exc: ActorKilled) -> None:
@@ -553,7 +605,13 @@ class GeventActor(Actor):
             return
         self._killed = exc
         glet = self._greenlet
-        if glet is None or (not glet and not glet.dead):
+        if glet is None:
+            inbox = self.actor_inbox
+            if type(inbox) is _WakingInbox:  # lazy, never started: start it to die
+                inbox.sleeper = None
+                self.wake_loop()
+            return  # the loop sees the flag before on_start
+        if not glet and not glet.dead:
             return  # not started yet: the loop sees the flag before on_start
         gevent.get_hub().loop.run_callback(self._deliver_kill, exc)
 

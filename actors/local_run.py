@@ -11,6 +11,7 @@ fault (the child's log could not be made durable) fails the future.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -95,6 +96,11 @@ class RunAgent(Protocol):
 
 __all__ = ["LocalRun", "RunAgent", "clip_diagnostic", "stop_reason_of"]
 
+# Prompt ids: random bits without a syscall per activation (seeded by the OS, reseeded in a
+# forked child).
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
+
 MAX_DIAGNOSTIC_BYTES = 4096
 
 _TURN_END_TO_STOP = {
@@ -166,7 +172,7 @@ class LocalRun:
         without a mailbox round trip (see `AgentActor.activate`)."""
         # Chosen here, before the send, so the turn that answers it is recognised even after
         # restored messages queued before it.
-        self.message_id = "p" + os.urandom(6).hex()
+        self.message_id = f"p{_ids.getrandbits(48):012x}"
         return self._agent.actor.activate(self, list(prompt), source, trace)
 
     def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:

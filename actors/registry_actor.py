@@ -26,7 +26,13 @@ from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
 from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
-from subagent.types import AgentView, Resumable, SubagentProvider, SubagentStartRequest
+from subagent.types import (
+    AgentView,
+    Resumable,
+    SubagentProvider,
+    SubagentStartRequest,
+    child_depth,
+)
 
 __all__ = [
     "Admit",
@@ -81,7 +87,8 @@ class Unregister:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Validate a start and wait for a slot. Replies `(provider, run_id)`."""
+    """Validate a start and wait for a slot. Replies `(provider, run_id, depth)`: `depth` is the
+    child's delegation depth, computed here once, which the caller carries to the provider."""
 
     name: str
     request: SubagentStartRequest
@@ -190,6 +197,7 @@ class _Waiting:
     parent_id: str | None
     provider: SubagentProvider
     reply: Deferred[Any]
+    depth: int | None = None  # the child's, for a start (a resume keeps its header's)
     run_id: str = ""
     seq: int = 0
 
@@ -346,14 +354,14 @@ class RegistryActor(GeventActor):
             raise TypeError(f"max_depth must be a non-negative int, got {max_depth!r}")
         if request.output_schema is not None:
             check_output_schema(request.output_schema)
-        parent_depth = getattr(request.parent, "depth", 0)
-        attempted = parent_depth + 1
-        if attempted > MAX_SAFE_INTEGER:
-            raise SubagentDepthError(attempted, MAX_SAFE_INTEGER)
-        if max_depth is not None and attempted > max_depth:
-            raise SubagentDepthError(attempted, max_depth)
+        # The child's depth: computed here, once, and carried to the provider in the request.
+        depth = child_depth(request.parent)
+        if depth > MAX_SAFE_INTEGER:
+            raise SubagentDepthError(depth, MAX_SAFE_INTEGER)
+        if max_depth is not None and depth > max_depth:
+            raise SubagentDepthError(depth, max_depth)
         _check_budget(request)
-        return self._enqueue(message.ticket, message.parent_id, provider)
+        return self._enqueue(message.ticket, message.parent_id, provider, depth)
 
     def _admit_resume(self, message: AdmitResume) -> Deferred[Any]:
         provider = message.provider
@@ -366,10 +374,14 @@ class RegistryActor(GeventActor):
     # -- admission control -------------------------------------------------------------------------
 
     def _enqueue(
-        self, ticket: int, parent_id: str | None, provider: SubagentProvider
+        self,
+        ticket: int,
+        parent_id: str | None,
+        provider: SubagentProvider,
+        depth: int | None = None,
     ) -> Deferred[Any]:
         reply: Deferred[Any] = Deferred()
-        waiting = _Waiting(ticket, parent_id, provider, reply)
+        waiting = _Waiting(ticket, parent_id, provider, reply, depth)
         if not self._waiting_count and self._has_slot(parent_id):
             self._grant(waiting)
         else:
@@ -392,7 +404,7 @@ class RegistryActor(GeventActor):
         slots.per_parent[waiting.parent_id] = slots.per_parent.get(waiting.parent_id, 0) + 1
         self.running_peak = max(self.running_peak, slots.total)
         self._holders[waiting.ticket] = waiting.parent_id
-        waiting.reply.resolve((waiting.provider, f"r{next(self._run_ids)}"))
+        waiting.reply.resolve((waiting.provider, f"r{next(self._run_ids)}", waiting.depth))
 
     def _release(self, ticket: int) -> None:
         if ticket not in self._holders:
@@ -451,16 +463,17 @@ class RegistryActor(GeventActor):
         run_id = run.run_id
         self._live[run_id] = run
         self._by_parent.setdefault(run.parent_id, {})[run_id] = run
-        self._fan_out(
-            {
-                "type": "subagent/start",
-                "run_id": run_id,
-                "provider": run.provider,
-                "id": run.id,
-                "local": run.local_agent is not None,
-                "parent_id": run.parent_id,
-            }
-        )
+        if self._listeners or run.parent_id in self._parent_listeners:  # else: nobody to tell
+            self._fan_out(
+                {
+                    "type": "subagent/start",
+                    "run_id": run_id,
+                    "provider": run.provider,
+                    "id": run.id,
+                    "local": run.local_agent is not None,
+                    "parent_id": run.parent_id,
+                }
+            )
         # Observed only now: a result already settled reports at once, after the start above.
         me = self.actor_ref
 
@@ -480,26 +493,8 @@ class RegistryActor(GeventActor):
             siblings.pop(run.run_id, None)
             if not siblings:
                 del self._by_parent[run.parent_id]
-        outcome = outcome_of(run.result)
-        event: dict[str, Any] = {
-            "type": "subagent/end",
-            "run_id": run.run_id,
-            "provider": run.provider,
-            "id": run.id,
-            "local": run.local_agent is not None,
-            "parent_id": run.parent_id,
-        }
-        if isinstance(outcome, BaseException):
-            event["stop_reason"] = "error"
-            event["failure"] = f"{type(outcome).__name__}: {outcome}"
-        else:
-            event["stop_reason"] = outcome.stop_reason
-            usage = outcome.extra.get("usage")
-            if usage:
-                event["usage"] = dict(usage)
-            if outcome.output:
-                event["last_assistant_message"] = list(outcome.output)
-        self._fan_out(event)
+        if self._listeners or run.parent_id in self._parent_listeners:
+            self._fan_out(_end_event(run))
         self._release(run.ticket)
 
     # -- lifecycle events ----------------------------------------------------------------------
@@ -555,3 +550,27 @@ def _check_budget(request: SubagentStartRequest) -> None:
         raise SubagentError(
             "BUDGET_EXCEEDED", over.describe_exhausted() if over is not None else None
         )
+
+
+def _end_event(run: PublishedRun) -> dict[str, Any]:
+    """The `subagent/end` event of a settled run."""
+    outcome = outcome_of(run.result)
+    event: dict[str, Any] = {
+        "type": "subagent/end",
+        "run_id": run.run_id,
+        "provider": run.provider,
+        "id": run.id,
+        "local": run.local_agent is not None,
+        "parent_id": run.parent_id,
+    }
+    if isinstance(outcome, BaseException):
+        event["stop_reason"] = "error"
+        event["failure"] = f"{type(outcome).__name__}: {outcome}"
+    else:
+        event["stop_reason"] = outcome.stop_reason
+        usage = outcome.extra.get("usage")
+        if usage:
+            event["usage"] = dict(usage)
+        if outcome.output:
+            event["last_assistant_message"] = list(outcome.output)
+    return event

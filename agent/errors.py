@@ -13,7 +13,8 @@ the one cancellation `Cancelled`, and the picture of the whole tree)::
     └── SessionLogError       a session log that cannot be used as is
         ├── InvariantError        an event breaks the log's structure
         ├── CorruptSessionError   a damaged frame before the tail
-        └── SessionBusyError      the session is open for appending elsewhere
+        ├── SessionBusyError      the session is open for appending elsewhere
+        └── SharedHeaderMissingError  a log names a shared request header its store lacks
     SessionNotFoundError      [SubagentRuntimeError, KeyError] no session has that id
     SessionExistsError        [SubagentRuntimeError, FileExistsError] the id is already stored
 
@@ -37,6 +38,7 @@ __all__ = [
     "SessionExistsError",
     "SessionLogError",
     "SessionNotFoundError",
+    "SharedHeaderMissingError",
     "ToolCrash",
     "ToolError",
     "TurnBlocked",
@@ -99,6 +101,20 @@ class SessionExistsError(SubagentRuntimeError, FileExistsError):
 
 class SessionBusyError(SessionLogError):
     """The session is open for appending (in this process or another)."""
+
+
+class SharedHeaderMissingError(SessionLogError):
+    """A log names a shared request header (by its hash) that its store does not hold: the
+    session file was copied without the store's `headers/` directory, or that file was removed.
+    Never ignored: the log would no longer say what its model was shown."""
+
+    def __init__(self, ref: str, where: str) -> None:
+        self.ref = ref
+        self.where = where
+        super().__init__(
+            f"{where}: names shared request header {ref}, which this store does not hold "
+            "(copy a store's headers/ directory along with its sessions)"
+        )
 
 
 class InvariantError(SessionLogError):

@@ -126,6 +126,14 @@ def is_ignorable(event: Event) -> bool:
 
 def validate_session_id(session_id: object) -> str:
     """Return the id, or raise ValueError (ids become file names)."""
+    # Letters and digits only (the common case, e.g. minted ids): the pattern holds, no regex.
+    if (
+        type(session_id) is str
+        and session_id.isascii()
+        and session_id.isalnum()
+        and len(session_id) <= 128
+    ):
+        return session_id
     if type(session_id) is not str or not SESSION_ID_PATTERN.fullmatch(session_id):
         raise ValueError(
             f"invalid session id {session_id!r}: must match {SESSION_ID_PATTERN.pattern}"
@@ -167,7 +175,17 @@ class SessionHeader:
                 raise ValueError(f"{name} must be a non-negative int, not {value!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        # Spelled out (once per session created): `dataclasses.fields` costs more than the rest.
+        return {
+            "id": self.id,
+            "created_at": self.created_at,
+            "cwd": self.cwd,
+            "parent_session": self.parent_session,
+            "origin": self.origin,
+            "delegation_depth": self.delegation_depth,
+            "seed_length": self.seed_length,
+            "version": self.version,
+        }
 
     @classmethod
     def from_json(cls, data: object) -> SessionHeader:

@@ -15,8 +15,9 @@ Rules (docs/durability.md repeats them for readers of the file format):
 - tool/result only inside a turn, pairing an earlier tool/call of that turn, once per call;
 - subagent/descriptor only inside a turn; session/end-seed only outside a turn, with
   `length` equal to its own seq (the number of seeded events before it);
-- request/header and inbox/* may appear anywhere; inbox ids are accepted once, then claimed
-  or discarded at most once;
+- request/header and inbox/* may appear anywhere; a request/header is `{ref}` (a sha256 hex
+  digest naming content its store holds) or, as older logs have it, `{system, tools}`; inbox
+  ids are accepted once, then claimed or discarded at most once;
 - unknown types are accepted only when `data.ignorable is True`.
 A log may end with a turn still open (a live session, or a torn tail before repair).
 """
@@ -24,6 +25,7 @@ A log may end with a turn still open (a live session, or a torn tail before repa
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol, overload
@@ -38,6 +40,8 @@ from agent.jsoncheck import check_json, repair_surrogates
 from agent.jsoncheck import is_lossless as _is_lossless
 
 _unpackb = msgpack.unpackb
+# A shared request header's address: the sha256 of its encoded content (agent.store).
+_is_header_ref = re.compile(r"[0-9a-f]{64}").fullmatch
 _now = time.time
 _type_of = type  # `SessionLog.append` takes a parameter named `type`
 # Exact types only: a tuple, set, subclass (enum) or other object is refused by the encoder
@@ -49,7 +53,10 @@ __all__ = [
     "InvariantError",
     "LogReplay",
     "SessionLog",
+    "SharedHeaders",
+    "ToolLike",
     "completed_turn_prefix",
+    "request_header_data",
     "validate_log",
 ]
 
@@ -82,7 +89,9 @@ _REQUIRED: dict[str, tuple[_Field, ...]] = {
     ev.ASSISTANT_MESSAGE: _fields(message=_DICT, finish=_STR),
     ev.TOOL_CALL: _fields(call_id=_STR, name=_STR, arguments=_DICT),
     ev.TOOL_RESULT: _fields(call_id=_STR, name=_STR, content=_LIST, is_error=_BOOL),
-    ev.REQUEST_HEADER: _fields(system=_STR, tools=_LIST),
+    # Either `{ref}` (a shared header, stored once per distinct content) or, in logs written
+    # before shared headers, `{system, tools}` inline: the per-type rule checks which.
+    ev.REQUEST_HEADER: (),
     ev.SESSION_END_SEED: _fields(length=_INT),
     ev.SUBAGENT_DESCRIPTOR: _fields(descriptor=_DICT),
     ev.INBOX_ACCEPTED: _fields(message_id=_STR, kind=_STR, content=_LIST, source=_DICT),
@@ -95,8 +104,10 @@ _REQUIRED: dict[str, tuple[_Field, ...]] = {
 _FLAT: dict[str, int] = {
     name: len(fields)
     for name, fields in _REQUIRED.items()
-    if all(typ in (int, str) for _key, typ, _what in fields)
+    if fields and all(typ in (int, str) for _key, typ, _what in fields)
 }
+# `{ref}`: one str the rule checks as a hash; a lone `system` or `tools` is refused by the rule.
+_FLAT[ev.REQUEST_HEADER] = 1
 _OPTIONAL: dict[str, tuple[_Field, ...]] = {
     ev.TURN_END: _fields(message=_STR),
     ev.ASSISTANT_MESSAGE: _fields(usage=_DICT),
@@ -270,7 +281,17 @@ class LogReplay:
         self._boundary = False
 
     def _request_header(self, seq: int, data: dict[str, Any]) -> None:
-        pass
+        if "ref" in data:
+            ref = data["ref"]
+            if type(ref) is not str or not _is_header_ref(ref):
+                raise InvariantError(seq, "request/header: ref must be a sha256 hex digest")
+            if "system" in data or "tools" in data:
+                raise InvariantError(seq, "request/header: a ref or system and tools, not both")
+            return
+        if type(data.get("system")) is not str:
+            raise InvariantError(seq, "request/header: system must be a str")
+        if type(data.get("tools")) is not list:
+            raise InvariantError(seq, "request/header: tools must be a list")
 
     def _session_end_seed(self, seq: int, data: dict[str, Any]) -> None:
         if self.turn_open:
@@ -376,6 +397,37 @@ def closing_events(replay: LogReplay) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+class ToolLike(Protocol):
+    """What a request header records of a tool (`agent.model.ToolSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> object: ...
+
+
+class SharedHeaders(Protocol):
+    """Where a log's request headers are kept once per distinct content (its store): returns
+    the content's address, durable before it returns."""
+
+    def request_header_ref(self, system: str, tools: Sequence[ToolLike]) -> str: ...
+
+
+def request_header_data(system: str, tools: Sequence[ToolLike]) -> dict[str, Any]:
+    """The content of a request header: the system prompt and the tools as the model sees them."""
+    return {
+        "system": system,
+        "tools": [
+            {"name": t.name, "description": t.description, "parameters": t.parameters}
+            for t in tools
+        ],
+    }
+
+
 class LogSink(Protocol):
     """Where a SessionLog's frames go (a file, or a MemoryStore buffer)."""
 
@@ -460,6 +512,7 @@ class SessionLog:
         sink: LogSink,
         durability: Durability = "turn",
         replay: LogReplay | None = None,
+        shared: SharedHeaders | None = None,
     ) -> None:
         if durability not in DURABILITY_SETTINGS:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
@@ -468,6 +521,7 @@ class SessionLog:
         self.durability: Durability = durability
         self._sink = sink
         self._replay = replay if replay is not None else validate_log(events, header)
+        self._shared = shared
         self._payloads_append = self.events.append_payload
         self._buffer = bytearray()
         self._unsynced = False  # written to the OS since the last sync
@@ -527,6 +581,15 @@ class SessionLog:
         buffer += payload
         self._payloads_append(payload)
         return event
+
+    def append_request_header(self, system: str, tools: Sequence[ToolLike]) -> Event:
+        """Record what the next model requests are shown. With a store behind the log, the
+        content is kept there once (by its hash, durable first) and the event names it, so
+        siblings sharing a prompt and tools do not each carry a copy; without one, inline."""
+        shared = self._shared
+        if shared is None:
+            return self.append(ev.REQUEST_HEADER, request_header_data(system, tools))
+        return self.append(ev.REQUEST_HEADER, {"ref": shared.request_header_ref(system, tools)})
 
     def checkpoint(self, point: Literal["step", "turn"]) -> None:
         """A durability point: see docs/durability.md for what each setting does here."""

@@ -329,16 +329,7 @@ class AgentCore:
         last = self._last_header
         if last is None or last[0] is not system or last[1] != specs:
             self._last_header = (system, specs)
-            self.log.append(
-                "request/header",
-                {
-                    "system": system,
-                    "tools": [
-                        {"name": s.name, "description": s.description, "parameters": s.parameters}
-                        for s in specs
-                    ],
-                },
-            )
+            self.log.append_request_header(system, specs)
         return ModelRequest(
             session_id=self.session_id,
             model=self.model_name,

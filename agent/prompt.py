@@ -220,7 +220,13 @@ class SystemPrompt:
         return self._merged
 
     def render(self, variables: Mapping[str, str | None]) -> str:
-        """The full system prompt; cached until a section (here or above) or a value changes."""
+        """The full system prompt; cached until a section (here or above) or a value changes.
+
+        A scope with no sections of its own (most children's) renders exactly what its parent
+        does: it asks the parent, so siblings share one rendering (and one string)."""
+        parent = self._parent
+        if parent is not None and not self._sections:
+            return parent.render(variables)
         key = self._key()
         if self._render_key is not None:
             cached_key, cached_vars = self._render_key

@@ -13,39 +13,59 @@ import contextlib
 import errno
 import fcntl
 import gc
+import hashlib
 import logging
 import os
+import re
 import secrets
 import stat
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import gevent
 import gevent.lock
+import msgpack
 import platformdirs
 
-from agent.errors import SessionBusyError, SessionExistsError, SessionNotFoundError
-from agent.events import Event, SessionHeader, SessionLogError, validate_session_id
+from agent.errors import (
+    SessionBusyError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SharedHeaderMissingError,
+)
+from agent.events import (
+    REQUEST_HEADER,
+    Event,
+    SessionHeader,
+    SessionLogError,
+    validate_session_id,
+)
 from agent.frames import (
+    FRAME_HEADER_SIZE,
+    MAX_FRAME,
     CorruptSessionError,
+    _crc32,
+    _frame,
     decode_frames,
     decode_header,
     encode_header,
     iter_events,
 )
-from agent.jsoncheck import check_json
+from agent.jsoncheck import check_json, repair_surrogates
 from agent.log import (
     DURABILITY_SETTINGS,
     Durability,
     InvariantError,
     LogReplay,
     SessionLog,
+    ToolLike,
     closing_events,
     encode_events,
+    request_header_data,
     validate_log,
 )
 from supervision.offload import offload
@@ -57,6 +77,7 @@ __all__ = [
     "SessionExistsError",
     "SessionNotFoundError",
     "SessionStore",
+    "SharedHeaderMissingError",
     "UnreadableSession",
     "default_root",
 ]
@@ -69,6 +90,13 @@ _TMP_SUFFIX: Final = ".tmp"
 # Files at least this big are read and decoded in the hub's thread pool, not on the hub: a
 # 256 KiB log decodes in a few milliseconds, and a torn tail's search stays off the hub too.
 _THREADPOOL_READ: Final = 1 << 18
+# Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
+HEADERS_DIR: Final = "headers"
+_HEADER_SUFFIX: Final = ".header"
+_HEADER_REF = re.compile(r"[0-9a-f]{64}")
+# How many distinct (system prompt, tools) pairs a store remembers the address of.
+_HEADER_CACHE: Final = 256
+_pack_strict = msgpack.Packer(use_bin_type=True, autoreset=True, strict_types=True).pack
 
 
 @contextlib.contextmanager
@@ -132,6 +160,9 @@ class _Store:
         if durability not in DURABILITY_SETTINGS:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
         self.durability: Durability = durability
+        # system prompt -> [(tools, address)]: the addresses of headers stored or seen here.
+        self._header_refs: dict[str, builtins.list[tuple[builtins.list[Any], str]]] = {}
+        self._header_count = 0
 
     # -- backend primitives -----------------------------------------------------------------
 
@@ -164,6 +195,94 @@ class _Store:
     def exists(self, session_id: str) -> bool:
         raise NotImplementedError
 
+    def _has_shared(self, ref: str) -> bool:
+        raise NotImplementedError
+
+    def _put_shared(self, ref: str, frame: bytes) -> None:
+        """Store one shared header's frame, durably (per the store's setting), never clobbering."""
+        raise NotImplementedError
+
+    def _read_shared(self, ref: str) -> bytes:
+        """The frame; `SharedHeaderMissingError` when the store does not hold it."""
+        raise NotImplementedError
+
+    # -- shared request headers ---------------------------------------------------------------
+
+    def request_header_ref(self, system: str, tools: Sequence[ToolLike]) -> str:
+        """The address of this request header, its content stored here first if it is new.
+
+        Siblings share their system prompt and tool objects, so after the first child this is
+        a dict look-up and an identity comparison of the tools; the content is walked, encoded
+        and hashed once per distinct content and process."""
+        known = self._header_refs.get(system)
+        if known is not None:
+            for seen, ref in known:
+                if seen == tools:
+                    # On disk, `subagent gc` may have removed it since: one stat to be sure.
+                    if not self.persistent or self._has_shared(ref):
+                        return ref
+                    break
+        data = request_header_data(system, tools)
+        check_json(data, where="request/header")
+        try:
+            payload = _pack_strict(data)
+        except UnicodeEncodeError:  # lone surrogates: repaired as a log append repairs them
+            repair_surrogates(data)
+            payload = _pack_strict(data)
+        ref = hashlib.sha256(payload).hexdigest()
+        if not self._has_shared(ref):
+            self._put_shared(ref, _frame(payload))
+        if self._header_count >= _HEADER_CACHE:
+            self._header_refs.clear()
+            self._header_count = 0
+        self._header_refs.setdefault(system, []).append((builtins.list(tools), ref))
+        self._header_count += 1
+        return ref
+
+    def request_header(self, ref: str) -> dict[str, Any]:
+        """The content a shared header's address names: `{"system", "tools"}`.
+
+        `SharedHeaderMissingError` when this store does not hold it, `CorruptSessionError` when
+        what it holds is damaged or is not that content."""
+        if type(ref) is not str or not _HEADER_REF.fullmatch(ref):
+            raise ValueError(f"not a shared request header address: {ref!r}")
+        frame = self._read_shared(ref)
+        name = f"{self._shared_name(ref)}"
+        if len(frame) < FRAME_HEADER_SIZE:
+            raise CorruptSessionError(name, 0, "truncated shared header")
+        length = int.from_bytes(frame[:4], "big")
+        payload = frame[FRAME_HEADER_SIZE:]
+        if length != len(payload) or _crc32(payload) != int.from_bytes(frame[4:8], "big"):
+            raise CorruptSessionError(name, 0, "shared header frame fails its length or CRC")
+        if hashlib.sha256(payload).hexdigest() != ref:
+            raise CorruptSessionError(name, 0, "shared header content does not match its address")
+        data = msgpack.unpackb(payload)
+        if type(data) is not dict or type(data.get("system")) is not str:
+            raise CorruptSessionError(name, 0, "shared header is not {system, tools}")
+        if type(data.get("tools")) is not builtins.list:
+            raise CorruptSessionError(name, 0, "shared header is not {system, tools}")
+        return data
+
+    def resolve_request_header(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """A `request/header` event's content, whichever shape it was logged in."""
+        ref = data.get("ref")
+        if ref is not None:
+            return self.request_header(ref)
+        return {"system": data["system"], "tools": data["tools"]}
+
+    def _shared_name(self, ref: str) -> str:
+        return f"{HEADERS_DIR}/{ref}{_HEADER_SUFFIX}"
+
+    def _check_shared(self, session_id: str, events: Iterable[Event]) -> None:
+        """Every shared header the events name is held here: a log whose model input can no
+        longer be read fails loud when it is loaded, not when someone reads that event."""
+        refs = {
+            e["data"]["ref"] for e in events if e["type"] == REQUEST_HEADER and "ref" in e["data"]
+        }
+        for ref in sorted(refs):
+            if not self._has_shared(ref):
+                raise SharedHeaderMissingError(ref, self._name(session_id))
+
     # -- public API ---------------------------------------------------------------------------
 
     def create(self, header: SessionHeader, seed_events: Iterable[Event] = ()) -> SessionLog:
@@ -183,9 +302,18 @@ class _Store:
             raise ValueError(f"invalid seed: {exc}") from exc
         if replay.turn_open:
             raise ValueError("invalid seed: it ends inside an open turn")
+        if seed:
+            self._check_shared(header.id, seed)  # type: ignore[arg-type]
         data = encode_header(header) + encode_events(seed)  # type: ignore[arg-type]
         handle = self._create_bytes(header.id, data)
-        return SessionLog(header, seed, handle, self.durability, replay)  # type: ignore[arg-type]
+        return SessionLog(
+            header,
+            seed,  # type: ignore[arg-type]
+            handle,
+            self.durability,
+            replay,
+            shared=self,
+        )
 
     def open(self, session_id: str) -> SessionLog:
         """Load (repairing a torn or open tail durably) and hold the session for appending."""
@@ -195,10 +323,13 @@ class _Store:
             raise SessionBusyError(f"session {session_id} is already open")
         try:
             loaded, replay = self._load_locked(session_id, handle)
+            self._check_shared(session_id, loaded.events)
         except BaseException:
             handle.close()
             raise
-        return SessionLog(loaded.header, loaded.events, handle, self.durability, replay)
+        return SessionLog(
+            loaded.header, loaded.events, handle, self.durability, replay, shared=self
+        )
 
     def load(self, session_id: str) -> LoadedSession:
         """The session's header and events, with a torn or open tail repaired durably.
@@ -217,16 +348,18 @@ class _Store:
                 raise SessionLogError(
                     f"session {session_id} needs a repair, but its store is not writable: {exc}"
                 ) from exc
-            return loaded
-        if handle is None:
-            loaded = self.inspect(session_id)
-            if loaded.needs_repair:
-                raise SessionBusyError(f"session {session_id} is open and mid-turn")
-            return loaded
-        try:
-            return self._load_locked(session_id, handle)[0]
-        finally:
-            handle.close()
+        else:
+            if handle is None:
+                loaded = self.inspect(session_id)
+                if loaded.needs_repair:
+                    raise SessionBusyError(f"session {session_id} is open and mid-turn")
+            else:
+                try:
+                    loaded = self._load_locked(session_id, handle)[0]
+                finally:
+                    handle.close()
+        self._check_shared(session_id, loaded.events)
+        return loaded
 
     def inspect(self, session_id: str) -> LoadedSession:
         """What is stored, as is: never writes, never takes the session."""
@@ -367,11 +500,13 @@ class _Handle:
 
 
 class _FileHandle(_Handle):
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: Path, before_sync: Callable[[], None] | None = None) -> None:
         self.fd = fd
         self.path = path
         # Serialises sync/close so a close never lands while a pool thread fsyncs the fd.
         self._lock = gevent.lock.Semaphore()
+        # Makes what this log may name (shared request headers) durable before the log is.
+        self._before_sync = before_sync
 
     def read(self) -> bytes:
         size = os.fstat(self.fd).st_size
@@ -390,6 +525,8 @@ class _FileHandle(_Handle):
             view = view[written:]
 
     def sync(self) -> None:
+        if self._before_sync is not None:
+            self._before_sync()
         with self._lock:
             offload(os.fsync, self.fd)
 
@@ -480,6 +617,17 @@ def _not_regular(path: Path) -> str:
     return "not a regular file"
 
 
+def _fsync_paths(files: list[Path], dirs: list[Path]) -> None:
+    for path in files:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for path in dirs:
+        _fsync_dir(path)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -499,6 +647,11 @@ class SessionStore(_Store):
         super().__init__(durability)
         self.root = Path(root) if root is not None else default_root()
         self._root_ready = False
+        # Shared headers written but not yet fsynced (files, then directories): made durable
+        # before any log of this store syncs, so a durable event never names a lost header.
+        self._unsynced_headers: builtins.list[Path] = []
+        self._unsynced_dirs: builtins.list[Path] = []
+        self._headers_lock = gevent.lock.Semaphore()
 
     def __repr__(self) -> str:
         return f"SessionStore({str(self.root)!r}, durability={self.durability!r})"
@@ -539,12 +692,13 @@ class SessionStore(_Store):
             raise SessionExistsError(f"session {session_id} already exists")
         tmp = self.root / f".{session_id}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        handle = _FileHandle(fd, final)
+        handle = _FileHandle(fd, final, self._sync_shared)
         try:
             os.fchmod(fd, 0o600)  # 0600 whatever the umask took
             _try_lock(fd)
             handle.write(data)
             if self.durability != "none":
+                self._sync_shared()  # a seed may name shared headers
                 offload(os.fsync, fd)
             try:
                 os.link(tmp, final)  # atomic and never clobbers: a reader sees all or nothing
@@ -586,7 +740,7 @@ class SessionStore(_Store):
         if not _try_lock(fd):
             os.close(fd)
             return None
-        return _FileHandle(fd, self._path(session_id))
+        return _FileHandle(fd, self._path(session_id), self._sync_shared)
 
     def _read_unlocked(self, session_id: str) -> bytes:
         fd = self._open_fd(session_id, os.O_RDONLY)  # reading needs read access only
@@ -625,16 +779,26 @@ class SessionStore(_Store):
         is older than TMP_GRACE and no process holds it (a create in progress holds its lock).
         Links are never followed; only regular files are touched.
         """
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
         removed: builtins.list[str] = []
         now = time.time()
-        for name in sorted(names):
+        for directory, prefix in ((self.root, ""), (self.root / HEADERS_DIR, f"{HEADERS_DIR}/")):
+            try:
+                names = os.listdir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            removed.extend(
+                prefix + name for name in self._clean_in(directory, sorted(names), now, dry_run)
+            )
+        return removed
+
+    def _clean_in(
+        self, directory: Path, names: builtins.list[str], now: float, dry_run: bool
+    ) -> builtins.list[str]:
+        removed: builtins.list[str] = []
+        for name in names:
             if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
                 continue
-            path = self.root / name
+            path = directory / name
             try:
                 info = os.lstat(path)
                 if not stat.S_ISREG(info.st_mode):
@@ -680,6 +844,124 @@ class SessionStore(_Store):
         self._path(session_id).unlink()
         if self.durability != "none":
             offload(_fsync_dir, self.root)
+
+    # -- shared request headers: <root>/headers/<ref>.header ----------------------------------
+
+    def _shared_path(self, ref: str) -> Path:
+        return self.root / HEADERS_DIR / f"{ref}{_HEADER_SUFFIX}"
+
+    def _shared_name(self, ref: str) -> str:
+        return str(self._shared_path(ref))
+
+    def _has_shared(self, ref: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self._shared_path(ref)).st_mode)
+        except OSError:
+            return False
+
+    def _put_shared(self, ref: str, frame: bytes) -> None:
+        """Written (to the page cache) now, complete under its name or not at all; fsynced by
+        the next sync of any log of this store, before that log (`_sync_shared`): a process
+        kill loses nothing written, and a power loss cannot leave a durable event naming it."""
+        self.ensure_root()
+        directory = self.root / HEADERS_DIR
+        sync = self.durability != "none"
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(directory, 0o700)
+            if sync:
+                self._unsynced_dirs.append(self.root)
+        final = self._shared_path(ref)
+        tmp = directory / f".{ref}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(frame)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            # Same address, same content: a concurrent writer's file is as good as ours.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        if sync:
+            self._unsynced_headers.append(final)
+            self._unsynced_dirs.append(directory)
+
+    def collect_headers(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Remove the shared request headers no stored session names (returns their names).
+
+        Only while no session of the store is live anywhere (a live log may be about to name
+        one), and only headers older than TMP_GRACE. Reads every session's events."""
+        directory = self.root / HEADERS_DIR
+        try:
+            names = sorted(os.listdir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        ids = builtins.list(self._ids())
+        if any(self.is_held(session_id) for session_id in ids):
+            return []
+        named: set[str] = set()
+        for session_id in ids:
+            try:
+                for event in self.scan(session_id):
+                    if event.get("type") == REQUEST_HEADER:
+                        ref = event.get("data", {}).get("ref")
+                        if isinstance(ref, str):
+                            named.add(ref)
+            except (SessionLogError, OSError):
+                return []  # an unreadable log may name any of them: keep them all
+        removed: builtins.list[str] = []
+        now = time.time()
+        for name in names:
+            if not name.endswith(_HEADER_SUFFIX) or name[: -len(_HEADER_SUFFIX)] in named:
+                continue
+            path = directory / name
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < TMP_GRACE:
+                    continue
+                if not dry_run:
+                    path.unlink()
+            except OSError:
+                continue
+            removed.append(f"{HEADERS_DIR}/{name}")
+        return removed
+
+    def _sync_shared(self) -> None:
+        """fsync the shared headers written since the last call (files, then directories).
+        Serialised: a second log syncing meanwhile waits until the first one's fsync is done."""
+        if not self._unsynced_headers and not self._unsynced_dirs:
+            return
+        with self._headers_lock:
+            files, self._unsynced_headers = self._unsynced_headers, []
+            dirs, self._unsynced_dirs = self._unsynced_dirs, []
+            if files or dirs:
+                offload(_fsync_paths, files, list(dict.fromkeys(dirs)))
+
+    def _read_shared(self, ref: str) -> bytes:
+        path = self._shared_path(ref)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SharedHeaderMissingError(ref, str(self.root)) from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise CorruptSessionError(str(path), 0, _not_regular(path)) from None
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptSessionError(str(path), 0, _not_regular(path))
+            return _pread_all(fd, min(info.st_size, MAX_FRAME + FRAME_HEADER_SIZE))
+        finally:
+            os.close(fd)
 
 
 # -- memory store --------------------------------------------------------------------------
@@ -729,6 +1011,7 @@ class MemoryStore(_Store):
     def __init__(self, durability: Durability = "turn") -> None:
         super().__init__(durability)
         self.files: dict[str, _MemoryFile] = {}
+        self.headers: dict[str, bytes] = {}  # shared request headers by address
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self.files)} sessions)"
@@ -772,3 +1055,15 @@ class MemoryStore(_Store):
 
     def _remove(self, session_id: str) -> None:
         del self.files[session_id]
+
+    def _has_shared(self, ref: str) -> bool:
+        return ref in self.headers
+
+    def _put_shared(self, ref: str, frame: bytes) -> None:
+        self.headers.setdefault(ref, frame)
+
+    def _read_shared(self, ref: str) -> bytes:
+        try:
+            return self.headers[ref]
+        except KeyError:
+            raise SharedHeaderMissingError(ref, repr(self)) from None

@@ -227,11 +227,20 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._version = next(_versions)
+        self._specs: tuple[int, list[ToolSpec]] | None = None
 
     @property
     def version(self) -> int:
         """Changes on every registration change; scopes key their caches on it."""
         return self._version
+
+    def specs(self) -> list[ToolSpec]:
+        """Every registered tool's spec, in insertion order: what an unrestricted scope shows
+        (built once per registration change, shared by every such scope; do not mutate)."""
+        cached = self._specs
+        if cached is None or cached[0] != self._version:
+            cached = self._specs = (self._version, [t.spec() for t in self._tools.values()])
+        return cached[1]
 
     def register(self, tool: Tool) -> Callable[[], None]:
         """Add a global tool; returns an idempotent unregister function."""
@@ -433,6 +442,9 @@ class ToolScope:
 
     def specs(self) -> list[ToolSpec]:
         """What the model is shown; cached until anything in the chain changes."""
+        if self._parent is None and not self._scoped and not self._restrictions:
+            # The global layer as is (most children): the registry's shared list.
+            return list(self._registry.specs())
         key = self._key()
         if key != self._specs_key:
             specs = []

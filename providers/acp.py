@@ -60,6 +60,8 @@ from subagent.types import (
     SubagentResult,
     SubagentResumeRequest,
     SubagentStartRequest,
+    child_depth,
+    depth_of,
 )
 from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
@@ -130,14 +132,24 @@ DEPTH_META = "subagent-runtime/depth"
 
 
 def session_params(
-    cwd: str, parent: object, trace: tracing.TraceParent | None = None
+    cwd: str,
+    parent: object,
+    trace: tracing.TraceParent | None = None,
+    *,
+    depth: int | None = None,
 ) -> dict[str, Any]:
     """The params of `session/new` (and, with a `sessionId`, `session/load`): built in one place
-    so per-parent metadata (`_meta`: the delegation depth, the trace context) reaches both."""
+    so per-parent metadata (`_meta`: the delegation depth, the trace context) reaches both.
+
+    `depth` is the child's, as the service computed it for a start; a resume (or a direct call)
+    leaves it None and the parent's depth + 1 is sent."""
     params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}
-    depth = getattr(parent, "depth", None)
-    if isinstance(depth, int) and not isinstance(depth, bool):
-        params["_meta"] = {DEPTH_META: depth + 1}
+    if depth is None:
+        parent_depth = getattr(parent, "depth", None)
+        if isinstance(parent_depth, int) and not isinstance(parent_depth, bool):
+            depth = child_depth(parent)
+    if depth is not None:
+        params["_meta"] = {DEPTH_META: depth}
     # The W3C trace context of this activation (docs/tracing.md): the agent's spans join it.
     meta = tracing.carrier(trace)
     if meta:
@@ -506,7 +518,12 @@ class AcpProvider:
             )
         run_id = _parent_scoped_id(request.parent)
         return self._establish(
-            request.prompt, request.parent, request.signal, run_id, trace=request.trace
+            request.prompt,
+            request.parent,
+            request.signal,
+            run_id,
+            trace=request.trace,
+            depth=request.depth,
         )
 
     def _establish(
@@ -520,6 +537,7 @@ class AcpProvider:
         load_session_id: str | None = None,
         record_log: Callable[[str, str, list[dict[str, Any]]], ChildLog] | None = None,
         trace: tracing.TraceParent | None = None,
+        depth: int | None = None,
     ) -> AcpRun:
         """Spawn and handshake, open (`session/new`) or load (`session/load`) the ACP session,
         let `record_log(cwd, acp session id, prompt)` record the activation, start the turn.
@@ -539,7 +557,7 @@ class AcpProvider:
         child_log: ChildLog | None = None
         try:
             child.handshake(signal)
-            params = session_params(cwd, parent, trace)
+            params = session_params(cwd, parent, trace, depth=depth)
             if load_session_id is None:
                 reply = child.request("session/new", params, signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None
@@ -589,9 +607,15 @@ class ResumableAcpProvider(AcpProvider):
         if continuation is None:
             run_id = _parent_scoped_id(parent)
             return self._establish(
-                request.prompt, parent, request.signal, run_id, trace=request.trace
+                request.prompt,
+                parent,
+                request.signal,
+                run_id,
+                trace=request.trace,
+                depth=request.depth,
             )
         run_id = continuation.session_id
+        depth = request.depth  # None on a direct call: session_params then asks the parent
         store = _store_of(parent)
         descriptor = continuation.descriptor
         record_log = None
@@ -605,7 +629,7 @@ class ResumableAcpProvider(AcpProvider):
                     cwd=cwd,
                     parent_session=parent.id,
                     origin="subagent",
-                    delegation_depth=parent.depth + 1,
+                    delegation_depth=depth_of(request),
                 )
                 record = self._record(sid, cwd)
                 # The first activation's traceparent: a resumed activation links to it.
@@ -619,6 +643,7 @@ class ResumableAcpProvider(AcpProvider):
             run_id,
             record_log=record_log,
             trace=request.trace,
+            depth=depth,
         )
         self.config.session_index[run_id] = run.acp_session_id
         return run

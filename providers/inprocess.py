@@ -32,6 +32,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentStartRequest,
     ToolRestriction,
+    depth_of,
 )
 from supervision.signal import AbortSignal
 
@@ -102,7 +103,7 @@ class InProcessProvider:
             output_schema=request.output_schema,
             session_id=None if continuation is None else continuation.session_id,
             seed=self.seed_for(parent),
-            depth=parent.depth + 1,
+            depth=depth_of(request),
             token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
             cost_budget=request.cost_budget,
         )
@@ -197,8 +198,8 @@ class InProcessProvider:
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)
         return create_agent(
             parent.ctx,
-            # The depth is the child's header's (Agent.depth reads it): the options are copied
-            # only to carry a budget.
+            # The depth (computed by the registry, carried by the request) is the child's
+            # header's, which Agent.depth reads: the options are copied only to carry a budget.
             options=options,
             cwd=parent.cwd,
             session_id=session_id,

@@ -58,6 +58,7 @@ from subagent.types import (
     SubagentResult,
     SubagentResumeRequest,
     SubagentStartRequest,
+    depth_of,
 )
 from supervision.group import TaskGroup
 from supervision.offload import offload
@@ -712,6 +713,7 @@ class RayProvider:
             "agent_options": request.agent_options,
             "output_schema": None if request.output_schema is None else dict(request.output_schema),
             "max_depth": request.max_depth,
+            "depth": depth_of(request),  # the child's, computed once by the service
             "tool_filter": request.tool_filter,
             "persona": request.persona,
             "continuation": cont_json,

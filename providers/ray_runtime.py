@@ -316,6 +316,7 @@ class HostedRuntime:
             persona=spec.get("persona"),
             continuation=continuation,
             trace=tracing.extract(spec.get("trace"), spec.get("trace_name")),
+            depth=spec.get("depth"),
         )
         run = self._provider.start(request)
         entry.run = run

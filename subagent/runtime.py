@@ -107,7 +107,9 @@ class Runtime:
         if gc_policy:
             self._gc = GcPolicy(freeze_every=gc_freeze_every)
             if gc_freeze_every is not None:
-                self.subagents.subscribe(self._count_start)
+                # Counted where a child agent is made (no lifecycle event built per run just to
+                # be counted: with no other listener, the registry builds none).
+                self.ctx.lifecycle.on_published(self._count_start)
         self.ctx.subagents = self.subagents
         self._closed = False
 
@@ -137,8 +139,8 @@ class Runtime:
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closed")
 
-    def _count_start(self, event: Mapping[str, Any]) -> None:
-        if event["type"] == "subagent/start" and self._gc is not None:
+    def _count_start(self, agent: Agent) -> None:
+        if self._gc is not None and agent.header.origin == "subagent":
             self._gc.child_started()
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import fields
+from operator import attrgetter
 from typing import Any
 
 import gevent
@@ -60,6 +62,13 @@ RUN_SHUTDOWN_GRACE = 60.0
 
 # A start whose registry is idle makes no greenlet switch; one start in this many yields.
 YIELD_EVERY = 8
+
+# A start request's fields but its last, `depth`, which the service sets: copying a request
+# positionally costs about half of `dataclasses.replace` (once per start).
+_REQUEST_FIELDS = tuple(f.name for f in fields(SubagentStartRequest))
+assert _REQUEST_FIELDS[-1] == "depth", "the service copies requests with depth last"
+_all_but_depth = attrgetter(*_REQUEST_FIELDS[:-1])
+_new_request: Callable[..., SubagentStartRequest] = SubagentStartRequest
 
 
 class RunHandle:
@@ -171,8 +180,14 @@ class SteerableRunHandle(RunHandle):
         if self.result.done:
             return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
         try:
-            # One tell; the run's actor settles `reply` itself (no ask future to bind to it).
-            self.ref.tell(message)
+            actor = None if self._run.local_agent is None else gevent_actor.actor_of(self.ref)
+            if actor is not None:
+                # The child's own actor: told in place when it is idle (no hub switch before
+                # the steer is accepted), else queued behind what it is handling.
+                actor.tell_now(message)
+            else:
+                # One tell; the run's actor settles `reply` itself (no ask future to bind).
+                self.ref.tell(message)
         except ActorDeadError:
             return _failed(SubagentError("RUN_DISPOSED"))
         return reply
@@ -333,8 +348,12 @@ class SubagentService:
             # yield: give the other greenlets the hub now and then.
             gevent.sleep(0)
         admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
-        provider, run_id = admitted
-        request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider)
+        provider, run_id, depth = admitted
+        request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider, depth)
+        if request.depth != depth:
+            # The depth the registry computed travels with the request (a copy: the caller's
+            # request is never changed), so no provider computes it again.
+            request = _new_request(*_all_but_depth(request), depth)
         start = provider.start
         return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
@@ -357,19 +376,23 @@ class SubagentService:
         if known is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         ticket = next(self._tickets)
-        provider, run_id = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        provider, run_id, _ = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
         store = self._ctx.store
         request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, provider)
         resume = provider.resume
         return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
 
-    def _admit(self, message: Any, signal: Any) -> tuple[Any, str]:
+    def _admit(self, message: Any, signal: Any) -> tuple[Any, str, int | None]:
         future = self._registry.ask_now(message, block=False)
-        remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
-        try:
-            admitted: tuple[Any, str] = future.get()
-        finally:
-            remove()
+        admitted: tuple[Any, str, int | None]
+        if future.done:  # granted at once (a free slot): nothing to withdraw while waiting
+            admitted = future.get()
+        else:
+            remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
+            try:
+                admitted = future.get()
+            finally:
+                remove()
         if signal.aborted:
             self._release(message.ticket)
             raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")

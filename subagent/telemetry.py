@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "subagent"
 
+# The batch span processor's queue when `OTEL_BSP_MAX_QUEUE_SIZE` is not set. The SDK's 2,048
+# suits a server where requests end one by one; a fan-out's children step together, so each
+# round of model replies ends 2 spans per stepping child at once, and the export thread (a real
+# thread sharing the GIL with the hub) drains them only between the hub's slices. At 2,048 the
+# OTLP exporter lost half the spans of a 2,000-child fan-out (docs/performance.md, `tracing`).
+# 16,384 holds a round of 8,000 stepping children (a queued span is ~2.8 KB: ~45 MB at most).
+DEFAULT_MAX_QUEUE_SIZE = 16_384
+
 # The provider this module installed (never a host's): flushed by `flush()`.
 _installed: list[Any] = []
 
@@ -33,8 +41,10 @@ def begin_start(
     run_id: str,
     parent_id: str,
     runner: object = None,
+    depth: int | None = None,
 ) -> tuple[SubagentStartRequest, tracing.Activation | None]:
-    """Open the child's activation span; the provider gets a request carrying its context.
+    """Open the child's activation span; the provider gets a request carrying its context (and
+    `depth`, the child's depth as the registry computed it, when given).
 
     `runner` is the provider object: one that runs its child in another process (a true
     `remote_process` attribute: ACP, Ray) gets a CLIENT span, as a call to a remote service.
@@ -48,12 +58,14 @@ def begin_start(
         provider=provider,
         run_id=run_id,
         parent_id=parent_id,
-        depth=_child_depth(request.parent),
+        depth=depth if depth is not None else _child_depth(request.parent),
         child_id=None if continuation is None else continuation.session_id,
         remote=_remote(runner),
     )
     if activation is None:
         return request, None
+    if depth is not None:
+        return replace(request, trace=activation.parent, depth=depth), activation
     return replace(request, trace=activation.parent), activation
 
 
@@ -158,17 +170,32 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
         ) from exc
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return False  # the host (or an earlier call) set one: never replaced
+    queue = _queue_size(env)
     attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": DEFAULT_SERVICE_NAME}
     provider = TracerProvider(resource=Resource.create(attributes))
     for name in names:
         exporter: Any = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=queue))
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
         return False
     _installed.append(provider)
     return True
+
+
+def _queue_size(env: Mapping[str, str]) -> int:
+    """`OTEL_BSP_MAX_QUEUE_SIZE` if set (a positive integer), else `DEFAULT_MAX_QUEUE_SIZE`."""
+    text = env.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip()
+    if not text:
+        return DEFAULT_MAX_QUEUE_SIZE
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise ValueError(f"OTEL_BSP_MAX_QUEUE_SIZE: not a positive integer: {text!r}")
+    return size
 
 
 def _otlp_exporter(env: Mapping[str, str]) -> Any:

@@ -42,6 +42,8 @@ __all__ = [
     "SubagentStartRequest",
     "ToolRestriction",
     "TraceParent",
+    "child_depth",
+    "depth_of",
     "is_failure",
     "text_block",
 ]
@@ -263,6 +265,11 @@ class SubagentStartRequest:
     # where the child hangs (its call's `execute_tool` span, named with the child's label); as
     # the provider receives it, the context of the child's own activation span.
     trace: TraceParent | None = None
+    # The child's delegation depth, computed once by the service where it validates the request
+    # (the parent's depth + 1, checked against `max_depth`) and carried to the provider, which
+    # writes it into the child's header. None on a request that has not been through the
+    # service (a provider called directly): `depth_of` computes it there, by the same rule.
+    depth: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,3 +345,16 @@ class Resumable(Protocol):
     """The continuation capability: cold-resume a persisted child for one more turn."""
 
     def resume(self, request: SubagentResumeRequest) -> SubagentRun: ...
+
+
+def child_depth(parent: object) -> int:
+    """The delegation depth of a child of `parent`: one below it (a parent without a depth is
+    a root, at 0). The one definition of the rule; the service applies it once per start."""
+    depth: int = getattr(parent, "depth", 0)
+    return depth + 1
+
+
+def depth_of(request: SubagentStartRequest) -> int:
+    """The depth of the child `request` starts: as the service computed it when it validated
+    the request, or (for a request that never went through the service) by `child_depth`."""
+    return request.depth if request.depth is not None else child_depth(request.parent)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,17 +199,25 @@ def test_gc_dry_run_then_delete_by_status(tmp_path: Path, made: tuple[Path, Made
     home, _ = made
     copy = tmp_path / "copy"
     (copy / "sessions").mkdir(parents=True)
-    for f in (home / "sessions").iterdir():
+    for f in (home / "sessions").glob("*.session"):
         (copy / "sessions" / f.name).write_bytes(f.read_bytes())
-    before = sorted(p.name for p in (copy / "sessions").iterdir())
+    shutil.copytree(home / "sessions" / "headers", copy / "sessions" / "headers")
+    old = 1.0  # the shared headers are long written (gc spares young ones)
+    for f in (copy / "sessions" / "headers").iterdir():
+        os.utime(f, (old, old))
+    before = sorted(p.name for p in (copy / "sessions").glob("*.session"))
     dry = cli("gc", "--all", "--dry-run", "--json", home=copy)
     assert dry.returncode == 0, dry.stderr
     assert {r["action"] for r in json.loads(dry.stdout)} == {"would delete"}
-    assert sorted(p.name for p in (copy / "sessions").iterdir()) == before
+    assert sorted(p.name for p in (copy / "sessions").glob("*.session")) == before
     gone = cli("gc", "--status", "completed", "--json", home=copy)
     assert gone.returncode == 0, gone.stderr
-    assert len(json.loads(gone.stdout)) == len(before)
-    assert list((copy / "sessions").iterdir()) == []
+    rows = json.loads(gone.stdout)
+    assert len([r for r in rows if r["status"] == "completed"]) == len(before)
+    assert list((copy / "sessions").glob("*.session")) == []
+    # No session names the shared headers any more: the same gc collected them.
+    assert {r["status"] for r in rows if r["status"] != "completed"} == {"unused header"}
+    assert list((copy / "sessions" / "headers").iterdir()) == []
     assert "needs" in one_error_line(cli("gc", home=copy))
     assert cli("gc", home=copy).returncode == 2
 

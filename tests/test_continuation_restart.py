@@ -219,6 +219,12 @@ def test_cold_resume_in_a_new_process_after_kill_9_during_a_turn(tmp_path: Path)
             turns = [e["data"]["turn"] for e in events if e["type"] == "turn/start"]
             assert turns == [1, 2]
             assert [e["type"] for e in events].count("subagent/descriptor") == 1
+            # The request headers name content the killed process stored (durably) before it
+            # logged them; this process reads it back.
+            headers = [e["data"] for e in events if e["type"] == "request/header"]
+            assert headers and all(set(h) == {"ref"} for h in headers)
+            for h in headers:
+                assert set(rt.store.request_header(h["ref"])) == {"system", "tools"}
         # Rebuilt only from its own log: the resumed turn saw the interrupted prompt.
         assert "hang" in repr(model.requests_for(hanging_id)[-1].messages)
         wait_until(lambda: parent.status == "idle")

@@ -202,3 +202,12 @@ def test_header_rejects_bad_fields(bad: dict[str, Any]) -> None:
 def test_header_is_keyword_only() -> None:
     with pytest.raises(TypeError):
         SessionHeader("a")  # type: ignore[call-arg]
+
+
+def test_header_to_json_names_every_field() -> None:
+    """`to_json` is spelled out for speed: a field added to the header must be added there."""
+    import dataclasses
+
+    header = SessionHeader(id="a", created_at=1.0, cwd="/", delegation_depth=2, seed_length=0)
+    assert set(header.to_json()) == {f.name for f in dataclasses.fields(SessionHeader)}
+    assert SessionHeader.from_json(header.to_json()) == header

@@ -389,3 +389,103 @@ def test_ask_now_runs_an_idle_actors_handler_in_place_and_keeps_mailbox_order() 
     assert where[1] is not _greenlet.getcurrent()  # handled by the actor's own loop
     assert seen[-2:] == ["queued first", "busy"]
     ref.stop()
+
+
+class Lazy(GeventActor):
+    """A lazy actor: no greenlet until a message has to wait in its inbox."""
+
+    lazy_loop = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[object] = []
+        self.release = gevent.event.Event()
+
+    def on_receive(self, message: object) -> object:
+        self.seen.append(message)
+        if message == "park":
+            self.release.wait()
+        if message == "boom":
+            raise ValueError("boom")
+        return message
+
+
+def _loop_of(actor: GeventActor) -> object:
+    return actor._greenlet  # what the laziness is about
+
+
+def test_a_lazy_actor_has_no_loop_until_a_message_must_wait() -> None:
+    import greenlet as _greenlet
+
+    ref = Lazy.start()
+    actor = gevent_actor.actor_of(ref)
+    assert isinstance(actor, Lazy)
+    assert _loop_of(actor) is None and gevent_actor.live_count() >= 1
+    assert actor.ask_now("in place") == "in place"  # handled here, still no loop
+    actor.tell_now("told in place")
+    assert _loop_of(actor) is None
+    assert actor.seen == ["in place", "told in place"]
+    # A plain tell must wait in the inbox: that starts the loop, which handles it in order.
+    ref.tell("queued")
+    assert _loop_of(actor) is not None
+    assert ref.ask("after") == "after"
+    assert actor.seen[-2:] == ["queued", "after"]
+    # Busy (a handler parked): tell_now queues behind it instead of running in place.
+    ref.tell("park")
+    gevent.sleep(0)
+    actor.tell_now("behind the park")
+    assert actor.seen[-1] == "park"
+    actor.release.set()
+    assert ref.ask("sync") == "sync"
+    assert actor.seen[-3:] == ["park", "behind the park", "sync"]
+    where: list[object] = []
+    ref2 = Lazy.start()
+    lazy2 = gevent_actor.actor_of(ref2)
+    assert isinstance(lazy2, Lazy)
+    lazy2.on_receive = lambda m: where.append(_greenlet.getcurrent())  # type: ignore[method-assign]
+    lazy2.tell_now("x")
+    assert where == [_greenlet.getcurrent()]
+    ref.stop()
+    ref2.stop()
+    assert gevent_actor.join(ref, 5) and gevent_actor.join(ref2, 5)
+
+
+def test_a_lazy_actor_never_started_still_stops_and_dies() -> None:
+    stopped = Lazy.start()
+    assert stopped.stop() is True  # the stop message starts the loop, which stops
+    assert gevent_actor.join(stopped, 5)
+    killed = Lazy.start()
+    asked = killed.ask("x", block=False)  # queued: the loop starts to handle it
+    gevent_actor.kill(killed)
+    assert gevent_actor.join(killed, 5)
+    with pytest.raises(ActorDeadError):
+        asked.get(timeout=5)
+    never = Lazy.start()
+    actor = gevent_actor.actor_of(never)
+    assert actor is not None and _loop_of(actor) is None
+    gevent_actor.kill(never)  # no loop yet: the kill starts one, which dies at once
+    assert gevent_actor.join(never, 5)
+    assert not never.is_alive()
+
+
+def test_a_told_handler_that_raises_in_place_crashes_the_actor() -> None:
+    ref = Lazy.start()
+    actor = gevent_actor.actor_of(ref)
+    assert actor is not None
+    actor.tell_now("boom")
+    assert gevent_actor.join(ref, 5)
+    assert isinstance(actor.crash, ValueError)
+    assert not ref.is_alive()
+
+
+def test_a_class_with_on_start_is_never_lazy() -> None:
+    class Eager(Lazy):
+        def on_start(self) -> None:
+            self.seen.append("on_start")
+
+    ref = Eager.start()
+    actor = gevent_actor.actor_of(ref)
+    assert actor is not None and _loop_of(actor) is not None
+    assert ref.ask("x") == "x"
+    assert isinstance(actor, Eager) and actor.seen == ["on_start", "x"]
+    ref.stop()

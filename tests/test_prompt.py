@@ -253,3 +253,19 @@ def test_render_is_cached_and_invalidated(monkeypatch: pytest.MonkeyPatch) -> No
     parent.set_section("a", "P")
     assert child.render(V) == "P\n\nB"
     assert len(calls) == 1 + 1 + 2 + 2
+
+
+def test_a_scope_without_sections_shares_its_parents_rendering() -> None:
+    base = SystemPrompt()
+    base.set_section("base", "Hello {{name}}.")
+    children = [SystemPrompt(parent=base) for _ in range(3)]
+    texts = [child.render({"name": "x"}) for child in children]
+    assert texts == ["Hello x."] * 3
+    assert all(t is texts[0] for t in texts)  # one string for the siblings
+    remove = children[0].set_section("own", "Mine.")
+    assert children[0].render({"name": "x"}) == "Hello x.\n\nMine."
+    assert children[1].render({"name": "y"}) == "Hello y."
+    remove()
+    assert children[0].render({"name": "x"}) == "Hello x."
+    base.set_section("base", "Bye.")
+    assert [c.render({"name": "x"}) for c in children] == ["Bye."] * 3

@@ -33,7 +33,10 @@ def copy_home(made: tuple[Path, Made], dest: Path) -> tuple[Path, Made]:
     home, m = made
     (dest / "sessions").mkdir(parents=True)
     for f in (home / "sessions").iterdir():
-        shutil.copy2(f, dest / "sessions" / f.name)
+        if f.is_dir():  # the store's shared request headers
+            shutil.copytree(f, dest / "sessions" / f.name)
+        else:
+            shutil.copy2(f, dest / "sessions" / f.name)
     return dest, m
 
 

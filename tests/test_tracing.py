@@ -680,3 +680,67 @@ def test_without_the_otel_packages_everything_runs_untraced() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+SLOW_COLLECTOR_SCRIPT = """
+import http.server, os, sys, threading
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+received = [0]
+release = threading.Event()
+
+class Collector(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = pb.ExportTraceServiceRequest.FromString(body)
+        received[0] += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        release.wait(30)  # a busy collector: what ends meanwhile waits in the batch queue
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = (
+    f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+)
+from agent import tracing
+from subagent import telemetry
+env = {"OTEL_TRACES_EXPORTER": "otlp", **dict(a.split("=", 1) for a in sys.argv[2:])}
+assert telemetry.configure_from_env(env)
+found = tracing.tracer()
+for _ in range(int(sys.argv[1])):  # a round of replies: 2 spans per stepping child
+    found.start_span("chat").end()
+release.set()
+telemetry.flush()
+print(received[0])
+"""
+
+
+def _spans_through_a_slow_collector(spans: int, *env: str) -> int:
+    proc = gsub.run(
+        [sys.executable, "-c", SLOW_COLLECTOR_SCRIPT, str(spans), *env],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.strip())
+
+
+def test_the_batch_queue_holds_a_fan_out_round_while_the_collector_is_busy() -> None:
+    """6,000 spans end while the collector holds the first export: the SDK's default queue
+    (2,048) would drop most of them; the runtime's set-up keeps every one, and a host's own
+    OTEL_BSP_MAX_QUEUE_SIZE still rules."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra")
+    assert _spans_through_a_slow_collector(6_000) == 6_000
+    # At most one batch (512, the SDK's) left the queue before it filled: the rest is dropped.
+    assert _spans_through_a_slow_collector(6_000, "OTEL_BSP_MAX_QUEUE_SIZE=1000") <= 1_512
+    with no_provider(), pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
+        telemetry.configure_from_env(
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_MAX_QUEUE_SIZE": "x"}
+        )

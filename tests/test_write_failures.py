@@ -44,13 +44,13 @@ def demo(home: Path, limit_bytes: int | None = None) -> subprocess.CompletedProc
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs: the demo's logs fill it part way through."""
+    """A 24 KiB tmpfs: the demo's logs (about 40 KiB in pages) fill it part way through."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     where = tmp_path / "small"
     where.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(where)], capture_output=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")

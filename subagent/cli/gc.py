@@ -102,6 +102,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for name in store.clean_temporaries(dry_run=args.dry_run):
         action = "would remove" if args.dry_run else "removed"
         rows.append({"id": name, "status": "temporary", "age_seconds": None, "action": action})
+    collect = getattr(store, "collect_headers", None)
+    for name in collect(dry_run=args.dry_run) if collect is not None else ():
+        action = "would remove" if args.dry_run else "removed"
+        rows.append({"id": name, "status": "unused header", "age_seconds": None, "action": action})
     # A deletion the OS refused is a failure of the command (docs/cli.md): exit 1.
     failed = sum(1 for r in rows if r["action"].startswith("failed"))
     if args.json:
