@@ -275,8 +275,8 @@ class ContinuationManager:
                     child.label = label
                     return self._adopt(child, handle, label, parent.id)
 
-                self._launch(child, begin)
-                handle, task_id = child.handle, child.task_id
+                handle = self._launch(child, begin)
+                task_id = child.task_id
         finally:
             remove()
             self._release(child)
@@ -392,10 +392,10 @@ class ContinuationManager:
                 child.label = request.descriptor.label
                 return self._adopt(child, handle, child.label, parent.id)
 
-            self._launch(child, begin)
+            handle = self._launch(child, begin)
         finally:
             remove()
-        return SendResult("started", _message_id(child.handle), child.task_id)
+        return SendResult("started", _message_id(handle), child.task_id)
 
     # -- interrupt ---------------------------------------------------------------------------
 
@@ -525,9 +525,10 @@ class ContinuationManager:
 
     # -- activations under supervision ----------------------------------------------------------
 
-    def _launch(self, child: _Child, begin: Callable[[], _Activation]) -> None:
+    def _launch(self, child: _Child, begin: Callable[[], _Activation]) -> _Run:
         """Start an activation (`begin`, under the child's lock) as a `transient` child of the
-        child's supervisor; `begin`'s exception propagates and nothing is registered."""
+        child's supervisor; returns its run. `begin`'s exception propagates and nothing is
+        registered."""
         supervisor = child.supervisor
         if supervisor is None or supervisor.closed:
             supervisor = child.supervisor = self._new_supervisor(child)
@@ -545,6 +546,9 @@ class ContinuationManager:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closing") from None
         finally:
             child.begin = None
+        handle: _Run | None = child.handle
+        assert handle is not None  # bound by `begin`, and nothing settles it under the lock
+        return handle
 
     def _new_supervisor(self, child: _Child) -> Supervisor:
         supervisor = Supervisor(
