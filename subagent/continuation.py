@@ -38,8 +38,11 @@ from typing import Any, Protocol
 from gevent.event import Event
 from gevent.lock import Semaphore
 
+from actors.agent_handle import Agent
 from actors.agents import new_session_id
-from agent.events import SessionLogError, validate_session_id
+from actors.gevent_actor import GeventFuture
+from agent.context import AgentContext
+from agent.events import SessionHeader, SessionLogError, validate_session_id
 from agent.store import SessionExistsError, SessionNotFoundError
 from subagent import settlement
 from subagent.descriptor import (
@@ -50,11 +53,15 @@ from subagent.descriptor import (
 )
 from subagent.errors import SubagentError
 from subagent.listings import Activation
+from subagent.live import live_agent, task_service
+from subagent.tasks import TaskService
 from subagent.types import (
     ABORTED,
     MessageSource,
     Resumable,
+    Steerable,
     SubagentContinuation,
+    SubagentProvider,
     SubagentResult,
     SubagentResumeRequest,
     SubagentStartRequest,
@@ -65,13 +72,47 @@ from supervision.group import TaskGroup
 from supervision.signal import AbortController, AbortSignal
 from supervision.supervisor import ChildSpec, Supervisor
 
-__all__ = ["ContinuableStart", "ContinuationManager", "SendResult"]
+__all__ = ["ActivationRun", "ContinuableStart", "ContinuationManager", "RunStarter", "SendResult"]
 
 log = logging.getLogger(__name__)
 
 # How long a stopped activation has to settle (its run cancelled, the parent told) before it is
 # disposed outright; the same grace the service gives a child run.
 ACTIVATION_SHUTDOWN_GRACE = 60.0
+
+
+class ActivationRun(Protocol):
+    """What the manager holds of one activation: the service's `RunHandle` (named here as a
+    Protocol because the service module imports this one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def parent_id(self) -> str: ...
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def settled(self) -> bool: ...
+
+    @property
+    def result(self) -> GeventFuture[SubagentResult]: ...
+
+    def cancel(self, cause: object = None) -> None: ...
+
+    def dispose(self) -> None: ...
+
+
+class RunStarter(Protocol):
+    """What the manager asks of the `SubagentService` that owns it."""
+
+    def get(self, name: str) -> SubagentProvider | None: ...
+
+    def start(self, name: str, request: SubagentStartRequest) -> ActivationRun: ...
+
+    def resume(self, request: SubagentResumeRequest, name: str | None = None) -> ActivationRun: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +131,6 @@ class SendResult:
     task_id: str | None = None
 
 
-class _Run(Protocol):
-    """What an activation needs of the run handle the service returned for it."""
-
-    def cancel(self, cause: object = None) -> None: ...
-
-    def dispose(self) -> None: ...
-
-
 class _Activation:
     """One activation as the `Child` its supervisor owns.
 
@@ -111,7 +144,7 @@ class _Activation:
 
     def __init__(self, name: str, group: TaskGroup) -> None:
         self.name = name
-        self.handle: _Run | None = None
+        self.handle: ActivationRun | None = None
         self._group = group  # where a kill's blocking dispose runs
         self._notices = ExitNotices()
         self._stop: tuple[object] | None = None  # (reason,) once a stop was asked for
@@ -124,7 +157,7 @@ class _Activation:
     def exit(self) -> Exit | None:
         return self._notices.exit
 
-    def bind(self, handle: _Run) -> None:
+    def bind(self, handle: ActivationRun) -> None:
         self.handle = handle
         if self._stop is not None:
             handle.cancel(self._stop[0])
@@ -169,7 +202,7 @@ class _Child:
     label: str = ""
     users: int = 0  # callers between `_use` and `_release`: the record must stay
     lock: Semaphore = field(default_factory=Semaphore)
-    handle: Any = None
+    handle: ActivationRun | None = None
     task_id: str | None = None
     parent_id: str | None = None  # the owner of its last activation: who a restart reports to
     # Set: nothing runs and nothing is pending. Clear while an activation runs, and after a
@@ -190,7 +223,12 @@ class ContinuationManager:
     """Owns descriptor lookup and task association for continuable children."""
 
     def __init__(
-        self, service: Any, ctx: Any, *, max_restarts: int = 3, within: float = 60.0
+        self,
+        service: RunStarter,
+        ctx: AgentContext,
+        *,
+        max_restarts: int = 3,
+        within: float = 60.0,
     ) -> None:
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
             raise TypeError(f"max_restarts must be an int, got {type(max_restarts).__name__}")
@@ -289,7 +327,7 @@ class ContinuationManager:
 
     def send_message(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
         content: Sequence[Mapping[str, Any]],
         source: MessageSource,
@@ -309,7 +347,7 @@ class ContinuationManager:
 
     def _send(
         self,
-        parent: Any,
+        parent: Agent,
         child: _Child,
         content: list[Mapping[str, Any]],
         source: MessageSource,
@@ -323,7 +361,7 @@ class ContinuationManager:
                 if signal.aborted:
                     raise SubagentError("ABORTED", f"the message was aborted: {signal.reason}")
                 handle = child.handle
-                if handle is not None and not handle.settled and hasattr(handle, "steer"):
+                if handle is not None and not handle.settled and isinstance(handle, Steerable):
                     try:
                         admitted = handle.steer(content, source).get()
                         # The admitted message's id, once the agent's steer reply carries it.
@@ -346,7 +384,7 @@ class ContinuationManager:
 
     def resume_request(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
         content: Sequence[Mapping[str, Any]],
         source: MessageSource,
@@ -368,7 +406,7 @@ class ContinuationManager:
 
     def _resume(
         self,
-        parent: Any,
+        parent: Agent,
         child: _Child,
         content: list[Mapping[str, Any]],
         source: MessageSource,
@@ -399,11 +437,11 @@ class ContinuationManager:
 
     # -- interrupt ---------------------------------------------------------------------------
 
-    def interrupt(self, child_id: str, *, by: Any) -> bool:
+    def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may."""
         validate_session_id(child_id)
         self._authorize_ancestor(by, child_id)
-        agent = self._ctx.agents.get(child_id)
+        agent = live_agent(self._ctx, child_id)
         if agent is None or agent.status != "running":
             return False
         agent.cancel(f"interrupted by {by.id}", keep_inbox=True).get()
@@ -424,10 +462,16 @@ class ContinuationManager:
     def _require_continuation(self) -> None:
         if not getattr(self._ctx.store, "persistent", False):
             raise SubagentError("PERSISTENCE_UNAVAILABLE")
-        if self._ctx.tasks is None or self._ctx.agents is None:
-            raise SubagentError("CONTINUATION_UNAVAILABLE")
-        if self._closed or getattr(self._ctx.tasks, "closed", False):
+        tasks = self._tasks()
+        if self._closed or tasks.closed:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closing")
+
+    def _tasks(self) -> TaskService:
+        """The runtime's task service, which continuation needs (a runtime always sets one)."""
+        tasks = task_service(self._ctx)
+        if tasks is None:
+            raise SubagentError("CONTINUATION_UNAVAILABLE")
+        return tasks
 
     def _use(self, child_id: str) -> _Child:
         """The child's record, held until `_release`: one record (one lock) per child id."""
@@ -462,12 +506,13 @@ class ContinuationManager:
                 child.supervisor = None
                 supervisor.request_stop("idle")  # it has no live child; it ends at once
 
-    def _header(self, child_id: str) -> Any:
+    def _header(self, child_id: str) -> SessionHeader:
         """The live agent's header, else the stored one (read alone: the body may be corrupt)."""
         validate_session_id(child_id)  # never a path outside the store
-        agent = self._ctx.agents.get(child_id)
+        agent = live_agent(self._ctx, child_id)
         if agent is not None:
-            return agent.header
+            header: SessionHeader = agent.header
+            return header
         store = self._ctx.store
         try:
             return store.header(child_id)
@@ -478,16 +523,22 @@ class ContinuationManager:
                 "NOT_RESUMABLE", f"the header of child {child_id!r} cannot be read: {exc}"
             ) from exc
 
-    def _authorize_direct_parent(self, parent: Any, child_id: str) -> None:
+    def _live(self, agent: object) -> Agent | None:
+        """The live agent of `agent`'s id (None for an unknown id, or a caller that passed
+        something other than an agent: authorization then refuses it)."""
+        agent_id = getattr(agent, "id", None)
+        return live_agent(self._ctx, agent_id) if isinstance(agent_id, str) else None
+
+    def _authorize_direct_parent(self, parent: Agent, child_id: str) -> None:
         header = self._header(child_id)
-        live = self._ctx.agents.get(getattr(parent, "id", None))
+        live = self._live(parent)
         if live is not parent or header.parent_session != parent.id:
             raise SubagentError(
                 "UNAUTHORIZED", "only the exact live agent recorded as the child's parent may"
             )
 
-    def _authorize_ancestor(self, by: Any, child_id: str) -> None:
-        live = self._ctx.agents.get(getattr(by, "id", None))
+    def _authorize_ancestor(self, by: Agent, child_id: str) -> None:
+        live = self._live(by)
         if live is not by:
             raise SubagentError("UNAUTHORIZED", "the sender is not a live agent")
         header = self._header(child_id)
@@ -503,7 +554,7 @@ class ContinuationManager:
                 break
         raise SubagentError("UNAUTHORIZED", "only an ancestor may interrupt a child")
 
-    def _stored_descriptor(self, child_id: str) -> tuple[Any, SubagentDescriptor]:
+    def _stored_descriptor(self, child_id: str) -> tuple[SessionHeader, SubagentDescriptor]:
         """The stored header and authoritative descriptor. The log is scanned lazily up to the
         descriptor (the first turn), not decoded whole: resume opens and validates it anyway."""
         store = self._ctx.store
@@ -525,7 +576,7 @@ class ContinuationManager:
 
     # -- activations under supervision ----------------------------------------------------------
 
-    def _launch(self, child: _Child, begin: Callable[[], _Activation]) -> _Run:
+    def _launch(self, child: _Child, begin: Callable[[], _Activation]) -> ActivationRun:
         """Start an activation (`begin`, under the child's lock) as a `transient` child of the
         child's supervisor; returns its run. `begin`'s exception propagates and nothing is
         registered."""
@@ -546,7 +597,7 @@ class ContinuationManager:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closing") from None
         finally:
             child.begin = None
-        handle: _Run | None = child.handle
+        handle = child.handle
         assert handle is not None  # bound by `begin`, and nothing settles it under the lock
         return handle
 
@@ -586,7 +637,7 @@ class ContinuationManager:
 
     def _restart(self, child: _Child, activation: _Activation) -> None:
         """Cold-resume a crashed child, telling it its last activation crashed."""
-        parent = self._ctx.agents.get(child.parent_id)
+        parent = None if child.parent_id is None else live_agent(self._ctx, child.parent_id)
         if parent is None or self._closed:
             why = "the runtime is closing" if self._closed else "its parent is gone"
             log.info("crashed child %s is not restarted: %s", child.child_id, why)
@@ -634,7 +685,7 @@ class ContinuationManager:
         self._forget_if_idle(child)
 
     def _report_escalation(self, child: _Child, supervisor: Supervisor) -> None:
-        parent = self._ctx.agents.get(child.parent_id)
+        parent = None if child.parent_id is None else live_agent(self._ctx, child.parent_id)
         if parent is None:
             log.info("parent of crashed child %s is gone; not told", child.child_id)
             return
@@ -667,7 +718,7 @@ class ContinuationManager:
     def _adopt(
         self,
         child: _Child,
-        handle: Any,
+        handle: ActivationRun,
         label: str,
         owner: str,
         activation: _Activation | None = None,
@@ -676,9 +727,8 @@ class ContinuationManager:
             # close() already took its census: an activation it cannot see must not live on.
             handle.dispose()
             raise SubagentError("RUNTIME_CLOSED", "the runtime closed while the child started")
-        tasks = self._ctx.tasks
         try:
-            task = tasks.adopt(label, owner, kill=lambda reason: handle.cancel(reason))
+            task = self._tasks().adopt(label, owner, kill=lambda reason: handle.cancel(reason))
         except BaseException:
             handle.dispose()  # an activation nobody tracks must not keep running
             raise
@@ -698,11 +748,13 @@ class ContinuationManager:
         return activation
 
     def _start_settling(
-        self, child: _Child, activation: _Activation, handle: Any, task_id: str
+        self, child: _Child, activation: _Activation, handle: ActivationRun, task_id: str
     ) -> None:
         self._settlers.spawn(self._settle, child, activation, handle, task_id)
 
-    def _settle(self, child: _Child, activation: _Activation, handle: Any, task_id: str) -> None:
+    def _settle(
+        self, child: _Child, activation: _Activation, handle: ActivationRun, task_id: str
+    ) -> None:
         """When the activation's run ends: notify the parent, release the run, settle the
         task; then end the activation, so its supervisor decides whether it comes back."""
         try:
@@ -715,7 +767,7 @@ class ContinuationManager:
                     handle.dispose()
                     if child.handle is handle:
                         child.handle = None
-                    settlement.settle_task(self._ctx.tasks, task_id, outcome)
+                    settlement.settle_task(self._tasks(), task_id, outcome)
                     if exit.kind == "crashed":
                         child.failure = outcome if isinstance(outcome, Exception) else None
                     else:
@@ -729,8 +781,10 @@ class ContinuationManager:
         finally:
             self._release(child)
 
-    def _notify_parent(self, child: _Child, handle: Any, outcome: settlement.Outcome) -> None:
-        parent = self._ctx.agents.get(handle.parent_id)
+    def _notify_parent(
+        self, child: _Child, handle: ActivationRun, outcome: settlement.Outcome
+    ) -> None:
+        parent = live_agent(self._ctx, handle.parent_id)
         if parent is None:
             log.info(
                 "parent %s of %s is gone; settlement notice dropped", handle.parent_id, handle.id
@@ -742,7 +796,7 @@ class ContinuationManager:
             content.extend(outcome.output)
         settlement.tell_parent(parent, content, summary)
 
-    def _report(self, parent: Any, text: str) -> None:
+    def _report(self, parent: Agent, text: str) -> None:
         try:
             parent.send([{"type": "text", "text": text}], MessageSource("subagent-report")).get()
         except Exception:
@@ -768,5 +822,5 @@ def _exit_of(outcome: settlement.Outcome) -> Exit:
     return Exit("normal")  # any stop reason, a child-level failure included: reported
 
 
-def _message_id(handle: Any) -> str:
-    return str(getattr(handle, "message_id", "") or "")
+def _message_id(handle: ActivationRun) -> str:
+    return handle.message_id
