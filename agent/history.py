@@ -1,28 +1,115 @@
-"""Fold a session log into the model's chat history (canonical message dicts, see agent.model).
+"""The model's chat history, read from the session log (canonical message dicts, see agent.model).
 
+The conversation is held once: by the log, as the encoded frames of its `user/message`,
+`assistant/message` and `tool/result` events. `Conversation` keeps only where those events sit
+(an array of seqs, no Python object per message) and builds each message dict when it is read,
+so a model request views the conversation instead of copying it, the history costs the cyclic
+collector nothing per message, and what a request sees is exactly what the log holds.
 Log-only events (request headers, descriptors, inbox accounting, seed markers) never reach the
-model: only user, assistant and tool-result messages do.
+model.
 """
 
 from __future__ import annotations
 
-import itertools
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-__all__ = ["HistoryView", "history_from_events", "last_turn_number"]
+__all__ = [
+    "MESSAGE_TYPES",
+    "Conversation",
+    "HistoryView",
+    "history_from_events",
+    "last_turn_number",
+    "message_of",
+]
+
+# The event types that are conversation messages (the rest of the log is not shown to a model).
+MESSAGE_TYPES: frozenset[str] = frozenset({"user/message", "assistant/message", "tool/result"})
+
+
+def message_of(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The canonical message an event of `MESSAGE_TYPES` stands for (a new dict each call)."""
+    kind = event["type"]
+    data = event["data"]
+    if kind == "tool/result":
+        return {
+            "role": "tool",
+            "tool_call_id": data["call_id"],
+            "name": data["name"],
+            "content": data["content"],
+            "is_error": data["is_error"],
+        }
+    message = data["message"]
+    if kind == "user/message":
+        return {"role": "user", "content": message["content"]}
+    entry: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+    if message.get("tool_calls"):
+        entry["tool_calls"] = message["tool_calls"]
+    return entry
+
+
+class Conversation(Sequence[dict[str, Any]]):
+    """The messages of a session, as positions in its log's events.
+
+    Grows only by `note` (the loop calls it with each message event it appended); earlier
+    messages never change, so a `view()` taken for one model request keeps showing exactly
+    that request's conversation. Each read decodes a fresh copy from the log: a model adapter
+    can mutate what it is given without touching the record.
+    """
+
+    __slots__ = ("_events", "_seqs")
+
+    def __init__(self, events: Sequence[Mapping[str, Any]]) -> None:
+        self._events = events
+        self._seqs = array("q")
+        note = self._seqs.append
+        for index, event in enumerate(events):
+            if event["type"] in MESSAGE_TYPES:
+                note(index)
+
+    def note(self, event: Mapping[str, Any]) -> None:
+        """Record that `event` (just appended to the log) is the conversation's next message."""
+        self._seqs.append(event["seq"])
+
+    def view(self) -> HistoryView:
+        """The conversation as it is now: later messages stay outside the view."""
+        return HistoryView(self, len(self._seqs))
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        events = self._events
+        if isinstance(index, slice):
+            return [message_of(events[seq]) for seq in self._seqs[index]]
+        return message_of(events[self._seqs[index]])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        events = self._events
+        for seq in self._seqs:
+            yield message_of(events[seq])
+
+    def __repr__(self) -> str:
+        return f"<Conversation of {len(self)} messages>"
 
 
 class HistoryView(Sequence[dict[str, Any]]):
-    """The first `length` messages of an agent's history, without copying them.
+    """The first `length` messages of a conversation, without copying them.
 
-    The history only ever grows by appending (earlier entries are never changed), so a view
-    taken for a model request stays exactly what the request saw, at O(1) per step instead of
-    a copy of the whole conversation per step (O(n^2) over a long turn)."""
+    The conversation only ever grows by appending (earlier messages are never changed), so a
+    view taken for a model request stays exactly what the request saw, at O(1) per step instead
+    of a copy of the whole conversation per step (O(n^2) over a long turn)."""
 
     __slots__ = ("_items", "_length")
 
-    def __init__(self, items: list[dict[str, Any]], length: int | None = None) -> None:
+    def __init__(self, items: Sequence[dict[str, Any]], length: int | None = None) -> None:
         self._items = items
         self._length = len(items) if length is None else length
 
@@ -37,7 +124,7 @@ class HistoryView(Sequence[dict[str, Any]]):
 
     def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(index, slice):
-            return self._items[: self._length][index]
+            return [self._items[i] for i in range(*index.indices(self._length))]
         if index < 0:
             index += self._length
         if not 0 <= index < self._length:
@@ -45,7 +132,9 @@ class HistoryView(Sequence[dict[str, Any]]):
         return self._items[index]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return itertools.islice(self._items, self._length)
+        items = self._items
+        for i in range(self._length):
+            yield items[i]
 
     def __reversed__(self) -> Iterator[dict[str, Any]]:
         items = self._items
@@ -66,30 +155,8 @@ class HistoryView(Sequence[dict[str, Any]]):
 
 
 def history_from_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    history: list[dict[str, Any]] = []
-    for event in events:
-        kind = event["type"]
-        data = event["data"]
-        if kind == "user/message":
-            message = data["message"]
-            history.append({"role": "user", "content": message["content"]})
-        elif kind == "assistant/message":
-            message = data["message"]
-            entry: dict[str, Any] = {"role": "assistant", "content": message["content"]}
-            if message.get("tool_calls"):
-                entry["tool_calls"] = message["tool_calls"]
-            history.append(entry)
-        elif kind == "tool/result":
-            history.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": data["call_id"],
-                    "name": data["name"],
-                    "content": data["content"],
-                    "is_error": data["is_error"],
-                }
-            )
-    return history
+    """The conversation of `events` as a list (a copy: for readers of a stored log)."""
+    return [message_of(event) for event in events if event["type"] in MESSAGE_TYPES]
 
 
 def last_turn_number(events: Iterable[Mapping[str, Any]]) -> int:

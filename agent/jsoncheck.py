@@ -96,9 +96,10 @@ def _explain(v: object, path: str, depth: int, stack: list[int]) -> None:
     raise TypeError(f"{path}: {t.__name__} is not lossless JSON")
 
 
-def is_lossless(value: object) -> bool:
-    """True when `value` passes `check_json` (the loader's test of a decoded frame)."""
-    return _ok(value, 0)
+def is_lossless(value: object, depth: int = 0) -> bool:
+    """True when `value` passes `check_json` (the loader's test of a decoded frame); `depth`
+    is how deep `value` sits in the checked whole (the nesting limit counts from the top)."""
+    return _ok(value, depth)
 
 
 def explain(value: object, where: str) -> str:

@@ -108,6 +108,66 @@ _FLAT: dict[str, int] = {
 }
 # `{ref}`: one str the rule checks as a hash; a lone `system` or `tools` is refused by the rule.
 _FLAT[ev.REQUEST_HEADER] = 1
+
+
+def _text_blocks(content: object) -> bool:
+    """Whether `content` is a list of plain text blocks: `{"type": "text", "text": str}`."""
+    if type(content) is not list:
+        return False
+    for block in content:
+        if (
+            type(block) is not dict
+            or len(block) != 2
+            or type(block.get("text")) is not str
+            or block.get("type") != "text"
+        ):
+            return False
+    return True
+
+
+def _plain_tool_result(data: dict[str, Any]) -> bool:
+    # The replay checks call_id, name, is_error (and code) as exact types; with no other key,
+    # plain text content leaves nothing for the walk to find.
+    size = len(data)
+    return (size == 4 or (size == 5 and "code" in data)) and _text_blocks(data.get("content"))
+
+
+def _plain_assistant_message(data: dict[str, Any]) -> bool:
+    message = data.get("message")
+    if (
+        type(message) is not dict
+        or len(message) != 4
+        or type(message.get("id")) is not str
+        or type(message.get("role")) is not str
+        or not _text_blocks(message.get("content"))
+    ):
+        return False
+    calls = message.get("tool_calls")
+    if type(calls) is not list:
+        return False
+    for call in calls:
+        if (
+            type(call) is not dict
+            or len(call) != 3
+            or type(call.get("id")) is not str
+            or type(call.get("name")) is not str
+            or type(call.get("arguments")) is not dict
+            # data > message > tool_calls > call > arguments: depth 4 in the event's data.
+            or not _is_lossless(call["arguments"], 4)
+        ):
+            return False
+    for key, value in data.items():
+        if key != "message" and (type(key) is not str or not _is_lossless(value, 1)):
+            return False
+    return True
+
+
+# Shape checks for the events a step writes from parts the walk would only re-traverse: True
+# means the full lossless-JSON walk cannot fail (False only means "walk it").
+_PLAIN: dict[str, Callable[[dict[str, Any]], bool]] = {
+    ev.TOOL_RESULT: _plain_tool_result,
+    ev.ASSISTANT_MESSAGE: _plain_assistant_message,
+}
 _OPTIONAL: dict[str, tuple[_Field, ...]] = {
     ev.TURN_END: _fields(message=_STR),
     ev.ASSISTANT_MESSAGE: _fields(usage=_DICT),
@@ -555,8 +615,10 @@ class SessionLog:
         if self._closed or self._failed is not None:
             self._raise_unusable()
         walk = not prechecked and (_type_of(data) is not dict or _FLAT.get(type) != len(data))
-        if walk and not _is_lossless(data):
-            check_json(data, where=f"{type}.data")
+        if walk:
+            plain = _PLAIN.get(type) if _type_of(data) is dict else None
+            if (plain is None or not plain(data)) and not _is_lossless(data):
+                check_json(data, where=f"{type}.data")
         replay = self._replay
         event: Event = {"type": type, "seq": replay.seq, "time": _now(), "data": data}
         try:

@@ -31,7 +31,7 @@ from gevent.event import Event as GEvent
 from agent import tracing
 from agent.context import LiveAgent
 from agent.errors import ToolCrash, TurnBlocked
-from agent.history import HistoryView, history_from_events, last_turn_number
+from agent.history import Conversation, last_turn_number
 from agent.jsoncheck import is_lossless
 from agent.log import SessionLog
 from agent.model import (
@@ -40,6 +40,7 @@ from agent.model import (
     ModelRequest,
     ModelResponse,
     ToolCall,
+    ToolSpec,
     without_lone_surrogates,
 )
 from agent.options import AgentOptions
@@ -166,7 +167,8 @@ class AgentCore:
         self.variables: Mapping[str, str | None] = variables or {}
         self.agent = agent
         self.on_progress: ProgressFn | None = None
-        self.history: list[dict[str, Any]] = history_from_events(log.events)
+        # The conversation, held once: positions of the log's message events.
+        self.history = Conversation(log.events)
         self.turn = last_turn_number(log.events)
         # This session's token spend (from its log) and budget; the subagent layer links it to
         # the parent's account so a subtree's spend counts against every ancestor's budget.
@@ -178,7 +180,7 @@ class AgentCore:
             cost_own=cost_of_events(log.events, log.header.seed_length) if price else 0,
             cost_limit=cost_limit,
         )
-        self._last_header: tuple[str, list[Any]] | None = None
+        self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
         self._capture: _Conclude | None = None
         # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
         self.trace: tracing.TraceParent | None = None
@@ -327,7 +329,7 @@ class AgentCore:
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
         system = self.prompt.render(self.variables)
-        specs = self.tools.specs()
+        specs = tuple(self.tools.specs())
         last = self._last_header
         if last is None or last[0] is not system or last[1] != specs:
             self._last_header = (system, specs)
@@ -336,8 +338,8 @@ class AgentCore:
             session_id=self.session_id,
             model=self.model_name,
             system=system,
-            messages=HistoryView(self.history),
-            tools=tuple(specs),
+            messages=self.history.view(),
+            tools=specs,
             signal=signal,
             max_tokens=self.options.max_tokens,
             turn=turn,
@@ -364,8 +366,7 @@ class AgentCore:
             "content": content,
             "source": dict(message["source"]),
         }
-        self.log.append("user/message", {"message": entry})
-        self.history.append({"role": "user", "content": content})
+        self.history.note(self.log.append("user/message", {"message": entry}))
 
     def _log_assistant(
         self, response: ModelResponse, calls: Sequence[ToolCall]
@@ -398,20 +399,18 @@ class AgentCore:
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
-        self.log.append(
-            "assistant/message",
-            data,
-            prechecked=(checked is not None or not usage) and is_lossless(message),
+        self.history.note(
+            self.log.append(
+                "assistant/message",
+                data,
+                prechecked=(checked is not None or not usage) and is_lossless(message, 1),
+            )
         )
         if usage:
             if checked is None:
                 self.usage.charge(usage, cost)
             else:
                 self.usage.charge_checked(checked, usage, cost)
-        entry: dict[str, Any] = {"role": "assistant", "content": content}
-        if tool_calls:
-            entry["tool_calls"] = tool_calls
-        self.history.append(entry)
         if self.on_progress is not None:
             event: dict[str, Any] = {"kind": "assistant/message", "content": content}
             if usage:
@@ -589,7 +588,7 @@ class AgentCore:
         if result.code is not None:
             data["code"] = result.code
         try:
-            self.log.append("tool/result", data)
+            event = self.log.append("tool/result", data)
         except (TypeError, ValueError) as exc:
             # The tool's content is not lossless JSON (or too big): the model gets the failure.
             result = _synthetic(TOOL_FAILED, f"the tool returned content the log refused: {exc}")
@@ -600,16 +599,8 @@ class AgentCore:
                 "is_error": True,
                 "code": TOOL_FAILED,
             }
-            self.log.append("tool/result", data)
-        self.history.append(
-            {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "name": name,
-                "content": data["content"],
-                "is_error": data["is_error"],
-            }
-        )
+            event = self.log.append("tool/result", data)
+        self.history.note(event)
         if self.on_progress is not None:
             self._progress(
                 {

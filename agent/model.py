@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgpack
 
 from agent.errors import ModelError
-from agent.jsoncheck import check_json, repair_surrogates
+from agent.jsoncheck import check_json, is_lossless, repair_surrogates
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -90,7 +90,16 @@ def arguments_problem(arguments: object) -> str | None:
     Never recurses on the value's own depth, so no nesting (nor a cycle) can raise
     `RecursionError`: the depth is measured level by level, and the lossless-JSON check runs
     only on what is known to be shallow."""
-    if not isinstance(arguments, Mapping):
+    if type(arguments) is dict:
+        for x in arguments.values():
+            t = type(x)
+            if t is dict or t is list:
+                break
+        else:
+            # Flat (the common case): no depth to measure; any other container type in it is
+            # refused by the lossless check below.
+            return None if is_lossless(arguments) else _json_problem(arguments)
+    elif not isinstance(arguments, Mapping):
         return f"arguments must be an object, got {type(arguments).__name__}"
     level: list[Any] = [arguments]
     for _ in range(MAX_ARGUMENT_DEPTH):
@@ -104,8 +113,12 @@ def arguments_problem(arguments: object) -> str | None:
             break
     else:
         return f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    return _json_problem(arguments if type(arguments) is dict else dict(arguments))
+
+
+def _json_problem(arguments: dict[Any, Any]) -> str | None:
     try:
-        check_json(arguments if type(arguments) is dict else dict(arguments), where="arguments")
+        check_json(arguments, where="arguments")
     except TypeError as exc:
         text = str(exc)
         if len(text) > _MAX_PROBLEM_CHARS:

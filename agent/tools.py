@@ -183,9 +183,12 @@ class Tool:
 
     def argument_errors(self, arguments: object) -> list[str]:
         """Validation messages for `arguments`, empty when they fit `parameters`."""
-        if not isinstance(arguments, Mapping):
+        if type(arguments) is dict:
+            instance = arguments  # the common case, without the ABC check
+        elif not isinstance(arguments, Mapping):
             return [f"arguments must be an object, got {type(arguments).__name__}"]
-        instance = arguments if isinstance(arguments, dict) else dict(arguments)
+        else:
+            instance = dict(arguments)
         try:
             fast = self._fast_check
             if fast is not None and fast(instance):
@@ -314,7 +317,7 @@ class ToolScope:
         self._restrictions: list[_Restriction] = []
         self._version = next(_versions)
         self._specs_key: tuple[int, ...] | None = None
-        self._specs: list[ToolSpec] = []
+        self._specs: tuple[ToolSpec, ...] = ()
 
     @property
     def registry(self) -> ToolRegistry:
@@ -420,7 +423,8 @@ class ToolScope:
         return [n for n in base if n not in self._scoped] + list(self._scoped)
 
     def _admitted(self, name: str) -> bool:
-        return all(r.admits(name) for r in self._restrictions)
+        restrictions = self._restrictions
+        return not restrictions or all(r.admits(name) for r in restrictions)
 
     def resolve(self, name: str) -> Tool | None:
         """The tool `name` names for this agent, or None when absent or hidden.
@@ -452,7 +456,7 @@ class ToolScope:
                 tool = self.resolve(n)
                 if tool is not None:
                     specs.append(tool.spec())
-            self._specs, self._specs_key = specs, key
+            self._specs, self._specs_key = tuple(specs), key
         return list(self._specs)
 
     def is_concurrency_safe(self, name: str) -> bool:

@@ -28,13 +28,14 @@ import argparse
 import gc
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gevent
 from gevent.event import Event as GEvent
 
 from actors import gevent_actor
+from actors.agent_handle import Agent
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.options import AgentOptions
@@ -46,7 +47,7 @@ from benchmarks._measure import ratio as _ratio
 from benchmarks._measure import rss_bytes as _rss_bytes
 from providers.inprocess import SpawnProvider
 from subagent.runtime import Runtime
-from subagent.service import SteerableRunHandle
+from subagent.service import RunHandle, SteerableRunHandle
 from subagent.types import SubagentStartRequest, text_block
 from supervision.signal import AbortController
 
@@ -366,10 +367,10 @@ def _steer(n: int, busy: bool) -> dict[str, Any]:
     acks: list[float] = []
     futures = []
     marks: list[int] = []
-    steps_before = sum(len(r.local_agent.log.events) for r in runs) if busy else 0
+    steps_before = sum(len(_agent(r).log.events) for r in runs) if busy else 0
     t_window = time.perf_counter()
     for run in runs:
-        events = run.local_agent.log.events
+        events = _agent(run).log.events
         mark = len(events)
         t_call = time.time()
         assert isinstance(run, SteerableRunHandle)
@@ -382,7 +383,7 @@ def _steer(n: int, busy: bool) -> dict[str, Any]:
                 break
             gevent.sleep(0)
     window_s = time.perf_counter() - t_window
-    events_during = (sum(len(r.local_agent.log.events) for r in runs) - steps_before) if busy else 0
+    events_during = (sum(len(_agent(r).log.events) for r in runs) - steps_before) if busy else 0
     gate.set()
     admissions: list[float] = []
     failures = 0
@@ -422,12 +423,19 @@ def _steer(n: int, busy: bool) -> dict[str, Any]:
     }
 
 
-def _accepted_steer(events: list[Mapping[str, Any]], start: int) -> Mapping[str, Any] | None:
+def _accepted_steer(events: Sequence[Mapping[str, Any]], start: int) -> Mapping[str, Any] | None:
     for i in range(start, len(events)):
         e = events[i]
         if e["type"] == "inbox/accepted" and e["data"]["kind"] == "steer":
             return e
     return None
+
+
+def _agent(run: RunHandle) -> Agent:
+    """A spawned child's own agent (a local run always has one)."""
+    agent = run.local_agent
+    assert agent is not None, f"{run!r} is not a local run"
+    return agent
 
 
 def _check_admission(runs: list[Any], marks: list[int]) -> tuple[int, int, int]:

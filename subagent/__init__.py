@@ -14,7 +14,7 @@ with its step builders (`scripted.text(...)`, `scripted.tool_call(...)`).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads the same names
     from actors.agent_handle import Agent
@@ -264,7 +264,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
+    """Import an exported name's module on first use (PEP 562), so `import subagent` is cheap."""
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'subagent' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
@@ -22,6 +22,11 @@ from rich.tree import Tree
 from agent.usage import add_usage, total_tokens
 from subagent.cli.text import data, shown
 from subagent.tools.delegate import child_labels
+
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from actors.agent_handle import Agent
+    from agent.context import AgentContext
+    from subagent.service import SubagentService
 
 __all__ = ["Node", "TreeModel"]
 
@@ -67,7 +72,7 @@ class TreeModel:
 
     def __init__(
         self,
-        ctx: Any,
+        ctx: AgentContext,
         root_id: str,
         root_label: str = "root",
         clock: Callable[[], float] = time.monotonic,
@@ -82,7 +87,7 @@ class TreeModel:
         # Infrastructure faults (a log write failed), as `label: cause`, in the order seen.
         self.faults: list[str] = []
 
-    def attach(self, service: Any, root: Any) -> Callable[[], None]:
+    def attach(self, service: SubagentService, root: Agent) -> Callable[[], None]:
         """Subscribe to the service and the root agent; returns the detach function."""
         removers = [
             service.subscribe(self.on_lifecycle),

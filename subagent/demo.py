@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gevent.event import Event
 
@@ -32,9 +32,14 @@ from providers.inprocess import ForkProvider, SpawnProvider
 from subagent.cli.quiet import Quiescence
 from subagent.cli_tree import TreeModel
 from subagent.runtime import Runtime
+from subagent.service import SteerableRunHandle
 from subagent.tools import SubagentToolConfig, install_subagent_tools
 from subagent.types import MessageSource
 from supervision.group import TaskGroup
+
+if TYPE_CHECKING:
+    from agent.loop import TurnOutcome
+    from subagent.service import RunHandle
 
 __all__ = ["ChildPlan", "Demo", "plan_children"]
 
@@ -155,7 +160,7 @@ class Demo:
         """How many grandchildren the plan has (the tree shows children and grandchildren)."""
         return sum(1 for plan in self.plans if plan.grandchild is not None)
 
-    def run(self) -> Any:
+    def run(self) -> TurnOutcome | None:
         """Drive the coordinator until it and every child it started are settled; returns its
         last turn outcome (ended early when the coordinator's own log failed)."""
         with tracing.root_span("subagent demo", {"subagent.children": len(self.plans)}):
@@ -229,7 +234,7 @@ class Demo:
         if plan is not None:
             self.operators.spawn(self._operate, agent_id, plan)
 
-    def _handle(self, agent_id: str) -> Any:
+    def _handle(self, agent_id: str) -> RunHandle | None:
         for handle in self.runtime.subagents.runs():
             if handle.id == agent_id:
                 return handle
@@ -251,8 +256,11 @@ class Demo:
         # Open the gate only once the steer waits in the child's queue: then the very next
         # step boundary admits it, whatever the scheduling. A settled run refuses the steer at
         # once, which opens the gate too.
+        agent = handle.local_agent
+        if agent is None or not isinstance(handle, SteerableRunHandle):
+            raise TypeError(f"the demo steers only its own in-process children, not {handle!r}")
         queued = Event()
-        remove = handle.local_agent.add_steer_listener(lambda _message_id: queued.set())
+        remove = agent.add_steer_listener(lambda _message_id: queued.set())
         try:
             admitted = handle.steer(STEER_TEXT, MessageSource.user())
             admitted.add_done_callback(lambda _f: queued.set())

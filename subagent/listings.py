@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import NotRequired, Protocol, TypedDict
 
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
-from agent.usage import PICO, add_usage, cost_of_events, pico_to_usd, usage_of_events
+from agent.log import SessionLog
+from agent.usage import PICO, UsageAccount, add_usage, cost_of_events, pico_to_usd, usage_of_events
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -25,7 +26,15 @@ from subagent.descriptor import (
     authoritative_descriptor,
 )
 
-__all__ = ["Activation", "ActivationView", "ListingStore", "Listings", "add_subtree_usage"]
+__all__ = [
+    "Activation",
+    "ActivationView",
+    "ChildRow",
+    "ListedAgent",
+    "ListingStore",
+    "Listings",
+    "add_subtree_usage",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +65,50 @@ class _Loaded(Protocol):
 class ListingStore(Protocol):
     """The part of a session store a listing reads."""
 
-    def list(self) -> Sequence[Any]: ...
+    def list(self) -> Sequence[SessionHeader]: ...
 
     def inspect(self, session_id: str) -> _Loaded: ...
 
     def is_held(self, session_id: str) -> bool: ...
+
+
+class ChildRow(TypedDict):
+    """One child as `list_children` / `list_descendants` report it (docs/events.md, "Child
+    rows"). `mode` is `one-shot`, `continuable` or `unknown` (an unreadable log, which then
+    has an `error`); `activity` is `running`, `idle`, `stored`, `running elsewhere`, or a
+    diagnostic. Token and cost fields are there when the child's spend is known."""
+
+    id: str
+    parent_id: str | None
+    depth: int
+    created_at: float
+    has_children: bool
+    mode: str
+    label: str | None
+    activity: str
+    usage: NotRequired[dict[str, int]]
+    cost_usd: NotRequired[float]
+    error: NotRequired[str]
+    # `list_descendants` only: the child's own spend plus every listed descendant's.
+    subtree_usage: NotRequired[dict[str, int]]
+    subtree_cost_usd: NotRequired[float]
+
+
+class ListedAgent(Protocol):
+    """What a listing reads of a live agent (`actors.agent_handle.Agent`): its own header
+    overrides the stored one, its status says whether it runs, its log and account its spend."""
+
+    @property
+    def header(self) -> SessionHeader: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def log(self) -> SessionLog: ...
+
+    @property
+    def usage(self) -> UsageAccount: ...
 
 
 def _untracked(_child_id: str) -> Activation | None:
@@ -73,27 +121,27 @@ class Listings:
     def __init__(
         self,
         store: ListingStore,
-        agents: Mapping[str, Any] | None = None,
+        agents: Mapping[str, ListedAgent] | None = None,
         activations: ActivationView = _untracked,
     ) -> None:
         self._store = store
-        self._agents: Mapping[str, Any] = agents if agents is not None else {}
+        self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
 
-    def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
+    def list_children(self, parent_session_id: str) -> list[ChildRow]:
         """The parent's direct children (live-preferred), ordered by creation time."""
         headers = self._headers()
         parents = {h.parent_session for h in headers.values()}
         mine = [h for h in headers.values() if h.parent_session == parent_session_id]
         return self._rows(mine, parents)
 
-    def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
+    def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         """Every descendant of `root_session_id` (rows carry `parent_id` and `depth`)."""
         headers = self._headers()
-        by_parent: dict[str, list[Any]] = {}
+        by_parent: dict[str, list[SessionHeader]] = {}
         for header in headers.values():
             by_parent.setdefault(header.parent_session or "", []).append(header)
-        found: list[Any] = []
+        found: list[SessionHeader] = []
         seen = {root_session_id}
         frontier = [root_session_id]
         while frontier:
@@ -108,7 +156,7 @@ class Listings:
             frontier = nxt
         return add_subtree_usage(self._rows(found, set(by_parent)))
 
-    def _headers(self) -> dict[str, Any]:
+    def _headers(self) -> dict[str, SessionHeader]:
         """Subagent session headers: stored ones, overridden by the live agents' own."""
         headers = {h.id: h for h in self._store.list() if h.origin == "subagent"}
         for agent_id, agent in list(self._agents.items()):
@@ -116,48 +164,45 @@ class Listings:
                 headers[agent_id] = agent.header
         return headers
 
-    def _rows(self, headers: Sequence[Any], parents: set[str | None]) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
+    def _rows(self, headers: Sequence[SessionHeader], parents: set[str | None]) -> list[ChildRow]:
+        rows: list[ChildRow] = []
         for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
             child_id = header.id
-            row: dict[str, Any] = {
-                "id": child_id,
-                "parent_id": header.parent_session,
-                "depth": header.delegation_depth,
-                "created_at": header.created_at,
-                "has_children": child_id in parents,
-            }
             agent = self._agents.get(child_id)
             try:
-                descriptor, row["usage"], cost = self._descriptor_of(child_id, agent)
-                if cost:
-                    row["cost_usd"] = pico_to_usd(cost)
+                descriptor, usage, cost = self._descriptor_of(child_id, agent)
+                cost_usd = pico_to_usd(cost) if cost else None
             except Exception as exc:  # one unreadable log never hides its siblings
                 log.warning("listing: child %s is unreadable: %s", child_id, exc)
-                row.update(mode="unknown", label=None, activity=_diagnostic(exc), error=str(exc))
+                row = _child_row(header, parents, "unknown", None, _diagnostic(exc))
+                row["error"] = str(exc)
                 rows.append(row)
                 continue
             activation = self._activations(child_id)
-            mode, label = "one-shot", None
+            mode, label, error = "one-shot", None, None
             if isinstance(descriptor, SubagentDescriptor):
                 mode, label = "continuable", descriptor.label
             elif isinstance(descriptor, Unclassifiable):
                 mode = "continuable"
-                row["error"] = descriptor.reason  # e.g. written by a newer runtime
+                error = descriptor.reason  # e.g. written by a newer runtime
             elif activation is not None and activation.label:
                 mode, label = "continuable", activation.label  # before its first request
-            row["mode"] = mode
-            row["label"] = label
             if agent is None:
                 # A remote child (ACP) has no local agent: its live activation says it runs.
                 if activation is not None and activation.running:
-                    row["activity"] = "running"
+                    activity = "running"
                 elif self._held(child_id):
-                    row["activity"] = "running elsewhere"  # another process holds its log
+                    activity = "running elsewhere"  # another process holds its log
                 else:
-                    row["activity"] = "stored"
+                    activity = "stored"
             else:
-                row["activity"] = "running" if agent.status == "running" else "idle"
+                activity = "running" if agent.status == "running" else "idle"
+            row = _child_row(header, parents, mode, label, activity)
+            row["usage"] = usage
+            if cost_usd is not None:
+                row["cost_usd"] = cost_usd
+            if error is not None:
+                row["error"] = error
             rows.append(row)
         return rows
 
@@ -166,10 +211,11 @@ class Listings:
         return bool(self._store.is_held(child_id))
 
     def _descriptor_of(
-        self, child_id: str, agent: Any
+        self, child_id: str, agent: ListedAgent | None
     ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
         """The child's descriptor, its own token usage and cost in picodollars (live: its
         account; else its log)."""
+        events: Sequence[Event]
         if agent is not None:
             events = agent.log.events
             seed_length = agent.header.seed_length
@@ -183,12 +229,27 @@ class Listings:
         return authoritative_descriptor(events, seed_length), usage, cost
 
 
+def _child_row(
+    header: SessionHeader, parents: set[str | None], mode: str, label: str | None, activity: str
+) -> ChildRow:
+    return ChildRow(
+        id=header.id,
+        parent_id=header.parent_session,
+        depth=header.delegation_depth,
+        created_at=header.created_at,
+        has_children=header.id in parents,
+        mode=mode,
+        label=label,
+        activity=activity,
+    )
+
+
 def _diagnostic(exc: BaseException) -> str:
     corrupt = (CorruptSessionError, SessionLogError, DescriptorError)
     return "corrupt" if isinstance(exc, corrupt) else "unavailable"
 
 
-def add_subtree_usage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def add_subtree_usage(rows: list[ChildRow]) -> list[ChildRow]:
     """Give each row of a whole-subtree listing `subtree_usage`: its own usage plus every
     listed descendant's (rows carry `id`, `parent_id`, `depth` and their own `usage`), and
     `subtree_cost_usd` likewise when any of them has a `cost_usd`."""

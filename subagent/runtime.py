@@ -7,9 +7,9 @@ agent, and stops every actor it started, returning only at quiescence.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict, Unpack
 
 from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
@@ -17,7 +17,9 @@ from agent.context import AgentContext
 from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
+from agent.prompt import SystemPrompt
 from agent.store import MemoryStore, SessionStore
+from agent.tools import ToolScope
 from agent.usage import Price, PriceTable
 from subagent import telemetry
 from subagent.errors import SubagentError
@@ -25,7 +27,18 @@ from subagent.service import SubagentService
 from subagent.tasks import TaskService
 from supervision.gc_policy import DEFAULT_FREEZE_EVERY, GcPolicy
 
-__all__ = ["Runtime"]
+__all__ = ["AgentExtras", "Runtime"]
+
+
+class AgentExtras(TypedDict, total=False):
+    """The rest of `Runtime.agent()`'s keywords, passed on to `actors.agents.create_agent`."""
+
+    parent_session: str | None
+    origin: Literal["subagent"] | None
+    delegation_depth: int
+    seed: Sequence[Mapping[str, Any]]
+    tools: ToolScope | None
+    prompt: SystemPrompt | None
 
 
 class Runtime:
@@ -123,7 +136,7 @@ class Runtime:
         options: AgentOptions | None = None,
         cwd: str | None = None,
         session_id: str | None = None,
-        **kwargs: Any,
+        **kwargs: Unpack[AgentExtras],
     ) -> Agent:
         """Create a root agent (depth 0)."""
         self._check_open()

@@ -15,16 +15,17 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
 import gevent
-from pykka import ActorDeadError, Future
+from pykka import ActorDeadError
 
 from actors import gevent_actor
 from actors import registry_actor as reg
+from actors.agent_handle import Agent
 from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
@@ -32,14 +33,19 @@ from actors.local import start_local
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
+from agent import tracing
+from agent.context import AgentContext
 from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
-from subagent.listings import Listings
+from subagent.listings import ChildRow, Listings
+from subagent.live import LiveAgents, live_agent
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
+    ContentBlock,
     MessageSource,
+    Resumable,
     SubagentProvider,
     SubagentResult,
     SubagentResumeRequest,
@@ -48,6 +54,7 @@ from subagent.types import (
 )
 from supervision.group import TaskGroup
 from supervision.offload import offload
+from supervision.signal import AbortSignal
 from supervision.supervisor import ChildSpec, Supervisor, SupervisorClosedError
 
 __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
@@ -55,6 +62,9 @@ __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Mapping[str, Any]], None]
+# What a caller may steer or message a child with: text, or a list of content blocks
+# (`actors.agent_messages.check_content` checks it at the call).
+Content = str | Sequence[ContentBlock]
 
 # How long a run actor may take to dispose its run when its supervisor stops it (an ACP child's
 # teardown graces fit well inside) before the supervisor kills the actor.
@@ -112,8 +122,9 @@ class RunHandle:
         self.started_at = time.monotonic()
         self.result = result
         self._disposed = False
+        # The run's actor: the child's `AgentActor` for a local run, else its `RunActor`.
         self.ref: Any = None
-        self._trace: Any = None  # the activation's span (agent.tracing.Activation), if tracing
+        self._trace: tracing.Activation | None = None  # the activation's span, if tracing
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} provider={self.provider} run_id={self.run_id}>"
@@ -124,8 +135,9 @@ class RunHandle:
         return run_id
 
     @property
-    def local_agent(self) -> Any:
-        return self._run.local_agent
+    def local_agent(self) -> Agent | None:
+        agent = self._run.local_agent  # the seam's view of it; the face's own class in-process
+        return agent if isinstance(agent, Agent) else None
 
     @property
     def message_id(self) -> str:
@@ -143,7 +155,7 @@ class RunHandle:
         agent = self.local_agent
         return {} if agent is None else dict(agent.usage.subtree)
 
-    def cancel(self, cause: Any = None) -> None:
+    def cancel(self, cause: object = None) -> None:
         """Abort the activation; the result settles `aborted` unless it already completed."""
         try:  # noqa: SIM105 - no context manager on this hot path
             self.ref.tell(CancelRun(cause))
@@ -168,9 +180,13 @@ class SteerableRunHandle(RunHandle):
 
     __slots__ = ()
 
-    def steer(self, content: Any, source: MessageSource | None = None) -> Future[None]:
-        """Fulfils once the child's running turn admitted the message at a step boundary."""
-        reply: Deferred[Any] = Deferred()
+    def steer(
+        self, content: Content, source: MessageSource | None = None
+    ) -> GeventFuture[str | None]:
+        """Fulfils once the child's running turn admitted the message at a step boundary: with
+        the admitted message's id for a local child, with what the provider's `steer` gives
+        (None, by the seam) for a remote one."""
+        reply: Deferred[str | None] = Deferred()
         message = Steer(check_content(content), source or MessageSource.user(), reply)
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
@@ -198,7 +214,7 @@ class SubagentService:
 
     def __init__(
         self,
-        ctx: Any,
+        ctx: AgentContext,
         *,
         max_children: int | None = None,
         max_children_per_parent: int | None = None,
@@ -218,7 +234,7 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        self._listings = Listings(ctx.store, ctx.agents, self._continuation.activation)
+        self._listings = Listings(ctx.store, LiveAgents(ctx), self._continuation.activation)
         ctx.lifecycle.on_published(self._on_agent_published)
         ctx.lifecycle.on_closing(self._on_parent_closing)
         ctx.lifecycle.on_cancelled(self._on_parent_cancelled)
@@ -227,19 +243,23 @@ class SubagentService:
 
     def register(self, provider: SubagentProvider) -> Callable[[], None]:
         """Register a provider; returns its unregister function. Removal blocks new starts only."""
-        self._ask(reg.Register(provider))
+        with _registry_open():
+            self._ref.ask(reg.Register(provider), block=True)
 
         def unregister() -> None:
-            self._ask(reg.Unregister(provider))
+            with _registry_open():
+                self._ref.ask(reg.Unregister(provider), block=True)
 
         return unregister
 
     def providers(self) -> list[SubagentProvider]:
-        result: list[SubagentProvider] = self._ask(reg.Providers())
+        with _registry_open():
+            result: list[SubagentProvider] = self._ref.ask(reg.Providers(), block=True)
         return result
 
     def get(self, name: str) -> SubagentProvider | None:
-        result: SubagentProvider | None = self._ask(reg.GetProvider(name))
+        with _registry_open():
+            result: SubagentProvider | None = self._ref.ask(reg.GetProvider(name), block=True)
         return result
 
     # -- events -----------------------------------------------------------------------------------
@@ -249,11 +269,13 @@ class SubagentService:
         and must return quickly; one that raises is logged and the others still run."""
         if not callable(listener):
             raise TypeError("listener must be callable")
-        self._ask(reg.Subscribe(listener, parent_id))
+        with _registry_open():
+            self._ref.ask(reg.Subscribe(listener, parent_id), block=True)
 
         def remove() -> None:
             if self._ref.is_alive():
-                self._ask(reg.Unsubscribe(listener, parent_id))
+                with _registry_open():
+                    self._ref.ask(reg.Unsubscribe(listener, parent_id), block=True)
 
         return remove
 
@@ -267,17 +289,17 @@ class SubagentService:
 
         return remove
 
-    def _on_agent_published(self, agent: Any) -> None:
+    def _on_agent_published(self, agent: Agent) -> None:
         # Attached before the child's first turn runs, so a UI sees every event of it.
         if self._progress and agent.header.origin == "subagent":
             agent.add_progress_listener(self._relay_progress)
         self._account_for(agent)
 
-    def _account_for(self, agent: Any) -> None:
+    def _account_for(self, agent: Agent) -> None:
         """Link a new agent's usage account under its parent's (a subtree's spend counts
         against every ancestor's budget) and have a used-up budget cancel its descendants."""
         account = agent.usage
-        parent = self._ctx.agents.get(agent.header.parent_session or "")
+        parent = live_agent(self._ctx, agent.header.parent_session or "")
         if parent is not None:
             account.attach(parent.usage)
         if account.limit is None and account.cost_limit is None:
@@ -316,7 +338,8 @@ class SubagentService:
 
     def runs(self, parent_id: str | None = None) -> list[RunHandle]:
         """The live runs (all, or one parent's), from the registry's run table."""
-        runs: list[RunHandle] = self._ask(reg.Runs(parent_id))
+        with _registry_open():
+            runs: list[RunHandle] = self._ref.ask(reg.Runs(parent_id), block=True)
         return runs
 
     @property
@@ -372,19 +395,32 @@ class SubagentService:
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
-        known = self._ask(reg.Known(name))
+        with _registry_open():
+            known: SubagentProvider | None = self._ref.ask(reg.Known(name), block=True)
         if known is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
+        if not isinstance(known, Resumable):
+            # The registry refuses it as well; checked here first, so `known.resume` is typed
+            # and nothing is admitted for a resume that cannot run.
+            raise SubagentError(
+                "UNSUPPORTED_CAPABILITY", f"provider {known.name!r} cannot resume children"
+            )
         ticket = next(self._tickets)
-        provider, run_id, _ = self._admit(reg.AdmitResume(known, ticket, parent_id), request.signal)
+        # The registry admits `known` itself (a resume names its provider, registered or not).
+        _admitted, run_id, _ = self._admit(
+            reg.AdmitResume(known, ticket, parent_id), request.signal
+        )
         store = self._ctx.store
-        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, provider)
-        resume = provider.resume
-        return self._launch(provider, run_id, ticket, parent_id, lambda: resume(request), trace)
+        request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, known)
+        resume = known.resume
+        return self._launch(known, run_id, ticket, parent_id, lambda: resume(request), trace)
 
-    def _admit(self, message: Any, signal: Any) -> tuple[Any, str, int | None]:
+    def _admit(
+        self, message: reg.Admit | reg.AdmitResume, signal: AbortSignal
+    ) -> tuple[SubagentProvider, str, int | None]:
+        """The admitted provider, the run id and (for a start) the child's depth."""
         future = self._registry.ask_now(message, block=False)
-        admitted: tuple[Any, str, int | None]
+        admitted: tuple[SubagentProvider, str, int | None]
         if future.done:  # granted at once (a free slot): nothing to withdraw while waiting
             admitted = future.get()
         else:
@@ -403,11 +439,11 @@ class SubagentService:
         if isinstance(outcome, BaseException):
             return
         usage = outcome.extra.get("usage")
-        parent = self._ctx.agents.get(parent_id)
+        parent = live_agent(self._ctx, parent_id)
         if usage and parent is not None:
             parent.usage.charge_remote(usage)
 
-    def _withdraw(self, ticket: int, reason: Any) -> None:
+    def _withdraw(self, ticket: int, reason: object) -> None:
         with contextlib.suppress(ActorDeadError):
             self._ref.tell(reg.Withdraw(ticket, reason))
 
@@ -423,7 +459,7 @@ class SubagentService:
         ticket: int,
         parent_id: str,
         start: Callable[[], SubagentRun],
-        trace: Any = None,
+        trace: tracing.Activation | None = None,
     ) -> RunHandle:
         try:
             run = start()
@@ -440,7 +476,8 @@ class SubagentService:
             handle._trace = trace
             trace.published(run.id)
             # The activation's span ends with its result (a done callback: no greenlet).
-            handle.result.add_done_callback(lambda future: trace.end(outcome_of(future)))
+            result = handle.result
+            result.add_done_callback(lambda _settled: _end_span(trace, result))
         if run.local_agent is None:
             # A remote child's reported spend (ACP) counts in its parent's subtree.
             handle.result.add_done_callback(lambda future: self._charge_remote(parent_id, future))
@@ -500,7 +537,7 @@ class SubagentService:
     def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
-            self._ref.ask(reg.Providers())
+            self._ref.ask(reg.Providers(), block=True)
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 
@@ -514,11 +551,11 @@ class SubagentService:
 
     def send_message(
         self,
-        parent: Any,
+        parent: Agent,
         child_id: str,
-        content: Any,
+        content: Content,
         source: MessageSource,
-        signal: Any = None,
+        signal: AbortSignal | None = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
         if self._closed:
@@ -527,16 +564,16 @@ class SubagentService:
             parent, child_id, check_content(content), source, signal
         )
 
-    def interrupt(self, child_id: str, *, by: Any) -> bool:
+    def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.interrupt(child_id, by=by)
 
-    def list_children(self, parent_session_id: str) -> list[dict[str, Any]]:
+    def list_children(self, parent_session_id: str) -> list[ChildRow]:
         return self._listings.list_children(parent_session_id)
 
-    def list_descendants(self, root_session_id: str) -> list[dict[str, Any]]:
+    def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
@@ -548,7 +585,7 @@ class SubagentService:
         if self._closed:
             raise SupervisorClosedError("the runtime is closing")
         supervisor = Supervisor(f"children of {parent_id}")
-        parent = self._ctx.agents.get(parent_id)
+        parent = live_agent(self._ctx, parent_id)
         grandparent_id = None if parent is None else parent.header.parent_session
         owner = self._supervisors.get(grandparent_id or "", self._root)
         owner.start_child(
@@ -562,13 +599,13 @@ class SubagentService:
         self._supervisors[parent_id] = supervisor
         return supervisor
 
-    def _on_parent_closing(self, agent: Any) -> None:
+    def _on_parent_closing(self, agent: Agent) -> None:
         """Dispose the closing agent's children first (release completes child-first)."""
         supervisor = self._supervisors.pop(agent.id, None)
         if supervisor is not None:
             supervisor.dispose(f"parent {agent.id} closing")
 
-    def _on_parent_cancelled(self, agent: Any, cause: Any) -> None:
+    def _on_parent_cancelled(self, agent: Agent, cause: object) -> None:
         if not self._registry.has_children(agent.id):
             return  # most agents (every leaf child) started no run: no message at all
         with contextlib.suppress(ActorDeadError):
@@ -584,20 +621,33 @@ class SubagentService:
         self._ref.stop(block=True)
         self._relays.close()
 
-    def _ask(self, message: Any) -> Any:
-        try:
-            return self._ref.ask(message)
-        except ActorDeadError:
-            raise SubagentError("RUNTIME_CLOSED") from None
+
+@contextlib.contextmanager
+def _registry_open() -> Iterator[None]:
+    """Around an ask of the registry: a registry already stopped means the runtime closed.
+
+    The reply's type is the message's (each message in `actors.registry_actor` says what it
+    replies); the caller names it where it binds the reply."""
+    try:
+        yield
+    except ActorDeadError:
+        raise SubagentError("RUNTIME_CLOSED") from None
 
 
-def _failed(exc: BaseException) -> GeventFuture[None]:
-    future: GeventFuture[None] = GeventFuture()
+def _end_span(trace: tracing.Activation, result: GeventFuture[SubagentResult]) -> None:
+    """End a run's activation span with its settled result."""
+    outcome = outcome_of(result)
+    trace.end(outcome)
+
+
+def _failed(exc: BaseException) -> GeventFuture[str | None]:
+    future: GeventFuture[str | None] = GeventFuture()
     future.set_exception((type(exc), exc, None))
     return future
 
 
-def _parent_id(parent: Any) -> str:
+def _parent_id(parent: object) -> str:
+    """The id of a request's parent, checked: the request's `parent` is not typed below."""
     parent_id = getattr(parent, "id", None)
     if not isinstance(parent_id, str):
         raise TypeError("request.parent must be an agent (with a string id)")

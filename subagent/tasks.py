@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVarTuple
 
 import gevent
 import pykka
@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+Ts = TypeVarTuple("Ts")
 
 RUNNING: Final = "running"
 COMPLETED: Final = "completed"
@@ -201,7 +203,7 @@ class TaskService:
         greenlet.start()
         return rec.snapshot()
 
-    def watch(self, fn: Callable[..., object], /, *args: Any) -> Greenlet:
+    def watch(self, fn: Callable[[*Ts], object], /, *args: *Ts) -> Greenlet:
         """Run `fn(*args)` in a greenlet the service owns: the settler of an `adopt`ed task,
         which waits for the work running elsewhere and then calls `settle`. `close` kills the
         task first, so the settler normally ends on its own; it is killed after the grace."""

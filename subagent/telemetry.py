@@ -12,10 +12,15 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import tracing
 from subagent.types import SubagentResumeRequest, SubagentStartRequest
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from agent.store import MemoryStore, SessionStore
 
 __all__ = ["begin_resume", "begin_start", "configure_from_env", "first_activation", "flush"]
 
@@ -74,7 +79,7 @@ def begin_resume(
     provider: str,
     run_id: str,
     parent_id: str,
-    store: Any,
+    store: SessionStore | MemoryStore,
     runner: object = None,
 ) -> tuple[SubagentResumeRequest, tracing.Activation | None]:
     """A resumed activation's span: under the caller's span, linked to the child's first."""
@@ -102,7 +107,7 @@ def begin_resume(
     return replace(request, trace=activation.parent), activation
 
 
-def first_activation(store: Any, child_id: str) -> Mapping[str, Any] | None:
+def first_activation(store: SessionStore | MemoryStore, child_id: str) -> Mapping[str, Any] | None:
     """The traceparent carrier recorded with a continuable child's descriptor, if any."""
     try:
         header = store.header(child_id)
@@ -126,7 +131,9 @@ def _unparented(name: str) -> tracing.TraceParent | None:
     return tracing.TraceParent(Context(), name=name)
 
 
-def _child_depth(parent: Any) -> int | None:
+def _child_depth(parent: object) -> int | None:
+    """The child's depth from its parent's, where the parent tells one (a request's `parent`
+    is untyped at the seam)."""
     depth = getattr(parent, "depth", None)
     return depth + 1 if isinstance(depth, int) else None
 
@@ -198,7 +205,7 @@ def _queue_size(env: Mapping[str, str]) -> int:
     return size
 
 
-def _otlp_exporter(env: Mapping[str, str]) -> Any:
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     protocol = (
         env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -214,7 +221,8 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
                 "OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc; the `otel` extra "
                 "ships http/protobuf (the default protocol)"
             ) from exc
-        return OTLPSpanExporter()
+        grpc: SpanExporter = OTLPSpanExporter()  # an optional package, untyped when absent
+        return grpc
     if protocol != "http/protobuf":
         raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: unsupported protocol {protocol!r}")
     try:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import gevent
-from gevent.event import Event
 from gevent.hub import Waiter
 
 from supervision.errors import AbortError
@@ -30,13 +29,14 @@ class AbortSignal:
     """Observes one cancellation. Listeners run once, in registration order, on the aborting
     greenlet; one that raises is logged and the rest still run."""
 
-    __slots__ = ("__weakref__", "_aborted", "_event", "_listeners", "_reason")
+    __slots__ = ("__weakref__", "_aborted", "_listeners", "_reason", "_waiters")
 
     def __init__(self) -> None:
         self._aborted = False
         self._reason: object = None
         self._listeners: dict[int, Listener] | None = {}
-        self._event: Event | None = None
+        # Greenlets blocked in `wait`, each by its own Waiter: released from the hub on abort.
+        self._waiters: set[Waiter[None]] | None = None
 
     def __repr__(self) -> str:
         return f"<AbortSignal aborted={self._aborted} reason={self._reason!r}>"
@@ -81,26 +81,30 @@ class AbortSignal:
         """Block this greenlet until the signal aborts; returns whether it did."""
         if self._aborted:
             return True
-        event = self._event
-        if event is None:
-            event = self._event = Event()
+        # A bare Waiter, released by a loop timer or by `_abort` (through a hub callback), and
+        # unregistered whichever way the wait ends. gevent's timed `Event.wait` throws a
+        # `Timeout` into the waiting greenlet (an exception per wait, ~3x the CPU of a sleep),
+        # and even its untimed links cost a notifier per wake-up; a scripted model waits like
+        # this on every model call.
+        hub = gevent.get_hub()
+        waiter: Waiter[None] = Waiter(hub)
+        waiters = self._waiters
+        if waiters is None:
+            waiters = self._waiters = set()
+        waiters.add(waiter)
         if timeout is None:
-            event.wait()
+            try:
+                waiter.get()
+            finally:
+                waiters.discard(waiter)
             return self._aborted
-        # A timed wait without gevent's Timeout: that one is raised into the waiting greenlet
-        # (an exception thrown and caught per wait, ~3x the CPU of a sleep), and a scripted
-        # model waits like this on every model call. Here the hub switches straight back with
-        # the timer's or the event's callback; both are released whichever way the wait ends.
-        waiter: Waiter[Any] = Waiter()
-        switch = waiter.switch
-        timer = gevent.get_hub().loop.timer(timeout)
-        timer.start(switch, None)
-        event.rawlink(switch)
+        timer = hub.loop.timer(timeout)
+        timer.start(waiter.switch, None)
         try:
             waiter.get()
         finally:
             timer.close()
-            event.unlink(switch)
+            waiters.discard(waiter)
         return self._aborted
 
     @classmethod
@@ -115,8 +119,11 @@ class AbortSignal:
         self._aborted = True
         self._reason = AbortError() if reason is None else reason
         listeners, self._listeners = self._listeners, None
-        if self._event is not None:
-            self._event.set()
+        waiters, self._waiters = self._waiters, None
+        if waiters:
+            run_callback = gevent.get_hub().loop.run_callback
+            for waiter in waiters:
+                run_callback(waiter.switch, None)
         if listeners:
             for fn in listeners.values():
                 _call_listener(fn, self._reason)

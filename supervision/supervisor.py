@@ -136,8 +136,9 @@ class Supervisor:
     """Owns children started from `ChildSpec`s; see the module docstring for the policy.
 
     Every method returns at once except `start_child` (it runs the start function), `stop_child`
-    and `dispose` (they wait for children to end) and `join`. Exit listeners and monitors may run
-    in the hub, so they must not block; spawn a greenlet if they need to.
+    and `dispose` (they wait for children to end), `wait_handled` and `join`. Exit listeners and
+    monitors may run in the hub, so they must not block; spawn a greenlet if they need to.
+    `quiet=True` logs crashes and escalation at DEBUG, for an owner that reports them itself.
     """
 
     def __init__(
@@ -148,6 +149,7 @@ class Supervisor:
         max_restarts: int = 3,
         within_seconds: float = 5.0,
         on_exit: ExitListener | None = None,
+        quiet: bool = False,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -161,10 +163,17 @@ class Supervisor:
             raise TypeError(f"max_restarts must be an int, got {type(max_restarts).__name__}")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        if not isinstance(quiet, bool):
+            raise TypeError(f"quiet must be a bool, got {type(quiet).__name__}")
         self._name = name
         self.strategy: Strategy = strategy
         self.max_restarts = max_restarts
         self.within_seconds = _check_seconds("within_seconds", within_seconds)
+        # An owner that reports crashes and escalation itself, as results (the continuation
+        # manager tells the parent agent), asks for them at DEBUG: a contained crash is not a
+        # line on an unconfigured host's stderr (docs/decisions.md).
+        self._crash_level = logging.DEBUG if quiet else logging.WARNING
+        self._escalation_level = logging.DEBUG if quiet else logging.ERROR
         self._children: dict[str, _Entry] = {}  # in start order; a restart keeps the slot
         self._resources: dict[int, tuple[str, Callable[[], object]]] = {}
         self._resource_keys = 0
@@ -241,6 +250,27 @@ class Supervisor:
             and self._worker is None
             and (g is None or bool(g.dead))
         )
+
+    @property
+    def recent_restarts(self) -> int:
+        """How many restarts fall within the current intensity window (`within_seconds`)."""
+        window_start = _monotonic() - self.within_seconds
+        return sum(1 for t in self._restarts if t >= window_start)
+
+    def wait_handled(self, timeout: float | None = None) -> bool:
+        """Wait until every exit delivered so far has been handled: restarted, forgotten or
+        escalated. Returns whether it was within `timeout` (False at once if called from the
+        restart worker itself). For an owner that acts on the decision, e.g. one that drops its
+        own record of a child once the supervisor forgot it."""
+        current = gevent.getcurrent()
+        deadline = None if timeout is None else _monotonic() + timeout
+        while (worker := self._worker) is not None:
+            if worker is current:
+                return False
+            worker.join(None if deadline is None else max(0.0, deadline - _monotonic()))
+            if not worker.dead:
+                return False
+        return True
 
     def children(self) -> dict[str, Child]:
         """The running children by id, in start order (a snapshot)."""
@@ -378,6 +408,11 @@ class Supervisor:
             return
         if self._children.get(entry.spec.id) is not entry:
             return
+        if self._worker is None and not _should_restart(entry.spec.restart, exit):
+            # Nothing to decide but forgetting it (a temporary child's end, a transient one's
+            # normal end), and no earlier exit waiting: done here, without a restart worker.
+            del self._children[entry.spec.id]
+            return
         self._enqueue(entry, exit)
 
     def _enqueue(self, entry: _Entry, exit: Exit) -> None:
@@ -407,8 +442,13 @@ class Supervisor:
             del self._children[spec.id]
             return
         if exit.kind == "crashed":
-            log.warning(
-                "%s: child %r crashed: %s: %s", self._name, spec.id, exit.exc_type, exit.message
+            log.log(
+                self._crash_level,
+                "%s: child %r crashed: %s: %s",
+                self._name,
+                spec.id,
+                exit.exc_type,
+                exit.message,
             )
         if self._intensity_exceeded():
             self._escalate(spec.id, exit)
@@ -447,7 +487,7 @@ class Supervisor:
             child = _call_start(spec)
         except Exception as exc:
             # A failed restart counts as another failure of that child; the intensity bounds it.
-            log.warning("%s: restarting %r failed: %r", self._name, spec.id, exc)
+            log.log(self._crash_level, "%s: restarting %r failed: %r", self._name, spec.id, exc)
             exit = Exit.crashed(exc)
             entry = _Entry(spec, None, exit)
             self._children[spec.id] = entry
@@ -475,7 +515,7 @@ class Supervisor:
             f"within {self.within_seconds:g} s; last exit: {last.kind}"
             + (f" ({last.exc_type}: {last.message})" if last.exc_type else "")
         )
-        log.error("%s; stopping all children and escalating", message)
+        log.log(self._escalation_level, "%s; stopping all children and escalating", message)
         exc = RestartIntensityExceeded(message)
         self._begin_shutdown(
             exc,
@@ -492,6 +532,18 @@ class Supervisor:
             # cause, and a wave of 10,000 stops does not make 10,000 exceptions.
             reason = AbortError(exit.message or "stop requested")
         self._state = _STOPPING
+        worker = self._worker
+        if (
+            (worker is None or worker is gevent.getcurrent())
+            and not self._resources
+            and not any(e.alive for e in self._children.values())
+        ):
+            # Nothing to stop, kill or close: end here, without a greenlet (an idle supervisor
+            # stopped by its owner, or one escalating from its worker after its last child).
+            self._pending.clear()
+            self._children.clear()
+            self._finish(exit)
+            return
         self._shutdown_greenlet = gevent.spawn(self._shutdown, reason, exit)
 
     def _shutdown(self, reason: object, exit: Exit) -> None:
@@ -511,10 +563,17 @@ class Supervisor:
             self._resources.clear()
             raise
         finally:
-            self._state = _STOPPED
-            self._exit = exit
-            self._notices.deliver(exit)
-            self._done.set()
+            self._finish(exit)
+
+    def _finish(self, exit: Exit) -> None:
+        self._state = _STOPPED
+        self._exit = exit
+        # Done before the listeners run: one that disposes or joins this supervisor from the
+        # caller's own greenlet (an idle one ends there) must not wait on itself. Joiners
+        # elsewhere still wake after them: they run only once this greenlet yields, and the
+        # shutdown greenlet's joiners wait for that greenlet too.
+        self._done.set()
+        self._notices.deliver(exit)
 
     def _stop_wave(self, entries: Iterable[_Entry], reason: object) -> None:
         """Ask all `entries` to stop at once, kill each when its grace is over, wait for all."""

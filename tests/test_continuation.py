@@ -26,6 +26,7 @@ from subagent.types import (
     MessageSource,
     SubagentCapabilities,
     SubagentResumeRequest,
+    SubagentRun,
     SubagentStartRequest,
     ToolRestriction,
     text_block,
@@ -750,6 +751,47 @@ def test_raw_resume_dispatches_a_resolved_request(k: Kit) -> None:
     last = [e for e in events if e["type"] == "user/message"][-1]
     assert last["data"]["message"]["source"] == source.to_json()
     assert len(k.runtime.tasks.list(parent.id)) == 1  # the raw operation owns no task
+
+
+class _StartOnly:
+    """A provider that can start children but not resume them (no `resume` method)."""
+
+    name = "start-only"
+    inherits_parent_context = False
+
+    def __init__(self, inner: SpawnProvider) -> None:
+        self._inner = inner
+        self.capabilities = inner.capabilities
+
+    def start(self, request: SubagentStartRequest) -> SubagentRun:
+        return self._inner.start(request)
+
+
+def test_raw_resume_with_a_provider_that_cannot_resume_is_refused_before_admission(
+    tmp_path: Path,
+) -> None:
+    # The service narrows the provider to `Resumable` before it asks for a slot (the registry
+    # refuses it too): a clean code, and no admission slot held by the refused resume.
+    with kit(store=SessionStore(tmp_path), max_children=1) as k:
+        k.service.register(_StartOnly(SpawnProvider()))
+        parent = k.parent()
+        request = SubagentResumeRequest(
+            session_id="s0123456789abcdef",
+            prompt=[text_block("go")],
+            source=MessageSource("subagent-report"),
+            parent=parent,
+            signal=AbortController().signal,
+            descriptor=SubagentDescriptor(
+                provider="start-only", label="x", model="scripted:default"
+            ),
+        )
+        with pytest.raises(SubagentError) as caught:
+            k.service.resume(request)
+        assert caught.value.code == "UNSUPPORTED_CAPABILITY"
+        # The one slot is still free: a start is admitted and completes.
+        run = k.service.start("start-only", k.request(parent, "after"))
+        assert run.result.get(timeout=5).output == [text_block("done: after")]
+        run.dispose()
 
 
 def test_depth_comes_from_the_stored_header(k: Kit) -> None:

@@ -12,7 +12,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-from seam_kit import kit, wait_until
+from seam_kit import Kit, kit, wait_until
 
 from agent.models import scripted as S
 from agent.store import MemoryStore
@@ -129,3 +129,67 @@ def test_model_requests_view_the_history_without_copying_it() -> None:
         assert [m["role"] for m in requests[0].messages] == ["user"]
         assert requests[2].messages[:3] == list(requests[1].messages)
         assert next(reversed(requests[1].messages))["role"] == "tool"
+
+
+def _noop_kit_turn(k: Kit, steps: int) -> None:
+    """One turn of `steps` tool steps (a trivial tool each), then a text answer."""
+    from agent.tools import Tool
+
+    k.runtime.ctx.tools.register(
+        Tool(name="noop", description="noop", parameters={"type": "object"}, fn=lambda a, c: "ok")
+    )
+    k.respond = lambda r: S.tool_call("noop", {"n": r.step}) if r.step <= steps else S.text("ok")
+
+
+def test_the_conversation_is_held_once_by_the_log() -> None:
+    """A request's messages are read from the log's events (what the log holds, exactly), and
+    each read is a fresh copy: mutating what one request was given changes neither the log nor
+    what the next request sees (the history no longer shares its dicts with anyone)."""
+    from agent.history import history_from_events
+
+    with kit() as k:
+        _noop_kit_turn(k, 2)
+        agent = k.parent()
+        agent.send("go").get(timeout=5)
+        agent.when_idle().get(timeout=5)
+        requests = k.model.requests_for(agent.id)
+        assert [len(r.messages) for r in requests] == [1, 3, 5]
+        first = requests[1].messages[1]
+        first["content"].append({"type": "text", "text": "mutated"})
+        first["tool_calls"][0]["arguments"]["n"] = 99
+        assert requests[2].messages[1]["content"] == []
+        assert requests[2].messages[1]["tool_calls"][0]["arguments"] == {"n": 1}
+        logged = history_from_events(k.store.load(agent.id).events)
+        assert list(requests[2].messages) == logged[:5]
+        assert logged[1]["tool_calls"][0]["arguments"] == {"n": 1}
+
+
+def test_a_long_turn_adds_no_tracked_object_per_message(default_collector: None) -> None:
+    """The conversation costs the cyclic collector nothing per message: a 60-step turn leaves
+    the live agent holding no more tracked objects than a 2-step turn (a list of message dicts
+    held ~6 per step)."""
+
+    from agent.tools import Tool
+
+    def tracked_after(steps: int) -> int:
+        def respond(request: object) -> S.Step:
+            step = request.step  # type: ignore[attr-defined]
+            return S.tool_call("noop", {"n": step}) if step <= steps else S.text("ok")
+
+        # record=False: the scripted model keeps no requests (each holds a view).
+        model = S.ScriptedModel(respond, record=False)
+        with Runtime(store=MemoryStore(), scripted=model, gc_policy=False) as rt:
+            rt.ctx.tools.register(
+                Tool(name="noop", description="", parameters={"type": "object"}, fn=lambda a, c: "")
+            )
+            agent = rt.agent()
+            gc.collect()
+            before = len(gc.get_objects())
+            agent.send("go").get(timeout=5)
+            agent.when_idle().get(timeout=5)
+            gc.collect()
+            return len(gc.get_objects()) - before
+
+    tracked_after(2)  # warm every cache the path fills once
+    short, long = tracked_after(2), tracked_after(60)
+    assert long - short < 58, f"{(long - short) / 58:.1f} tracked objects per extra step"

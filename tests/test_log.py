@@ -609,3 +609,73 @@ def test_checkpoint_point_is_checked() -> None:
         make_log(RecordingSink()).checkpoint("request")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         make_log(RecordingSink(), "sometimes")
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+_TEXT = [{"type": "text", "text": "ok"}]
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        # The step's own shapes skip the walk (agent.log._PLAIN); each value here differs from
+        # such a shape in one place the walk must still see, so the append refuses it as before.
+        ("tool/result", {**result("c"), "content": [{"type": "text", "text": math.nan}]}),
+        ("tool/result", {**result("c"), "content": [{"type": "text", "text": "x", 1: "y"}]}),
+        ("tool/result", {**result("c"), "content": [{"type": "text", "n": math.inf}]}),
+        ("tool/result", {**result("c"), "extra": {1: "x"}}),
+        ("tool/result", {**result("c"), "content": [{"type": "image", "data": math.nan}]}),
+        ("assistant/message", {"message": {**assistant()["message"], "content": [{3: "x"}]}}),
+        (
+            "assistant/message",
+            {
+                **assistant(["c"]),
+                "message": {
+                    **assistant(["c"])["message"],
+                    "tool_calls": [{"id": "c", "name": "t", "arguments": {"x": math.nan}}],
+                },
+            },
+        ),
+        (
+            "assistant/message",
+            {
+                **assistant(["c"]),
+                "message": {
+                    **assistant(["c"])["message"],
+                    "tool_calls": [{"id": "c", "name": "t", "arguments": _deep(197)}],
+                },
+            },
+        ),
+        ("assistant/message", {**assistant(), "usage": {"input_tokens": math.inf}}),
+        ("assistant/message", {**assistant(), "usage": {1: 2}}),
+    ],
+)
+def test_the_step_shapes_that_skip_the_walk_still_refuse_what_it_refuses(
+    kind: str, data: dict[str, Any]
+) -> None:
+    from agent.jsoncheck import is_lossless
+
+    assert not is_lossless(data)
+    log = make_log(RecordingSink())
+    log.append("turn/start", {"turn": 1})
+    log.append("user/message", user())
+    log.append("step/start", {"turn": 1, "step": 1})
+    log.append("assistant/message", assistant(["c"]))
+    log.append("tool/call", call("c"))
+    with pytest.raises(TypeError, match=rf"{kind}\.data"):
+        log.append(kind, data)
+    assert len(log.events) == 5
+    # The plain shapes themselves are accepted (and logged as given).
+    log.append("tool/result", {**result("c"), "content": _TEXT, "code": "X"})
+    log.append("step/end", {"turn": 1, "step": 1})
+    log.append("step/start", {"turn": 1, "step": 2})
+    deep_enough = {**assistant(["d"])["message"]}
+    deep_enough["tool_calls"] = [{"id": "d", "name": "t", "arguments": _deep(195)}]
+    log.append("assistant/message", {"message": deep_enough, "finish": "tool_calls"})
+    assert log.events[-1]["data"]["message"]["tool_calls"][0]["arguments"] == _deep(195)

@@ -245,6 +245,16 @@ def test_install_refuses_a_config_the_provider_cannot_honour(env: Env) -> None:
     assert "subagent" not in env.rt.ctx.tools
 
 
+def test_install_takes_a_runtime_a_context_or_an_agent_and_refuses_anything_else(
+    env: Env,
+) -> None:
+    agent = env.rt.agent()
+    for target in (env.rt, env.rt.ctx, agent):
+        install_subagent_tools(target, tools=["spawn"])()
+    with pytest.raises(TypeError, match="Runtime, an AgentContext or an Agent"):
+        install_subagent_tools(object(), env.rt.subagents)  # type: ignore[arg-type]
+
+
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
         SubagentToolConfig("spawn", max_depth=-1)
@@ -296,11 +306,9 @@ def test_at_the_depth_cap_the_tool_is_hidden_and_a_forged_call_refused(
 def test_the_depth_cap_is_also_refused_at_run_time(env: Env) -> None:
     tool = subagent_tool(env.rt.subagents, SubagentToolConfig("spawn", max_depth=2))
 
-    class Deep:
-        depth = 2
-        id = "deep"
-
-    ctx = ToolContext(agent=Deep(), session_id="deep", call_id="c1", signal=AbortSignal.never())
+    deep = env.rt.agent(delegation_depth=2)
+    assert deep.depth == 2
+    ctx = ToolContext(agent=deep, session_id=deep.id, call_id="c1", signal=AbortSignal.never())
     with pytest.raises(ToolError) as info:
         tool.fn(call("x", "y"), ctx)
     assert info.value.code == "DEPTH_EXCEEDED"

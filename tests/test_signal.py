@@ -153,6 +153,20 @@ def test_timed_waits_in_many_greenlets_each_time_out_and_a_killed_one_is_release
     assert not signal.aborted
 
 
+def test_one_abort_releases_every_waiter_timed_or_not_and_none_is_kept() -> None:
+    c = AbortController()
+    signal = c.signal
+    done = [gevent.spawn(signal.wait, 0.001) for _ in range(3)]
+    assert [g.get(timeout=10) for g in done] == [False] * 3
+    assert not signal._waiters  # a finished wait leaves nothing registered
+    parked = [gevent.spawn(signal.wait, 3600 if i % 2 else None) for i in range(10)]
+    gevent.idle()  # every waiter is parked
+    assert len(signal._waiters or ()) == 10
+    c.abort("stop")
+    assert [g.get(timeout=10) for g in parked] == [True] * 10
+    assert signal._waiters is None
+
+
 def test_any_of_takes_first_reason_and_detaches() -> None:
     a, b = AbortController(), AbortController()
     combined = AbortSignal.any_of(a.signal, b.signal)

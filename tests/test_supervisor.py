@@ -713,6 +713,7 @@ def test_bad_child_spec(kwargs: dict[str, Any], error: type[Exception]) -> None:
         ({"within_seconds": float("inf")}, ValueError),
         ({"name": ""}, ValueError),
         ({"name": 3}, TypeError),
+        ({"quiet": "yes"}, TypeError),
     ],
 )
 def test_bad_supervisor_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
@@ -736,3 +737,133 @@ def test_bad_start_child(workers: Workers) -> None:
     assert list(sup.children()) == ["x"]
     sup.dispose()
     assert sup.quiescent
+
+
+# -- for owners that act on the supervisor's decisions (the continuation manager) -----------------
+
+
+def test_recent_restarts_counts_only_the_window(workers: Workers, fake_clock: list[float]) -> None:
+    sup = Supervisor("s", max_restarts=5, within_seconds=10)
+    sup.start_child(workers.spec("x"))
+    assert sup.recent_restarts == 0
+    for n in (2, 3):
+        workers.crash("x")
+        workers.wait_starts("x", n)
+    wait_idle(sup)
+    assert sup.recent_restarts == 2
+    fake_clock[0] += 11  # both restarts fall out of the window
+    assert sup.recent_restarts == 0
+    workers.crash("x")
+    workers.wait_starts("x", 4)
+    wait_idle(sup)
+    assert sup.recent_restarts == 1
+    sup.dispose()
+
+
+class ManualChild:
+    """A `Child` whose end the test delivers itself, so nothing else runs in between."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.exit: Exit | None = None
+        self._listeners: list[Any] = []
+
+    def request_stop(self, reason: object = None) -> None:
+        self.end(Exit("cancelled"))
+
+    def kill(self) -> None:
+        self.end(Exit("cancelled"))
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.exit is not None
+
+    def add_exit_listener(self, fn: Any) -> None:
+        if self.exit is not None:
+            fn(self.exit)
+        else:
+            self._listeners.append(fn)
+
+    def end(self, exit: Exit) -> None:
+        if self.exit is None:
+            self.exit = exit
+            for fn in self._listeners:
+                fn(exit)
+
+
+def test_wait_handled_returns_after_the_decision() -> None:
+    started: dict[str, list[ManualChild]] = defaultdict(list)
+
+    def spec(cid: str) -> ChildSpec:
+        def start() -> ManualChild:
+            started[cid].append(ManualChild(cid))
+            return started[cid][-1]
+
+        return ChildSpec(cid, start, restart="transient")
+
+    sup = Supervisor("s")
+    sup.start_child(spec("gone"))
+    sup.start_child(spec("back"))
+    started["back"][-1].end(Exit("crashed", "RuntimeError", "boom"))  # the decision: restart
+    started["gone"][-1].end(Exit("normal"))  # the decision: forget it (after the crash)
+    assert list(sup.children()) == ["gone", "back"]  # ended, not yet handled
+    assert sup.wait_handled(WAIT)
+    assert list(sup.children()) == ["back"]
+    assert len(started["back"]) == 2
+    assert sup.wait_handled(0)  # nothing pending: at once
+    sup.dispose()
+    assert sup.quiescent
+
+
+def test_an_end_that_only_needs_forgetting_is_handled_at_once() -> None:
+    """No restart worker for a temporary child's end or a transient one's normal end."""
+    started: list[ManualChild] = []
+
+    def start() -> ManualChild:
+        started.append(ManualChild(f"c{len(started)}"))
+        return started[-1]
+
+    sup = Supervisor("s")
+    sup.start_child(ChildSpec("once", start, restart="temporary"))
+    sup.start_child(ChildSpec("maybe", start, restart="transient"))
+    started[0].end(Exit("crashed", "RuntimeError", "boom"))
+    started[1].end(Exit("normal"))
+    assert sup.children() == {}  # both forgotten in the exit listener itself
+    assert sup._worker is None
+    sup.dispose()
+    assert sup.quiescent
+
+
+def test_an_idle_supervisor_stops_without_a_greenlet() -> None:
+    notices: list[Exit] = []
+    sup = Supervisor("idle", on_exit=notices.append)
+    sup.request_stop("not needed")
+    assert [n.kind for n in notices] == ["cancelled"]  # delivered before request_stop returned
+    assert sup.quiescent
+    sup.dispose()  # idempotent
+
+    # A listener that disposes and joins the idle supervisor it is told about does not wait on
+    # itself, although it runs in the greenlet that stopped it.
+    seen: list[bool] = []
+    again = Supervisor("idle again")
+    again.add_exit_listener(lambda _exit: (again.dispose(), seen.append(again.join(0))))
+    again.dispose()
+    assert seen == [True]
+
+
+def test_a_quiet_supervisor_logs_crashes_and_escalation_at_debug_only(
+    workers: Workers, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="supervision.supervisor")
+    for quiet in (False, True):
+        caplog.clear()
+        sup = Supervisor("s", max_restarts=1, quiet=quiet)
+        cid = f"x-{quiet}"
+        sup.start_child(workers.spec(cid))
+        workers.crash(cid)
+        workers.wait_starts(cid, 2)
+        workers.crash(cid)
+        assert sup.join(WAIT)
+        assert sup.exit is not None and sup.exit.kind == "crashed"  # quiet escalates the same
+        levels = {r.levelno for r in caplog.records if r.name == "supervision.supervisor"}
+        expected = {logging.DEBUG} if quiet else {logging.WARNING, logging.ERROR}
+        assert levels == expected, (quiet, caplog.records)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -522,6 +523,27 @@ def test_a_call_refused_at_construction_is_invalid_args_and_never_runs() -> None
     assert ToolCall("c", "t", cyclic).invalid is not None
     # An unknown tool is still reported as unknown first.
     assert scope.execute(ToolCall("c", "nope", _deep(500)), ctx()).code == UNKNOWN_TOOL
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"x": math.nan}, "arguments.x"),
+        ({"x": math.inf}, "arguments.x"),
+        ({"x": (1, 2)}, "arguments.x: tuple"),
+        ({"x": 2**64}, "arguments.x: integer"),
+        ({1: "x"}, "key 1"),
+        ({"x": b"raw"}, "arguments.x: bytes"),
+    ],
+)
+def test_flat_arguments_are_screened_as_strictly_as_nested_ones(
+    arguments: dict[Any, Any], named: str
+) -> None:
+    """Flat arguments (no dict or list inside) skip the depth walk, not the lossless check."""
+    call = ToolCall("c", "t", arguments)
+    assert call.arguments == {} and call.invalid is not None and named in call.invalid
+    assert ToolCall("c", "t", {"wrap": arguments}).invalid is not None
+    assert ToolCall("c", "t", {"x": 1, "y": "s", "z": None, "w": 1.5}).invalid is None
 
 
 def _properties_chain(depth: int) -> dict[str, Any]:

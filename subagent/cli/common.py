@@ -7,9 +7,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
 
 from subagent.cli.text import DataConsole
 from subagent.errors import CliError, UsageError
@@ -17,6 +17,7 @@ from subagent.errors import CliError, UsageError
 if TYPE_CHECKING:  # imported where used, to keep the command's start fast
     from agent.models import ModelRegistry
     from agent.store import SessionStore
+    from subagent.listings import ChildRow, Listings
 
 __all__ = [
     "EXIT_ERROR",
@@ -25,6 +26,7 @@ __all__ = [
     "EXIT_USAGE",
     "CliError",
     "Parser",
+    "Subcommands",
     "UsageError",
     "answer_text",
     "flat_text",
@@ -118,6 +120,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(EXIT_USAGE)
+
+
+class Subcommands(Protocol):
+    """What each command module's `register` uses of `add_subparsers(parser_class=Parser)`'s
+    result (argparse names that class only privately)."""
+
+    def add_parser(self, name: str, *, help: str) -> Parser: ...
 
 
 def make_console(stream: IO[str] | None = None) -> DataConsole:
@@ -221,16 +230,17 @@ def model_route(model: str | None) -> tuple[str, str]:
     return "openai", model
 
 
-def listing_rows(store: Any, listing: Any) -> list[dict[str, Any]]:
+def listing_rows(
+    store: SessionStore, listing: Callable[[Listings], list[ChildRow]]
+) -> list[ChildRow]:
     """One listing over `store` alone: reading the store needs no runtime (nothing is live in
     this process, so every child is stored, or running elsewhere when another process holds it)."""
     from subagent.listings import Listings
 
-    rows: list[dict[str, Any]] = listing(Listings(store))
-    return rows
+    return listing(Listings(store))
 
 
-def require_session(store: Any, session_id: str) -> None:
+def require_session(store: SessionStore, session_id: str) -> None:
     from agent.events import validate_session_id
 
     try:

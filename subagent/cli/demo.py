@@ -7,10 +7,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from subagent.cli.common import EXIT_INTERRUPTED, CliError, home_dir, make_console, positive_int
 from subagent.cli.live import drive, report_stopped
+
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from agent.loop import TurnOutcome
+    from subagent.cli.common import Subcommands
 
 __all__ = ["cmd_demo", "register"]
 
@@ -74,7 +78,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_failure(outcome: Any, faults: list[str]) -> str | None:
+def write_failure(outcome: TurnOutcome | None, faults: list[str]) -> str | None:
     """What failed to be written, naming the cause (e.g. `[Errno 28] No space left on device`),
     or None: a demo whose logs could not all be written did not run as shown."""
     fault = getattr(outcome, "fault", None)
@@ -86,7 +90,7 @@ def write_failure(outcome: Any, faults: list[str]) -> str | None:
     return None
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     demo = sub.add_parser("demo", help="an offline coordinator with N children and a live tree")
     demo.add_argument(
         "--children", type=positive_int, default=8, metavar="N", help="children (default 8)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subagent.cli.common import (
     EXIT_ERROR,
@@ -15,6 +15,10 @@ from subagent.cli.common import (
     open_store,
     print_json,
 )
+
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from agent.store import SessionStore
+    from subagent.cli.common import Subcommands
 
 __all__ = ["GC_STATUSES", "cmd_gc", "register"]
 
@@ -45,7 +49,7 @@ GC_STATUSES = (
 )
 
 
-def _session_state(store: Any, session_id: str) -> tuple[str, float | None]:
+def _session_state(store: SessionStore, session_id: str) -> tuple[str, float | None]:
     """(status, last activity) of a stored session: its last turn's end, or why there is none."""
     try:
         loaded = store.inspect(session_id)
@@ -126,7 +130,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     gc = sub.add_parser("gc", help="delete stored sessions by age or status")
     gc.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 90s, 30m, 12h, 7d")
     gc.add_argument("--status", action="append", choices=GC_STATUSES)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from subagent.cli.common import (
     flat_text,
@@ -19,7 +19,30 @@ from subagent.cli.common import (
     when,
 )
 
-__all__ = ["cmd_log", "cmd_ls", "cmd_tree", "register"]
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from rich.tree import Tree
+
+    from agent.store import SessionStore, UnreadableSession
+    from subagent.cli.common import Subcommands
+    from subagent.listings import ChildRow
+
+__all__ = ["RootRow", "cmd_log", "cmd_ls", "cmd_tree", "register"]
+
+
+class RootRow(TypedDict):
+    """A root session as `subagent ls --json` prints it (docs/events.md): `status` is `stored`,
+    `running elsewhere`, `orphaned (...)` or `corrupt ...`; an unreadable entry has no
+    `created_at` or `cwd`. Its own spend and its stored subtree's, when its log is readable."""
+
+    id: str
+    status: str
+    created_at: float | None
+    cwd: str | None
+    children: int
+    usage: NotRequired[dict[str, int]]
+    cost_usd: NotRequired[float]
+    subtree_usage: NotRequired[dict[str, int]]
+    subtree_cost_usd: NotRequired[float]
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -28,7 +51,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     root = store_root(args)
     # A store nobody wrote yet (no directory) holds no roots: `ls` lists nothing, rc 0.
     store = open_store(args) if args.parent or root.is_dir() else None
-    if args.parent:
+    if args.parent and store is not None:
         require_session(store, args.parent)
         rows = listing_rows(store, lambda listings: listings.list_children(args.parent))
         if args.json:
@@ -49,24 +72,24 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "yes" if r.get("has_children") else "",
             )
     else:
-        rows = _root_rows(store) if store is not None else []
+        roots = _root_rows(store) if store is not None else []
         if args.json:
-            print_json(rows)
+            print_json(roots)
             return 0
         table = Table(title=f"root sessions in {root}", title_justify="left")
         # The rows' usage is in `--json` (and `tree ROOT`): an 80-column table has no room.
         for col in ("id", "status", "created", "children", "cwd"):
             table.add_column(col)
-        for r in rows:
-            created = "-" if r["created_at"] is None else when(r["created_at"])
-            table.add_row(r["id"], r["status"], created, str(r["children"]), r["cwd"] or "-")
+        for e in roots:
+            created = "-" if e["created_at"] is None else when(e["created_at"])
+            table.add_row(e["id"], e["status"], created, str(e["children"]), e["cwd"] or "-")
     make_console().print(table)
-    if args.parent:
+    if args.parent and store is not None:
         _note_unreadable(store)
     return 0
 
 
-def _root_rows(store: Any) -> list[dict[str, Any]]:
+def _root_rows(store: SessionStore) -> list[RootRow]:
     """Root sessions, plus what a listing by parent can never show: children whose parent is
     gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
     headers, unreadable = store.census()
@@ -82,7 +105,7 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
         found = _spend_of(store, h.id)
         if found is not None:
             spend[h.id] = found
-    rows: list[dict[str, Any]] = []
+    rows: list[RootRow] = []
     for h in headers:
         if h.origin == "subagent" and h.parent_session in ids:
             continue
@@ -90,29 +113,19 @@ def _root_rows(store: Any) -> list[dict[str, Any]]:
             status = f"orphaned (parent {h.parent_session} is gone)"
         else:
             status = "running elsewhere" if store.is_held(h.id) else "stored"
-        row: dict[str, Any] = {
-            "id": h.id,
-            "status": status,
-            "created_at": h.created_at,
-            "cwd": h.cwd,
-            "children": kids.get(h.id, 0),
-        }
+        row = RootRow(
+            id=h.id, status=status, created_at=h.created_at, cwd=h.cwd, children=kids.get(h.id, 0)
+        )
         _add_spend(row, h.id, spend, below)
         rows.append(row)
     for bad in unreadable:
         rows.append(
-            {
-                "id": bad.id,
-                "status": _corrupt_status(bad),
-                "created_at": None,
-                "cwd": None,
-                "children": 0,
-            }
+            RootRow(id=bad.id, status=_corrupt_status(bad), created_at=None, cwd=None, children=0)
         )
     return rows
 
 
-def _spend_of(store: Any, session_id: str) -> tuple[dict[str, int], int] | None:
+def _spend_of(store: SessionStore, session_id: str) -> tuple[dict[str, int], int] | None:
     """A stored session's own usage and cost (picodollars), or None when it is unreadable."""
     from agent.usage import cost_of_events, usage_of_events
 
@@ -125,7 +138,7 @@ def _spend_of(store: Any, session_id: str) -> tuple[dict[str, int], int] | None:
 
 
 def _add_spend(
-    row: dict[str, Any],
+    row: RootRow,
     session_id: str,
     spend: Mapping[str, tuple[dict[str, int], int]],
     below: Mapping[str, list[str]],
@@ -173,12 +186,12 @@ def _spent_text(row: Mapping[str, Any], key: str = "subtree_usage") -> str:
     return text
 
 
-def _corrupt_status(bad: Any) -> str:
+def _corrupt_status(bad: UnreadableSession) -> str:
     where = "" if bad.offset is None else f" at byte {bad.offset}"
     return f"corrupt{where}: {bad.reason}"
 
 
-def _note_unreadable(store: Any) -> None:
+def _note_unreadable(store: SessionStore) -> None:
     """A listing by parent cannot place a session whose header is unreadable: say so."""
     _headers, unreadable = store.census()
     for bad in unreadable:
@@ -200,9 +213,9 @@ def cmd_tree(args: argparse.Namespace) -> int:
         _note_unreadable(store)
         return 0
     tree = Tree(f"{args.root}  {top.get('activity')}  {_spent_text(top)}")
-    branches: dict[str, Any] = {args.root: tree}
+    branches: dict[str, Tree] = {args.root: tree}
     for r in sorted(rows, key=lambda r: (r["depth"], r["created_at"])):
-        parent = branches.get(r["parent_id"], tree)
+        parent = branches.get(r["parent_id"] or "", tree)
         line = (
             f"{r['id']}  {r.get('label') or '-'}  {r.get('mode')}  {r.get('activity')}"
             f"  {_spent_text(r)}"
@@ -213,22 +226,24 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tree_root_row(store: Any, root_id: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _tree_root_row(store: SessionStore, root_id: str, rows: list[ChildRow]) -> ChildRow:
     """The row of the tree's root itself: its header, its own usage, and its subtree's (its
     own plus its children's subtree totals, which the descendant rows already carry)."""
     from agent.usage import PICO, add_usage, pico_to_usd
+    from subagent.listings import ChildRow
 
     header = store.inspect(root_id).header
-    row: dict[str, Any] = {
-        "id": root_id,
-        "parent_id": header.parent_session,
-        "depth": header.delegation_depth,
-        "created_at": header.created_at,
-        "has_children": any(r.get("parent_id") == root_id for r in rows),
-        "mode": "root" if header.origin is None else "subagent",
-        "label": None,
-        "activity": "running elsewhere" if store.is_held(root_id) else "stored",
-    }
+    # A child row's shape, its `mode` saying what the root itself is (`root` or `subagent`).
+    row = ChildRow(
+        id=root_id,
+        parent_id=header.parent_session,
+        depth=header.delegation_depth,
+        created_at=header.created_at,
+        has_children=any(r.get("parent_id") == root_id for r in rows),
+        mode="root" if header.origin is None else "subagent",
+        label=None,
+        activity="running elsewhere" if store.is_held(root_id) else "stored",
+    )
     own = _spend_of(store, root_id)
     if own is None:
         return row
@@ -322,7 +337,7 @@ def _log_line(kind: str, data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     ls = sub.add_parser("ls", help="root sessions, or the children of PARENT")
     ls.add_argument("parent", nargs="?")
     ls.add_argument("--json", action="store_true")

@@ -6,9 +6,17 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from subagent.cli.common import EXIT_INTERRUPTED, EXIT_TERMINATED
+
+if TYPE_CHECKING:
+    from gevent import Greenlet
+    from rich.console import Console
+
+    from subagent.cli_tree import TreeModel
+
+T = TypeVar("T")
 
 __all__ = ["Interrupts", "drive", "on_sigterm", "reap_external_children", "report_stopped"]
 
@@ -44,7 +52,7 @@ class Interrupts:
         # The cancelling greenlet a first Ctrl-C starts; `__exit__` waits for it to finish.
         self._tasks = TaskGroup("interrupts")
 
-        def handler(*_args: Any) -> None:
+        def handler(*_args: object) -> None:
             if self.stopped is not None:
                 reap_external_children()
                 sys.stderr.write("subagent: interrupted again; exiting now\n")
@@ -69,25 +77,28 @@ class Interrupts:
 
 
 def drive(
-    console: Any,
-    tree: Any,
-    work: Callable[[], Any],
+    console: Console,
+    tree: TreeModel,
+    work: Callable[[], T],
     live: bool,
     on_interrupt: Callable[[], list[str]],
-) -> tuple[Any, list[str] | None]:
+) -> tuple[T, list[str] | None]:
     """Run `work` in a greenlet under the live tree; returns its value and what Ctrl-C stopped."""
     from supervision.group import TaskGroup
 
     jobs = TaskGroup("cli-work")  # the command's work: never outlives `drive`
     with Interrupts(on_interrupt) as interrupts:
         try:
-            return _watch(console, tree, jobs.spawn(work), live), interrupts.stopped
+            job = jobs.spawn(work)
+            _watch(console, tree, job, live)
+            value: T = job.get()
+            return value, interrupts.stopped
         finally:
             jobs.close()
 
 
-def _watch(console: Any, tree: Any, job: Any, live: bool) -> Any:
-    """Show the tree while `job` runs; its value."""
+def _watch(console: Console, tree: TreeModel, job: Greenlet, live: bool) -> None:
+    """Show the tree while `job` runs."""
     if live and console.is_terminal:
         from rich.live import Live
 
@@ -103,10 +114,9 @@ def _watch(console: Any, tree: Any, job: Any, live: bool) -> Any:
         # operator (Ctrl-C), a plain join would end in LoopExit.
         while not job.ready():
             job.join(timeout=0.5)
-    return job.get()
 
 
-def report_stopped(console: Any, stopped: list[str] | None) -> None:
+def report_stopped(console: Console, stopped: list[str] | None) -> None:
     if stopped is None:
         return
     if stopped:

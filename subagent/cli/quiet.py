@@ -7,11 +7,17 @@ the root's turn ends (`when_idle`) or a task settles (`TaskService.on_settled`),
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from gevent.event import Event
 
 from subagent.tasks import TaskService
+
+if TYPE_CHECKING:
+    from pykka import Future
+
+    from agent.loop import TurnOutcome
 
 __all__ = ["Quiescence", "RootAgent"]
 
@@ -22,7 +28,7 @@ class RootAgent(Protocol):
     @property
     def status(self) -> str: ...
 
-    def when_idle(self) -> Any: ...
+    def when_idle(self) -> Future[TurnOutcome | None]: ...
 
 
 class Quiescence:
@@ -33,7 +39,13 @@ class Quiescence:
     most, however long the tasks run.
     """
 
-    def __init__(self, root: RootAgent, tasks: TaskService, *, barrier: Any = None) -> None:
+    def __init__(
+        self,
+        root: RootAgent,
+        tasks: TaskService,
+        *,
+        barrier: Callable[[], object] | None = None,
+    ) -> None:
         self._root = root
         self._tasks = tasks
         # Called once everything looks settled (e.g. a registry round trip that delivers the
@@ -51,14 +63,14 @@ class Quiescence:
         if self._barrier is not None:
             self._barrier()  # the kills' lifecycle events reach the listeners first
 
-    def wait(self) -> Any:
+    def wait(self) -> TurnOutcome | None:
         changed = Event()
         remove = self._tasks.on_settled(lambda _task: changed.set())
         try:
             while True:
                 changed.clear()
                 outcome = self._root.when_idle().get()
-                fault = getattr(outcome, "fault", None)
+                fault = None if outcome is None else outcome.fault
                 if fault is not None:
                     # The root's log failed: it can never take another turn or hear a
                     # settlement, so waiting for what it started would never end. Stop it.

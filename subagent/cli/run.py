@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from subagent.cli.common import (
     EXIT_INTERRUPTED,
@@ -22,6 +22,13 @@ from subagent.cli.common import (
 )
 from subagent.cli.live import drive, report_stopped
 from subagent.cli.quiet import Quiescence
+
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from agent.loop import TurnOutcome
+    from agent.model import ModelRequest
+    from agent.models import scripted as S
+    from agent.usage import PriceTable
+    from subagent.cli.common import Subcommands
 
 __all__ = ["CLI_GC_FREEZE_EVERY", "cmd_run", "register"]
 
@@ -70,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The ACP relay's one delegation: its error, if the child could not answer.
     relay_failure: list[str] = []
 
-    def relay_model(request: Any) -> Any:
+    def relay_model(request: ModelRequest) -> S.Step:
         last = request.messages[-1]
         if last.get("role") == "tool":
             text = answer_text(last.get("content", ()))
@@ -117,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tree.attach(rt.subagents, root)
         console.print(f"session: {root.id}  store: {root_dir}")
 
-        def work() -> Any:
+        def work() -> TurnOutcome | None:
             with tracing.root_span("subagent run"):  # the trace's root (docs/tracing.md)
                 root.send(prompt, trace=tracing.ambient("root")).get()
                 return Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
@@ -187,7 +194,7 @@ def cost_line(pico: int, budget: float | None = None) -> str:
     return line
 
 
-def _load_prices(path: str | None) -> Any:
+def _load_prices(path: str | None) -> PriceTable:
     """The `--prices` table (empty without one); a bad file is a clean error."""
     from agent.usage import PriceTable
 
@@ -221,7 +228,7 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     from agent.models.http import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT
 
     run = sub.add_parser("run", help="a real root agent with the subagent tools")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from subagent.cli.common import (
     EXIT_ERROR,
@@ -20,17 +20,22 @@ from subagent.cli.common import (
     require_session,
 )
 
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from agent.model import ModelRequest
+    from agent.models import scripted as S
+    from subagent.cli.common import Subcommands
+
 __all__ = ["cmd_send", "register"]
 
 
-def _last_user(request: Any) -> str:
+def _last_user(request: ModelRequest) -> str:
     for message in reversed(request.messages):
         if message.get("role") == "user":
             return flat_text(message.get("content", ()), 2000)
     return ""
 
 
-def _offline(request: object) -> Any:
+def _offline(request: ModelRequest) -> S.Step:
     from agent.models import scripted as S
 
     return S.text(f"(offline scripted model) received: {_last_user(request)}")
@@ -100,7 +105,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 0 if result["status"] in (None, "completed") else EXIT_ERROR
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     send = sub.add_parser("send", help="message a stored continuable child (cold resume)")
     send.add_argument("child")
     send.add_argument(

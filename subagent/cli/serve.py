@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from subagent.cli.common import (
     UsageError,
@@ -13,6 +13,9 @@ from subagent.cli.common import (
     model_route,
     non_negative_int,
 )
+
+if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
+    from subagent.cli.common import Subcommands
 
 __all__ = ["cmd_serve", "register"]
 
@@ -44,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args.command, config, models=models, route=route)
 
 
-def _add(sub: Any, name: str, help_text: str) -> None:
+def _add(sub: Subcommands, name: str, help_text: str) -> None:
     serve = sub.add_parser(name, help=help_text)
     serve.add_argument("--config", metavar="FILE", help="a JSON config file (see docs/serve.md)")
     serve.add_argument("--model", help="the agents' model at --base-url (default: offline)")
@@ -62,6 +65,6 @@ def _add(sub: Any, name: str, help_text: str) -> None:
     serve.set_defaults(fn=cmd_serve, handles_sigterm=True)
 
 
-def register(sub: object) -> None:
+def register(sub: Subcommands) -> None:
     _add(sub, "mcp", "serve the subagent tools to an MCP client on stdio")
     _add(sub, "acp", "serve a coordinator agent to an ACP client (editor) on stdio")

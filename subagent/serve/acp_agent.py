@@ -19,8 +19,8 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 
 import gevent
 from gevent.event import AsyncResult, Event
@@ -29,14 +29,24 @@ from gevent.pool import Group
 from agent.options import AgentOptions
 from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
+from subagent.live import live_agent
 from subagent.serve.progress import ChildFeed, describe
 from subagent.serve.stdio import ProtocolPipes, serve_until_closed
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 
+if TYPE_CHECKING:
+    from pykka import Future
+
+    from actors.agent_handle import Agent
+    from agent.loop import TurnOutcome
+
 __all__ = ["DEPTH_META", "PROTOCOL_VERSION", "AcpAgentServer"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 PROTOCOL_VERSION: Final = 1
 
@@ -88,7 +98,7 @@ def prompt_blocks(prompt: object) -> list[dict[str, Any]]:
     return blocks
 
 
-def _text_content(content: Any) -> list[dict[str, Any]]:
+def _text_content(content: Iterable[object] | None) -> list[dict[str, Any]]:
     text = "\n".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping))
     return [{"type": "content", "content": {"type": "text", "text": text}}] if text else []
 
@@ -96,7 +106,7 @@ def _text_content(content: Any) -> list[dict[str, Any]]:
 class _Session:
     """One ACP session: its coordinator, the streams that report on it, its running prompt."""
 
-    def __init__(self, server: AcpAgentServer, agent: Any) -> None:
+    def __init__(self, server: AcpAgentServer, agent: Agent) -> None:
         self.server = server
         self.agent = agent
         self.prompting = False
@@ -117,7 +127,7 @@ class _Session:
     def update(self, update: dict[str, Any]) -> None:
         self.server.conn.notify("session/update", {"sessionId": self.id, "update": update})
 
-    def _on_turn_end(self, outcome: Any) -> None:
+    def _on_turn_end(self, outcome: TurnOutcome) -> None:
         waiter = self.turn_waiters.pop(str(outcome.message_id), None)
         if waiter is not None:
             waiter.set(outcome)
@@ -157,10 +167,10 @@ class _Session:
                 update["_meta"] = {"subagent-runtime/code": event["code"]}
             self.update(update)
 
-    def _parent_of(self, child: str, event: Mapping[str, Any]) -> Any:
-        parent = event.get("parent_id")
+    def _parent_of(self, child: str, event: Mapping[str, Any]) -> str | None:
+        parent: str | None = event.get("parent_id")
         if parent is None:
-            agent = self.server.runtime.ctx.agents.get(child)
+            agent = live_agent(self.server.runtime.ctx, child)
             parent = agent.header.parent_session if agent is not None else child.rpartition(".")[0]
         return parent
 
@@ -220,14 +230,14 @@ class _Session:
                 }
             )
 
-    def send(self, blocks: list[dict[str, Any]]) -> tuple[Any, AsyncResult]:
+    def send(self, blocks: list[dict[str, Any]]) -> tuple[Future[str], AsyncResult]:
         """Queue the prompt's turn now (in mailbox order, before any later cancel)."""
         message_id = "acp-" + secrets.token_hex(6)
         waiter: AsyncResult = AsyncResult()
         self.turn_waiters[message_id] = waiter
         return self.agent.send(blocks, message_id=message_id), waiter
 
-    def wait(self, accepted: Any, waiter: AsyncResult) -> dict[str, Any]:
+    def wait(self, accepted: Future[str], waiter: AsyncResult) -> dict[str, Any]:
         """The queued turn's stop reason (`cancelled` when a cancel discarded it unstarted)."""
         try:
             accepted.get()
@@ -244,7 +254,7 @@ class _Session:
             raise RpcFault(INTERNAL_ERROR, f"the coordinator's turn ended {outcome.reason}: {why}")
         return {"stopReason": stop}
 
-    def cancelled(self, idle: Any, before: list[AsyncResult]) -> None:
+    def cancelled(self, idle: Future[TurnOutcome | None], before: list[AsyncResult]) -> None:
         """After a cancel settles: a prompt sent `before` it whose message was discarded before
         its turn began gets no turn, so it is answered `cancelled` here."""
         with contextlib.suppress(Exception):
@@ -301,7 +311,7 @@ class AcpAgentServer:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _on_request(self, method: str, params: object) -> Any:
+    def _on_request(self, method: str, params: object) -> dict[str, Any] | gevent.Greenlet:
         if method == "initialize":
             self._initialized = True
             return {
@@ -331,12 +341,12 @@ class AcpAgentServer:
             return self._spawn(self._prompt, session, accepted, waiter)
         raise MethodNotFound(method)
 
-    def _spawn(self, fn: Callable[..., Any], *args: object) -> gevent.Greenlet:
+    def _spawn(self, fn: Callable[[*Ts], object], *args: *Ts) -> gevent.Greenlet:
         greenlet: gevent.Greenlet = self._group.spawn(self._guarded, fn, *args)
         return greenlet
 
     @staticmethod
-    def _guarded(fn: Callable[..., Any], *args: object) -> Any:
+    def _guarded(fn: Callable[[*Ts], T], *args: *Ts) -> T:
         try:
             return fn(*args)
         except (RpcFault, MethodNotFound):
@@ -431,7 +441,9 @@ class AcpAgentServer:
                     }
                 )
 
-    def _prompt(self, session: _Session, accepted: object, waiter: AsyncResult) -> dict[str, Any]:
+    def _prompt(
+        self, session: _Session, accepted: Future[str], waiter: AsyncResult
+    ) -> dict[str, Any]:
         try:
             return session.wait(accepted, waiter)
         finally:
@@ -439,7 +451,7 @@ class AcpAgentServer:
 
     # -- notifications ---------------------------------------------------------------------
 
-    def _on_notification(self, method: str, params: Any) -> None:
+    def _on_notification(self, method: str, params: object) -> None:
         if method != "session/cancel" or not isinstance(params, Mapping):
             return
         session = self._sessions.get(str(params.get("sessionId")))

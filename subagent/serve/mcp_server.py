@@ -22,7 +22,7 @@ import itertools
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import gevent
 from gevent.event import Event
@@ -38,6 +38,9 @@ from subagent.serve.stdio import ProtocolPipes, serve_until_closed
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 from supervision.signal import AbortController, AbortError
+
+if TYPE_CHECKING:
+    from actors.agent_handle import Agent
 
 __all__ = ["CODE_META", "LATEST_VERSION", "SUPPORTED_VERSIONS", "McpServer"]
 
@@ -81,10 +84,10 @@ class McpServer:
         self._served = served
         self._runtime = served.runtime
         self._cwd = cwd or os.getcwd()
-        self._root: Any = None
+        self._root: Agent | None = None  # the client's stand-in, made by `initialize`
         self._feed: ChildFeed | None = None
         self._version: str | None = None
-        self._calls: dict[Any, AbortController] = {}
+        self._calls: dict[object, AbortController] = {}  # by JSON-RPC request id
         self._group = Group()
         self._stop = Event()
         self._ticks = itertools.count(1)
@@ -121,17 +124,18 @@ class McpServer:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _on_request(self, method: str, params: object) -> Any:
+    def _on_request(self, method: str, params: object) -> dict[str, Any] | gevent.Greenlet:
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
             return {}
-        if self._root is None:
+        root = self._root
+        if root is None:
             raise RpcFault(INVALID_REQUEST, "the server is not initialized")
         if method == "tools/list":
-            return {"tools": self._tools()}
+            return {"tools": self._tools(root)}
         if method == "tools/call":
-            return self._call(params)
+            return self._call(root, params)
         raise MethodNotFound(method)
 
     def _initialize(self, params: object) -> dict[str, Any]:
@@ -139,11 +143,11 @@ class McpServer:
             raise RpcFault(INVALID_REQUEST, "initialize was already called on this connection")
         asked = params.get("protocolVersion") if isinstance(params, Mapping) else None
         self._version = asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION
-        self._root = self._runtime.agent(
+        root = self._root = self._runtime.agent(
             options=AgentOptions(model=CLIENT_PROXY_MODEL), cwd=self._cwd
         )
-        self._feed = ChildFeed(self._runtime.subagents, self._runtime.ctx.agents, self._root.id)
-        log.info("mcp: root agent %s (protocol %s)", self._root.id, self._version)
+        self._feed = ChildFeed(self._runtime.subagents, self._runtime.ctx.agents, root.id)
+        log.info("mcp: root agent %s (protocol %s)", root.id, self._version)
         return {
             "protocolVersion": self._version,
             "capabilities": {"tools": {"listChanged": False}},
@@ -155,17 +159,17 @@ class McpServer:
             "instructions": INSTRUCTIONS,
         }
 
-    def _tools(self) -> list[dict[str, Any]]:
+    def _tools(self, root: Agent) -> list[dict[str, Any]]:
         return [
             {"name": s.name, "description": s.description, "inputSchema": dict(s.parameters)}
-            for s in self._root.tools.specs()
+            for s in root.tools.specs()
         ]
 
-    def _call(self, params: object) -> gevent.Greenlet:
+    def _call(self, root: Agent, params: object) -> gevent.Greenlet:
         if not isinstance(params, Mapping) or not isinstance(params.get("name"), str):
             raise RpcFault(INVALID_PARAMS, "tools/call needs params with a string name")
         name = params["name"]
-        if name not in self._root.tools.names() and self._root.tools.registry.get(name) is None:
+        if name not in root.tools.names() and root.tools.registry.get(name) is None:
             raise RpcFault(INVALID_PARAMS, f"unknown tool: {name}")
         arguments = params.get("arguments")
         arguments = {} if arguments is None else arguments
@@ -175,20 +179,21 @@ class McpServer:
         controller = AbortController()
         self._calls[rid] = controller
         call = ToolCall(f"mcp-{rid}", name, arguments)
-        greenlet: gevent.Greenlet = self._group.spawn(self._run_call, rid, call, controller, token)
+        greenlet: gevent.Greenlet = self._group.spawn(
+            self._run_call, root, rid, call, controller, token
+        )
         return greenlet
 
     def _run_call(
-        self, rid: object, call: ToolCall, controller: AbortController, token: object
-    ) -> Any:
+        self, root: Agent, rid: object, call: ToolCall, controller: AbortController, token: object
+    ) -> object:
+        """The call's `CallToolResult`, or `NO_REPLY` when the client cancelled it."""
         remove = None
         if isinstance(token, (str, int)) and not isinstance(token, bool) and self._feed:
             remove = self._feed.add(lambda event: self._progress(token, event))
-        ctx = ToolContext(
-            agent=self._root, session_id=self._root.id, call_id=call.id, signal=controller.signal
-        )
+        ctx = ToolContext(agent=root, session_id=root.id, call_id=call.id, signal=controller.signal)
         try:
-            result = self._root.tools.execute(call, ctx)
+            result = root.tools.execute(call, ctx)
         except AbortError:
             return NO_REPLY
         finally:

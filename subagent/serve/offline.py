@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agent.model import ModelRequest
@@ -39,7 +39,7 @@ _TASK = re.compile(r"\btask (?:id )?([A-Za-z0-9][\w.-]*[A-Za-z0-9])")
 _CHILD = re.compile(r"\bsubagent ([A-Za-z0-9][\w.-]*[A-Za-z0-9])")
 
 
-def _text(content: Any) -> str:
+def _text(content: str | Iterable[object] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping))

@@ -9,7 +9,12 @@ forward and are skipped.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from actors.agent_handle import Agent
+
+if TYPE_CHECKING:
+    from subagent.service import SubagentService
 
 __all__ = ["ChildFeed", "describe"]
 
@@ -54,7 +59,9 @@ class ChildFeed:
     steps count too.
     """
 
-    def __init__(self, service: Any, agents: Mapping[str, Any], root_id: str) -> None:
+    def __init__(
+        self, service: SubagentService, agents: Mapping[str, object], root_id: str
+    ) -> None:
         self._agents = agents
         self._root = root_id
         self._known: set[str] = set()
@@ -85,7 +92,7 @@ class ChildFeed:
             if current in self._known:
                 return True
             agent = self._agents.get(current)
-            if agent is not None:
+            if isinstance(agent, Agent):  # `ctx.agents` holds the face's agents only
                 parent = agent.header.parent_session
             else:
                 # A remote child (ACP, Ray) has a parent-scoped id, `<parent id>.<suffix>`: its

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.models import ModelRegistry
 from agent.options import AgentOptions
@@ -22,6 +22,10 @@ from agent.store import SessionStore, default_root
 from providers.acp_config import AcpConfig
 from subagent.serve.offline import OFFLINE_MODEL, respond
 from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig
+
+if TYPE_CHECKING:
+    from subagent.runtime import Runtime
+    from subagent.service import SubagentService
 
 __all__ = [
     "ServeConfig",
@@ -160,7 +164,7 @@ def merge_flags(
 class Served:
     """A built runtime: its delegation tools, the model its agents use, and what to close."""
 
-    runtime: Any
+    runtime: Runtime
     tools: list[SubagentToolConfig]
     model: str
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -174,7 +178,7 @@ class Served:
                 self.closers.pop()()
 
 
-def _progress_relay(service: Any) -> Callable[[dict[str, Any]], None]:
+def _progress_relay(service: SubagentService) -> Callable[[dict[str, Any]], None]:
     """An ACP child's tool calls, thoughts and plans as progress events of that child."""
 
     def relay(event: dict[str, Any]) -> None:

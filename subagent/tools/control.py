@@ -7,14 +7,18 @@ child that is not its own. Failures come back as error tool results carrying the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
-from agent.parent import parent_agent
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
+from subagent.live import calling_agent
 from subagent.tools.delegate import child_labels
 from subagent.types import MessageSource, text_block
+
+if TYPE_CHECKING:
+    from subagent.listings import ChildRow
+    from subagent.service import SubagentService
 
 __all__ = [
     "INTERRUPT_AGENT",
@@ -35,11 +39,11 @@ def _error(exc: SubagentError) -> ToolError:
     return ToolError(f"{exc.detail} ({exc.code})", code=exc.code)
 
 
-def send_message_tool(service: Any) -> Tool:
+def send_message_tool(service: SubagentService) -> Tool:
     """Steer a running continuable child, or wake a stopped one with this message."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.caller
+        agent = calling_agent(ctx)
         child_id = str(arguments["subagent_id"])
         try:
             sent = service.send_message(
@@ -79,13 +83,13 @@ def send_message_tool(service: Any) -> Tool:
     )
 
 
-def interrupt_agent_tool(service: Any) -> Tool:
+def interrupt_agent_tool(service: SubagentService) -> Tool:
     """Cancel a descendant's current turn; its queued messages are kept."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         agent_id = str(arguments["agent_id"])
         try:
-            stopped = service.interrupt(agent_id, by=ctx.agent)
+            stopped = service.interrupt(agent_id, by=calling_agent(ctx))
         except SubagentError as exc:
             raise _error(exc) from exc
         if stopped:
@@ -109,7 +113,7 @@ def interrupt_agent_tool(service: Any) -> Tool:
     )
 
 
-def format_agent_rows(rows: list[dict[str, Any]], labels: Mapping[str, str]) -> str:
+def format_agent_rows(rows: Sequence[ChildRow], labels: Mapping[str, str]) -> str:
     """One line per agent: id, status, mode, depth, parent, label."""
     if not rows:
         return "No subagents."
@@ -123,11 +127,11 @@ def format_agent_rows(rows: list[dict[str, Any]], labels: Mapping[str, str]) -> 
     return "\n".join(lines)
 
 
-def list_agents_tool(service: Any) -> Tool:
+def list_agents_tool(service: SubagentService) -> Tool:
     """The caller's children (or whole subtree) with status running, idle or stored."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = parent_agent(ctx.agent)
+        agent = calling_agent(ctx)
         scope = arguments.get("scope", "children")
         if scope == "descendants":
             rows = service.list_descendants(agent.id)

@@ -20,14 +20,16 @@ import re
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agent import tracing
+from agent.context import AgentContext
 from agent.options import AgentOptions
 from agent.tools import Tool, ToolContext, ToolError
 from agent.usage import usd_to_pico
 from subagent import settlement
 from subagent.errors import SubagentError
+from subagent.live import calling_agent, task_service
 from subagent.settlement import headline, output_text
 from subagent.types import (
     ABORTED,
@@ -41,7 +43,12 @@ from subagent.types import (
     ToolRestriction,
     text_block,
 )
-from supervision.signal import AbortController
+from supervision.signal import AbortController, AbortSignal
+
+if TYPE_CHECKING:
+    from actors.agent_handle import Agent
+    from subagent.service import RunHandle, SubagentService
+    from subagent.tasks import TaskService
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -64,10 +71,10 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 # child id -> the description its delegating call gave, per runtime context. Display only:
 # the CLI's live tree shows it; nothing decides anything from it.
-_LABELS: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+_LABELS: weakref.WeakKeyDictionary[AgentContext, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
-def child_labels(ctx: Any) -> dict[str, str]:
+def child_labels(ctx: AgentContext) -> dict[str, str]:
     """The labels the subagent tools recorded for children of this runtime context."""
     labels = _LABELS.get(ctx)
     if labels is None:
@@ -216,14 +223,14 @@ def _tool_error(exc: SubagentError) -> ToolError:
 class _Delegate:
     """The tool function, bound to its service and config."""
 
-    def __init__(self, service: Any, config: SubagentToolConfig, name: str) -> None:
+    def __init__(self, service: SubagentService, config: SubagentToolConfig, name: str) -> None:
         self.service = service
         self.config = config
         self.name = name
 
     def __call__(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent = ctx.caller
-        depth: int = agent.depth
+        agent = calling_agent(ctx)
+        depth = agent.depth
         if self.config.hidden_for(depth):
             raise ToolError(
                 f"{self.name} is not available at delegation depth {depth} "
@@ -240,8 +247,12 @@ class _Delegate:
         return self._foreground(agent, description, prompt, ctx)
 
     def _request(
-        self, agent: Any, prompt: list[dict[str, Any]], signal: Any, trace: Any = None
-    ) -> Any:
+        self,
+        agent: Agent,
+        prompt: list[dict[str, Any]],
+        signal: AbortSignal,
+        trace: tracing.TraceParent | None = None,
+    ) -> SubagentStartRequest:
         c = self.config
         return SubagentStartRequest(
             prompt=prompt,
@@ -256,21 +267,21 @@ class _Delegate:
             trace=trace,
         )
 
-    def _start(self, request: Any, description: str) -> Any:
+    def _start(self, agent: Agent, request: SubagentStartRequest, description: str) -> RunHandle:
         try:
             handle = self.service.start(self.config.provider, request)
         except SubagentError as exc:
             raise _tool_error(exc) from exc
-        child_labels(request.parent.ctx)[handle.id] = description
+        child_labels(agent.ctx)[handle.id] = description
         return handle
 
     def _foreground(
-        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+        self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
         trace = tracing.named(ctx.trace, description)
-        handle = self._start(self._request(agent, prompt, ctx.signal, trace), description)
+        handle = self._start(agent, self._request(agent, prompt, ctx.signal, trace), description)
         try:
-            result: SubagentResult = handle.result.get()
+            result = handle.result.get()
         finally:
             handle.dispose()
         if result.stop_reason != COMPLETED:
@@ -280,38 +291,41 @@ class _Delegate:
         return output_text(result)
 
     def _one_shot(
-        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+        self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
-        tasks = agent.ctx.tasks
+        tasks = task_service(agent.ctx)
         if tasks is None:
             raise ToolError("background subagents need ctx.tasks", code="CONTINUATION_UNAVAILABLE")
         # The child outlives this call, so it gets its own signal; the task's kill aborts it.
         controller = AbortController()
         trace = tracing.named(ctx.trace, description)
-        handle = self._start(self._request(agent, prompt, controller.signal, trace), description)
+        request = self._request(agent, prompt, controller.signal, trace)
+        handle = self._start(agent, request, description)
         task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
-        tasks.watch(self._watch, agent, handle, task.id, description)
+        tasks.watch(self._watch, agent, tasks, handle, task.id, description)
         return (
             f"Started subagent {handle.id} in the background as task {task.id}. "
             f"Read its result with task_output(task_id={task.id!r}); "
             f"stop it with task_kill(task_id={task.id!r})."
         )
 
-    def _watch(self, agent: Any, handle: Any, task_id: str, description: str) -> None:
+    def _watch(
+        self, agent: Agent, tasks: TaskService, handle: RunHandle, task_id: str, description: str
+    ) -> None:
         """Settle the task when the child ends (the path continuation shares), then tell the
         parent where to read the result."""
         try:
             outcome = settlement.outcome_of(handle.result)
         finally:
             handle.dispose()
-        settlement.settle_task(agent.ctx.tasks, task_id, outcome)
+        settlement.settle_task(tasks, task_id, outcome)
         if self.config.notify_parent and agent.ctx.agents.get(agent.id) is agent:
             summary = settlement.summary(description, handle.id, outcome)
             note = f"{summary} Read the result with task_output(task_id={task_id!r})."
             settlement.tell_parent(agent, [text_block(note)], summary)
 
     def _continuable(
-        self, agent: Any, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
+        self, agent: Agent, description: str, prompt: list[dict[str, Any]], ctx: ToolContext
     ) -> str:
         request = self._request(agent, prompt, ctx.signal, tracing.named(ctx.trace, description))
         try:
@@ -328,7 +342,9 @@ class _Delegate:
         )
 
 
-def subagent_tool(service: Any, config: SubagentToolConfig, *, name: str | None = None) -> Tool:
+def subagent_tool(
+    service: SubagentService, config: SubagentToolConfig, *, name: str | None = None
+) -> Tool:
     """Build the delegation tool for `config.provider` (which must be registered)."""
     provider = service.get(config.provider)
     if provider is None:

@@ -18,12 +18,19 @@ The delegation tool also refuses at run time, whatever the placement.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
+from actors.agent_handle import Agent
+from agent.context import AgentContext
 from agent.tools import Tool
+from subagent.live import task_service
+from subagent.service import SubagentService
 from subagent.tools.control import interrupt_agent_tool, list_agents_tool, send_message_tool
 from subagent.tools.delegate import SubagentToolConfig, subagent_tool
 from subagent.tools.task_tools import task_kill_tool, task_output_tool
+
+if TYPE_CHECKING:
+    from subagent.runtime import Runtime
 
 __all__ = ["install_subagent_tools", "resolve_configs"]
 
@@ -31,7 +38,7 @@ ToolSpecArg = SubagentToolConfig | str
 
 
 def resolve_configs(
-    service: Any, tools: Sequence[ToolSpecArg] | None
+    service: SubagentService, tools: Sequence[ToolSpecArg] | None
 ) -> list[tuple[SubagentToolConfig, str]]:
     """Configs with their final tool names. A lone unnamed tool is called `subagent`."""
     if tools is None:
@@ -50,8 +57,8 @@ def resolve_configs(
 
 
 def install_subagent_tools(
-    target: Any,
-    service: Any = None,
+    target: Runtime | AgentContext | Agent,
+    service: SubagentService | None = None,
     *,
     tools: Sequence[ToolSpecArg] | None = None,
     control: bool = True,
@@ -63,12 +70,19 @@ def install_subagent_tools(
     `target` is a `Runtime`, an `AgentContext` (runtime-wide) or an `Agent` (its subtree).
     Returns an idempotent uninstall function (agents already published keep their scopes).
     """
-    ctx = getattr(target, "ctx", None)
-    is_agent = ctx is not None and hasattr(target, "tools") and hasattr(target, "depth")
-    if ctx is None:
-        ctx = target  # an AgentContext itself
-    if service is None:
-        service = getattr(ctx, "subagents", None)
+    root: Agent | None = None
+    if isinstance(target, AgentContext):
+        ctx = target
+    elif isinstance(target, Agent):
+        ctx, root = target.ctx, target
+    else:
+        found = getattr(target, "ctx", None)  # a Runtime
+        if not isinstance(found, AgentContext):
+            kind = type(target).__name__
+            raise TypeError(f"target must be a Runtime, an AgentContext or an Agent, got {kind}")
+        ctx = found
+    if service is None and isinstance(ctx.subagents, SubagentService):
+        service = ctx.subagents
     if service is None:
         raise ValueError("no SubagentService: pass service= or use a Runtime")
     configs = resolve_configs(service, tools)
@@ -83,12 +97,13 @@ def install_subagent_tools(
             list_agents_tool(service),
         ]
     if task_tools:
-        if ctx.tasks is None:
+        tasks = task_service(ctx)
+        if tasks is None:
             raise ValueError("task tools need ctx.tasks (use a Runtime)")
-        extra += [task_output_tool(ctx.tasks), task_kill_tool(ctx.tasks)]
+        extra += [task_output_tool(tasks), task_kill_tool(tasks)]
     undo: list[Callable[[], None]] = []
-    if is_agent:
-        hook = _subtree_installer(target, delegation, extra, inherit)
+    if root is not None:
+        hook = _subtree_installer(root, delegation, extra, inherit)
     else:
         for _, tool in delegation:
             undo.append(ctx.tools.register(tool))
@@ -96,7 +111,8 @@ def install_subagent_tools(
             undo.append(ctx.tools.register(tool))
         hook = _cap_hider(delegation)
         for agent in list(ctx.agents.values()):
-            hook(agent)
+            if isinstance(agent, Agent):  # it always is: the face's class, as published
+                hook(agent)
     unhook = ctx.lifecycle.on_published(hook)
 
     def uninstall() -> None:
@@ -107,8 +123,8 @@ def install_subagent_tools(
     return uninstall
 
 
-def _cap_hider(delegation: list[tuple[SubagentToolConfig, Tool]]) -> Callable[[Any], None]:
-    def hide(agent: Any) -> None:
+def _cap_hider(delegation: list[tuple[SubagentToolConfig, Tool]]) -> Callable[[Agent], None]:
+    def hide(agent: Agent) -> None:
         hidden = [t.name for c, t in delegation if c.hidden_for(agent.depth)]
         if hidden:
             agent.tools.restrict(deny=hidden)
@@ -117,14 +133,14 @@ def _cap_hider(delegation: list[tuple[SubagentToolConfig, Tool]]) -> Callable[[A
 
 
 def _subtree_installer(
-    root: Any,
+    root: Agent,
     delegation: list[tuple[SubagentToolConfig, Tool]],
     extra: list[Tool],
     inherit: bool,
-) -> Callable[[Any], None]:
+) -> Callable[[Agent], None]:
     members = {root.id}
 
-    def install(agent: Any) -> None:
+    def install(agent: Agent) -> None:
         for config, tool in delegation:
             if not config.hidden_for(agent.depth):
                 agent.tools.add(tool)
@@ -133,7 +149,7 @@ def _subtree_installer(
 
     install(root)
 
-    def on_published(agent: Any) -> None:
+    def on_published(agent: Agent) -> None:
         if not inherit or agent is root:
             return
         if agent.header.parent_session in members:

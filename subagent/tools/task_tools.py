@@ -7,11 +7,15 @@ unknown one, so ids leaking through a shared channel grant nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.tools import Tool, ToolContext, ToolError
+from subagent.live import calling_agent
 from subagent.settlement import blocks_text
-from subagent.tasks import Task, UnknownTaskError
+from subagent.tasks import Task, TaskService, UnknownTaskError
+
+if TYPE_CHECKING:
+    from actors.agent_handle import Agent
 
 __all__ = ["TASK_KILL", "TASK_OUTPUT", "format_task", "task_kill_tool", "task_output_tool"]
 
@@ -19,17 +23,18 @@ TASK_OUTPUT: Final = "task_output"
 TASK_KILL: Final = "task_kill"
 
 
-def _own_task(tasks: Any, task_id: str, agent: Any) -> Task:
+def _own_task(tasks: TaskService, task_id: str, agent: Agent) -> Task:
+    task: Task | None
     try:
-        task: Task = tasks.get(task_id)
+        task = tasks.get(task_id)
     except UnknownTaskError:
-        task = None  # type: ignore[assignment]
+        task = None
     if task is None or task.owner != agent.id:
         raise ToolError(f"no task {task_id!r} of yours", code="UNKNOWN_TASK")
     return task
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A task's output as a model reads it: a subagent task's content blocks become their text
     (`subagent.settlement`); another task's value, its string form."""
     if value is None:
@@ -54,10 +59,10 @@ def format_task(task: Task) -> str:
     return "\n".join(lines)
 
 
-def task_output_tool(tasks: Any) -> Tool:
+def task_output_tool(tasks: TaskService) -> Tool:
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         task_id = str(arguments["task_id"])
-        task = _own_task(tasks, task_id, ctx.agent)
+        task = _own_task(tasks, task_id, calling_agent(ctx))
         if arguments.get("wait") and not task.settled:
             # Cooperative wait; the turn's signal ends it (the loop abandons the call).
             task = tasks.wait(task_id)
@@ -86,11 +91,12 @@ def task_output_tool(tasks: Any) -> Tool:
     )
 
 
-def task_kill_tool(tasks: Any) -> Tool:
+def task_kill_tool(tasks: TaskService) -> Tool:
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         task_id = str(arguments["task_id"])
-        task = _own_task(tasks, task_id, ctx.agent)
-        if tasks.kill(task_id, f"killed by {ctx.caller.id}"):
+        agent = calling_agent(ctx)
+        task = _own_task(tasks, task_id, agent)
+        if tasks.kill(task_id, f"killed by {agent.id}"):
             return f"Task {task_id} ({task.label}) was killed."
         return f"Task {task_id} had already settled: {tasks.get(task_id).status}."
 
