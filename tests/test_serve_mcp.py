@@ -82,6 +82,21 @@ def test_progress_notifications_follow_the_child_while_the_call_runs(
     assert messages[-1].endswith("(say hello): ended completed")
 
 
+def test_overlapping_calls_each_see_only_their_own_subtree_in_progress(tmp_path: Path) -> None:
+    seen = drive("overlap", tmp_path)
+    assert seen["second_result"]["is_error"] is False
+    first, second = seen["first"], seen["second"]
+    # Nothing of the other call's subtree, though both ran on the connection's one root agent.
+    assert not [m for m in first if "(second)" in m or "(inner work)" in m], first
+    assert not [m for m in second if "(first)" in m or "(grandchild work)" in m], second
+    # And all of its own: the child, then the grandchild it delegated to.
+    assert any(m.endswith("(first): step 1") for m in first)
+    assert any(m.endswith("(grandchild work): ended completed") for m in first)
+    assert any(m.endswith("(second): step 1") for m in second)
+    assert any(m.endswith("(inner work): ended completed") for m in second)
+    assert second[-1].endswith("(second): ended completed")
+
+
 def test_bad_arguments_are_an_error_result_with_the_code(basic: dict[str, Any]) -> None:
     bad = basic["bad_args"]
     assert bad["is_error"] is True and bad["code"] == "INVALID_ARGS"

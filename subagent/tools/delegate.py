@@ -220,6 +220,12 @@ def _tool_error(exc: SubagentError) -> ToolError:
     return ToolError(f"Could not start the subagent: {exc.detail} ({exc.code})", code=exc.code)
 
 
+def _tell_caller(ctx: ToolContext, child_id: str) -> None:
+    """Name the child this call started to whoever runs the call (see `ToolContext.on_child`)."""
+    if ctx.on_child is not None:
+        ctx.on_child(child_id)
+
+
 class _Delegate:
     """The tool function, bound to its service and config."""
 
@@ -280,6 +286,7 @@ class _Delegate:
     ) -> str:
         trace = tracing.named(ctx.trace, description)
         handle = self._start(agent, self._request(agent, prompt, ctx.signal, trace), description)
+        _tell_caller(ctx, handle.id)
         try:
             result = handle.result.get()
         finally:
@@ -301,6 +308,7 @@ class _Delegate:
         trace = tracing.named(ctx.trace, description)
         request = self._request(agent, prompt, controller.signal, trace)
         handle = self._start(agent, request, description)
+        _tell_caller(ctx, handle.id)
         task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
         tasks.watch(self._watch, agent, tasks, handle, task.id, description)
         return (
@@ -335,6 +343,7 @@ class _Delegate:
         except SubagentError as exc:
             raise _tool_error(exc) from exc
         child_labels(agent.ctx)[started.child_id] = description
+        _tell_caller(ctx, started.child_id)
         return (
             f"Started continuable subagent {started.child_id} (task {started.task_id}). It "
             "reports back when its activation settles; send follow-ups with "
