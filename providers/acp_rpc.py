@@ -122,8 +122,9 @@ class JsonRpcConnection:
     """One JSON-RPC peer. Handlers run on the reader greenlet and must not block.
 
     A request handler that needs to wait (a server running a tool) returns a `gevent.Greenlet`
-    it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`),
-    sent when it ends, so the reader keeps reading meanwhile.
+    it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`,
+    raised or returned: a returned fault is a client's bad request, not a crash for the hub to
+    print), sent when it ends, so the reader keeps reading meanwhile.
     """
 
     def __init__(
@@ -339,7 +340,9 @@ class JsonRpcConnection:
 
     def _deferred(self, rid: object, method: str, done: gevent.Greenlet) -> None:
         if done.successful():
-            if done.value is not NO_REPLY:
+            if isinstance(done.value, (RpcFault, MethodNotFound)):
+                self._reply_error(rid, method, done.value)
+            elif done.value is not NO_REPLY:
                 self._send({"jsonrpc": "2.0", "id": rid, "result": done.value})
         elif isinstance(done.exception, Exception):
             self._reply_error(rid, method, done.exception)

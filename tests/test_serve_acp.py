@@ -261,3 +261,42 @@ def test_a_runtime_runs_subagent_acp_as_its_child_and_the_cap_holds_across(
     assert answer.endswith("cannot delegate: no subagent tool at this depth"), answer
     headers = SessionStore(inner_home / "sessions").list()
     assert sorted(h.delegation_depth for h in headers) == [1, 2, 3]
+
+
+# -- a directory name that is not UTF-8 ----------------------------------------------------------
+
+
+def test_session_new_and_load_refuse_a_non_utf8_cwd_by_name(tmp_path: Path) -> None:
+    """A client can name such a directory only with a lone-surrogate JSON escape: refused as
+    invalid params naming the problem, and the connection goes on (docs/decisions.md)."""
+    bad = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"caf\xe9"))
+    os.mkdir(bad)
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path / "home"), "acp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        proc.stdin.write(json.dumps(message).encode() + b"\n")  # `\udce9`: an ASCII escape
+        proc.stdin.flush()
+        while True:
+            answer: dict[str, Any] = json.loads(proc.stdout.readline())
+            if answer.get("id") == rid:
+                return answer
+
+    ask(1, "initialize", {"protocolVersion": 1})
+    for rid, method, extra in ((2, "session/new", {}), (3, "session/load", {"sessionId": "s1"})):
+        error = ask(rid, method, {"cwd": bad, "mcpServers": [], **extra})["error"]
+        assert error["code"] == -32602, error
+        assert "is not valid UTF-8" in error["message"]
+    assert "sessionId" in ask(4, "session/new", {"cwd": str(tmp_path), "mcpServers": []})["result"]
+    proc.stdin.close()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert b"Traceback" not in stderr

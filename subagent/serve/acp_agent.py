@@ -26,6 +26,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 
+from agent.events import check_utf8_path
 from agent.options import AgentOptions
 from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
@@ -346,13 +347,15 @@ class AcpAgentServer:
         return greenlet
 
     @staticmethod
-    def _guarded(fn: Callable[[*Ts], T], *args: *Ts) -> T:
+    def _guarded(fn: Callable[[*Ts], T], *args: *Ts) -> T | RpcFault | MethodNotFound:
+        """`fn`'s answer; a client's bad request is returned as its fault (the connection
+        answers it), so the hub prints no traceback for it."""
         try:
             return fn(*args)
-        except (RpcFault, MethodNotFound):
-            raise
+        except (RpcFault, MethodNotFound) as fault:
+            return fault
         except (ValueError, TypeError, KeyError) as exc:
-            raise RpcFault(INVALID_PARAMS, f"{type(exc).__name__}: {exc}") from exc
+            return RpcFault(INVALID_PARAMS, f"{type(exc).__name__}: {exc}")
         except Exception as exc:
             log.exception("acp server: request failed")
             raise RpcFault(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from exc
@@ -368,7 +371,12 @@ class AcpAgentServer:
         cwd = params.get("cwd")
         if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
             raise RpcFault(INVALID_PARAMS, f"cwd must be an absolute directory, got {cwd!r}")
-        return cwd
+        try:
+            # A JSON `\udce9` escape is how a client could name a non-UTF-8 directory: refused
+            # here by name, not as a failure deep in the session log (docs/decisions.md).
+            return check_utf8_path(cwd, "cwd")
+        except ValueError as exc:
+            raise RpcFault(INVALID_PARAMS, str(exc)) from None
 
     def _options(self, depth: int | None) -> AgentOptions:
         return AgentOptions(model=self._served.model, subagent_depth=depth)

@@ -29,6 +29,7 @@ import gevent
 from gevent.event import Event
 from gevent.pool import Group
 
+from agent.events import check_utf8_path
 from agent.model import ToolCall
 from agent.options import AgentOptions
 from agent.tools import ToolContext, ToolResult
@@ -82,9 +83,10 @@ class McpServer:
     """One MCP connection over `pipes`, served until the client closes it or `stop()`."""
 
     def __init__(self, served: Served, pipes: ProtocolPipes, *, cwd: str | None = None) -> None:
+        # Refused now, not at `initialize`: the root agent's session log records its directory.
+        self._cwd = check_utf8_path(cwd or os.getcwd(), "the working directory")
         self._served = served
         self._runtime = served.runtime
-        self._cwd = cwd or os.getcwd()
         self._root: Agent | None = None  # the client's stand-in, made by `initialize`
         self._feed: ChildFeed | None = None
         self._version: str | None = None
