@@ -60,14 +60,17 @@ class CallFeed:
     def __init__(self, feed: ChildFeed, sink: Callable[[Mapping[str, Any]], None]) -> None:
         self._feed = feed
         self.sink = sink
+        self._closed = False
 
     def claim(self, child_id: str) -> None:
         """`child_id` (a child of the feed's root) is this call's: its events come here."""
         self._feed.claim(self, child_id)
 
     def close(self) -> None:
-        """Stop: the call is over; its children's later events reach no call."""
-        self._feed.release(self)
+        """Stop: the call is over; its children's later events reach no call. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._feed.release(self)
 
 
 class ChildFeed:
@@ -96,6 +99,7 @@ class ChildFeed:
         self._owners: dict[str, CallFeed] = {}  # a child of the root -> the call that has it
         self._claimed: set[str] = set()  # children of the root some call claimed at least once
         self._waiting: dict[str, list[Mapping[str, Any]]] = {}  # unclaimed children's events
+        self._open_calls = 0  # events wait for a claim only while some call could make it
         self._removers = [
             service.subscribe(self._on_lifecycle),
             service.subscribe_progress(self._on_progress),
@@ -113,6 +117,7 @@ class ChildFeed:
 
     def add_call(self, sink: Callable[[Mapping[str, Any]], None]) -> CallFeed:
         """A feed of only the children the call claims (see `CallFeed`)."""
+        self._open_calls += 1
         return CallFeed(self, sink)
 
     def claim(self, call: CallFeed, child_id: str) -> None:
@@ -126,6 +131,9 @@ class ChildFeed:
         """The children `call` claimed belong to no call any more."""
         for child_id in [c for c, owner in self._owners.items() if owner is call]:
             del self._owners[child_id]
+        self._open_calls -= 1
+        if not self._open_calls:
+            self._waiting.clear()  # no call open: none of them will be claimed
 
     def _deliver(self, top: str, event: Mapping[str, Any]) -> None:
         for sink in list(self._sinks):
@@ -133,7 +141,7 @@ class ChildFeed:
         owner = self._owners.get(top)
         if owner is not None:
             owner.sink(event)
-        elif top not in self._claimed:
+        elif self._open_calls and top not in self._claimed:
             waiting = self._waiting.get(top)
             if waiting is None:
                 if len(self._waiting) >= self.MAX_WAITING_CHILDREN:
