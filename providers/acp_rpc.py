@@ -19,6 +19,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.queue import Queue
 
+from agent.jsoncheck import repair_surrogates
 from providers.acp_text import clean_text, describe_data
 from providers.errors import (
     ConnectionClosed,
@@ -223,7 +224,14 @@ class JsonRpcConnection:
     # -- internals ------------------------------------------------------------------------------
 
     def _send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (a peer's JSON `\ud800` escape echoed back in a label, bytes
+            # that are not UTF-8): the wire is UTF-8, so U+FFFD, as everywhere in the runtime
+            # (docs/decisions.md). Only a failed encode pays for the repair.
+            data = repair_surrogates(text).encode("utf-8")
         self._outbox.put(data + b"\n")
 
     def _write_loop(self) -> None:
