@@ -42,6 +42,7 @@ __all__ = [
     "SessionHeader",
     "SessionLogError",
     "TurnEndReason",
+    "check_utf8_path",
     "is_ignorable",
     "validate_session_id",
 ]
@@ -124,6 +125,22 @@ def is_ignorable(event: Event) -> bool:
     return type(data) is dict and data.get("ignorable") is True
 
 
+def check_utf8_path(path: str, what: str) -> str:
+    """`path`, or `ValueError` when it holds bytes that are not UTF-8 (Python hands such a name
+    over `surrogateescape`d): a session log, an ACP message and a trace are UTF-8 text, so no
+    record of the directory could name it (docs/decisions.md)."""
+    if not path.isascii():
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{what} {path!r} is not valid UTF-8 (a directory name with non-UTF-8 bytes): "
+                "the runtime records paths as UTF-8 text and cannot work there; rename the "
+                "directory or use another one"
+            ) from None
+    return path
+
+
 def validate_session_id(session_id: object) -> str:
     """Return the id, or raise ValueError (ids become file names)."""
     # Letters and digits only (the common case, e.g. minted ids): the pattern holds, no regex.
@@ -165,6 +182,7 @@ class SessionHeader:
             raise TypeError("created_at must be a number (epoch seconds)")
         if type(self.cwd) is not str:
             raise TypeError("cwd must be a str")
+        check_utf8_path(self.cwd, "cwd")
         if self.parent_session is not None:
             validate_session_id(self.parent_session)
         if self.origin not in (None, "subagent"):

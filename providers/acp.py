@@ -32,6 +32,7 @@ from gevent.event import Event
 
 from agent import tracing
 from agent.events import SessionHeader, SessionLogError
+from agent.jsoncheck import repair_surrogates
 from agent.store import SessionBusyError, SessionNotFoundError
 from providers.acp_config import AcpConfig, AcpOverrides, ProgressCallback, check_cwd
 from providers.acp_log import AcpRecord, ChildLog, SessionStoreLike, read_record
@@ -107,6 +108,8 @@ _CLIENT_CAPABILITIES = {"fs": {"readTextFile": False, "writeTextFile": False}, "
 
 
 def _text_prompt(prompt: Sequence[ContentBlock]) -> list[dict[str, Any]]:
+    """The prompt as the text blocks ACP sends, lone surrogates repaired to U+FFFD as everywhere
+    in the runtime (docs/decisions.md): the wire is UTF-8 JSON and cannot carry them."""
     blocks: list[dict[str, Any]] = []
     for block in prompt:
         if block.get("type") != "text" or not isinstance(block.get("text"), str):
@@ -114,7 +117,7 @@ def _text_prompt(prompt: Sequence[ContentBlock]) -> list[dict[str, Any]]:
                 "START_FAILED",
                 f"the acp provider sends text blocks only, got {block.get('type')!r}",
             )
-        blocks.append({"type": "text", "text": block["text"]})
+        blocks.append({"type": "text", "text": repair_surrogates(block["text"])})
     return blocks
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypedDict
 
+from agent.events import check_utf8_path
+
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
     "PERMISSION_POLICIES",
@@ -103,6 +105,7 @@ def check_cwd(value: object, what: str) -> str:
         raise ValueError(f"{what} must not contain NUL")
     if not os.path.isabs(value):
         raise ValueError(f"{what} must be an absolute path, got {value!r}")
+    check_utf8_path(value, what)  # `session/new` carries it in UTF-8 JSON
     if not os.path.isdir(value):
         raise ValueError(f"{what} {value!r} is not a directory")
     if not os.access(value, os.X_OK):

@@ -19,6 +19,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.queue import Queue
 
+from agent.jsoncheck import repair_surrogates
 from providers.acp_text import clean_text, describe_data
 from providers.errors import (
     ConnectionClosed,
@@ -122,8 +123,9 @@ class JsonRpcConnection:
     """One JSON-RPC peer. Handlers run on the reader greenlet and must not block.
 
     A request handler that needs to wait (a server running a tool) returns a `gevent.Greenlet`
-    it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`),
-    sent when it ends, so the reader keeps reading meanwhile.
+    it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`,
+    raised or returned: a returned fault is a client's bad request, not a crash for the hub to
+    print), sent when it ends, so the reader keeps reading meanwhile.
     """
 
     def __init__(
@@ -222,7 +224,14 @@ class JsonRpcConnection:
     # -- internals ------------------------------------------------------------------------------
 
     def _send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (a peer's JSON `\ud800` escape echoed back in a label, bytes
+            # that are not UTF-8): the wire is UTF-8, so U+FFFD, as everywhere in the runtime
+            # (docs/decisions.md). Only a failed encode pays for the repair.
+            data = repair_surrogates(text).encode("utf-8")
         self._outbox.put(data + b"\n")
 
     def _write_loop(self) -> None:
@@ -339,7 +348,9 @@ class JsonRpcConnection:
 
     def _deferred(self, rid: object, method: str, done: gevent.Greenlet) -> None:
         if done.successful():
-            if done.value is not NO_REPLY:
+            if isinstance(done.value, (RpcFault, MethodNotFound)):
+                self._reply_error(rid, method, done.value)
+            elif done.value is not NO_REPLY:
                 self._send({"jsonrpc": "2.0", "id": rid, "result": done.value})
         elif isinstance(done.exception, Exception):
             self._reply_error(rid, method, done.exception)

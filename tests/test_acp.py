@@ -380,6 +380,13 @@ def test_non_text_prompt_blocks_are_refused(parent: Parent) -> None:
     assert info.value.code == "START_FAILED"
 
 
+def test_a_lone_surrogate_in_the_prompt_is_repaired_before_it_is_sent(parent: Parent) -> None:
+    """As everywhere in the runtime (docs/decisions.md): U+FFFD, not a failed run."""
+    result = finish(start(AcpProvider(peer_config("normal")), parent, "left \ud800 right"))
+    assert result.stop_reason == "completed", result.diagnostic
+    assert result.output[0]["text"].startswith("echo: left \ufffd right [session sess-")
+
+
 # -- resume through session/load ----------------------------------------------------------------
 
 

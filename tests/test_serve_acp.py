@@ -21,6 +21,7 @@ from agent.options import AgentOptions
 from agent.store import SessionStore
 from providers.acp import DEPTH_META, AcpConfig, AcpProvider, session_params
 from subagent.runtime import Runtime
+from subagent.serve.acp_agent import IGNORED_MCP_META
 from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,3 +262,78 @@ def test_a_runtime_runs_subagent_acp_as_its_child_and_the_cap_holds_across(
     assert answer.endswith("cannot delegate: no subagent tool at this depth"), answer
     headers = SessionStore(inner_home / "sessions").list()
     assert sorted(h.delegation_depth for h in headers) == [1, 2, 3]
+
+
+# -- raw requests -------------------------------------------------------------------------------
+
+
+class RawClient:
+    """`subagent acp` as a subprocess, spoken to in raw JSON-RPC lines (bytes: a `\\udce9`
+    escape is ASCII on the wire, so anything a client could send can be sent)."""
+
+    def __init__(self, home: Path, *flags: str) -> None:
+        self.proc = gsub.Popen(
+            [sys.executable, "-m", "subagent.cli", *flags, "--home", str(home), "acp"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.ask(0, "initialize", {"protocolVersion": 1})
+
+    def ask(self, rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None
+        message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        stdin.write(json.dumps(message).encode() + b"\n")
+        stdin.flush()
+        while True:
+            answer: dict[str, Any] = json.loads(stdout.readline())
+            if answer.get("id") == rid:
+                return answer
+
+    def close(self) -> str:
+        """Hang up; the server's stderr, after it exited 0 without a traceback."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        _, raw = self.proc.communicate(timeout=60)
+        stderr = raw.decode("utf-8", "replace")
+        assert self.proc.returncode == 0, stderr[-2000:]
+        assert "Traceback" not in stderr, stderr[-2000:]
+        return stderr
+
+
+def test_session_new_and_load_refuse_a_non_utf8_cwd_by_name(tmp_path: Path) -> None:
+    """A client can name such a directory only with a lone-surrogate JSON escape: refused as
+    invalid params naming the problem, and the connection goes on (docs/decisions.md)."""
+    bad = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"caf\xe9"))
+    os.mkdir(bad)
+    client = RawClient(tmp_path / "home")
+    for rid, method, extra in ((2, "session/new", {}), (3, "session/load", {"sessionId": "s1"})):
+        error = client.ask(rid, method, {"cwd": bad, "mcpServers": [], **extra})["error"]
+        assert error["code"] == -32602, error
+        assert "is not valid UTF-8" in error["message"]
+    good = client.ask(4, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
+    assert "sessionId" in good["result"]
+    client.close()
+
+
+def test_the_clients_mcp_servers_are_named_as_not_connected(tmp_path: Path) -> None:
+    """Not connected (docs/serve.md), and not silently: the answer's `_meta` says so (and the
+    log, which `--debug` sends to stderr)."""
+    servers = [
+        {"name": "filesystem", "command": "/bin/true", "args": [], "env": []},
+        {"type": "http", "name": "api", "url": "http://127.0.0.1:9/mcp", "headers": []},
+    ]
+    client = RawClient(tmp_path / "home", "--debug")
+    new = client.ask(1, "session/new", {"cwd": str(tmp_path), "mcpServers": servers})["result"]
+    assert new["_meta"] == {IGNORED_MCP_META: ["filesystem", "api"]}
+    params = {"sessionId": new["sessionId"], "cwd": str(tmp_path), "mcpServers": servers[:1]}
+    loaded = client.ask(2, "session/load", params)["result"]
+    assert loaded["_meta"] == {IGNORED_MCP_META: ["filesystem"]}
+    plain = client.ask(3, "session/new", {"cwd": str(tmp_path), "mcpServers": []})["result"]
+    assert "_meta" not in plain
+    bad = client.ask(4, "session/new", {"cwd": str(tmp_path), "mcpServers": "filesystem"})
+    assert bad["error"]["code"] == -32602
+    stderr = client.close()
+    assert "not connecting the client's MCP server(s) filesystem, api" in stderr

@@ -82,6 +82,21 @@ def test_progress_notifications_follow_the_child_while_the_call_runs(
     assert messages[-1].endswith("(say hello): ended completed")
 
 
+def test_overlapping_calls_each_see_only_their_own_subtree_in_progress(tmp_path: Path) -> None:
+    seen = drive("overlap", tmp_path)
+    assert seen["second_result"]["is_error"] is False
+    first, second = seen["first"], seen["second"]
+    # Nothing of the other call's subtree, though both ran on the connection's one root agent.
+    assert not [m for m in first if "(second)" in m or "(inner work)" in m], first
+    assert not [m for m in second if "(first)" in m or "(grandchild work)" in m], second
+    # And all of its own: the child, then the grandchild it delegated to.
+    assert any(m.endswith("(first): step 1") for m in first)
+    assert any(m.endswith("(grandchild work): ended completed") for m in first)
+    assert any(m.endswith("(second): step 1") for m in second)
+    assert any(m.endswith("(inner work): ended completed") for m in second)
+    assert second[-1].endswith("(second): ended completed")
+
+
 def test_bad_arguments_are_an_error_result_with_the_code(basic: dict[str, Any]) -> None:
     bad = basic["bad_args"]
     assert bad["is_error"] is True and bad["code"] == "INVALID_ARGS"
@@ -331,3 +346,47 @@ def test_a_bad_flag_is_one_error_line_before_stdio_is_taken(tmp_path: Path) -> N
     assert proc.stderr.strip().splitlines() == [
         "subagent mcp: error: command '/nonexistent/agent' is not an executable file (see --help)"
     ]
+
+
+def test_a_lone_surrogate_from_the_client_reaches_it_back_repaired(tmp_path: Path) -> None:
+    """A JSON `\\ud800` escape in a description becomes the child's label, which progress
+    messages carry: they go out with U+FFFD (docs/decisions.md), not lost to an encode error."""
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "subagent",
+                "arguments": {"description": "half \ud800 label", "prompt": "hi \udcff"},
+                "_meta": {"progressToken": "tok"},
+            },
+        },
+    ]
+    proc = gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))  # ASCII escapes
+    proc.stdin.flush()
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1].get("id") != 2:
+        seen.append(json.loads(proc.stdout.readline()))
+    proc.stdin.close()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert b"UnicodeEncodeError" not in stderr, stderr[-2000:]
+    progress = [m["params"]["message"] for m in seen if m.get("method") == "notifications/progress"]
+    assert any(p.endswith("(half \ufffd label): ended completed") for p in progress), progress
+    assert seen[-1]["result"]["content"][0]["text"].endswith("received: hi \ufffd")

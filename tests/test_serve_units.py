@@ -4,9 +4,9 @@ model's directives, the wiring of providers from a config."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gevent
 import pytest
@@ -17,8 +17,12 @@ from agent.model import ModelRequest, ToolSpec
 from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcError, RpcFault
 from subagent.errors import SubagentError
 from subagent.serve.offline import respond
+from subagent.serve.progress import ChildFeed
 from subagent.serve.wiring import ServeConfig, build_served
 from supervision.signal import AbortSignal
+
+if TYPE_CHECKING:
+    from subagent.service import SubagentService
 
 # -- the JSON-RPC peer: a handler that answers later -----------------------------------------
 
@@ -72,6 +76,8 @@ class Pair:
                 raise RpcFault(-32001, "failed later")
 
             return self._later(fail)
+        if method == "returned_fault":
+            return self._later(lambda: RpcFault(-32002, "returned, not raised"))
         if method == "silent":
             return self._later(lambda: NO_REPLY)
         raise MethodNotFound(method)
@@ -114,6 +120,10 @@ def test_faults_answer_with_their_code_now_or_later(pair: Pair) -> None:
     with pytest.raises(RpcError) as unknown:
         pair.client.request("nope", {})
     assert unknown.value.code == -32601
+    # A handler greenlet may return its fault (a client's error: no crash for the hub to print).
+    with pytest.raises(RpcError) as returned:
+        pair.client.request("returned_fault", {})
+    assert (returned.value.code, returned.value.message) == (-32002, "returned, not raised")
 
 
 def test_no_reply_sends_nothing(pair: Pair) -> None:
@@ -126,6 +136,66 @@ def test_no_reply_sends_nothing(pair: Pair) -> None:
     pair.client.request("fast", {})
     assert not silent.ready()
     silent.kill()
+
+
+# -- progress: each call hears only its own children ---------------------------------------------
+
+
+class FakeEvents:
+    """The two subscriptions `ChildFeed` takes from the service, fed by hand."""
+
+    def __init__(self) -> None:
+        self.lifecycle: list[Callable[[Mapping[str, Any]], None]] = []
+        self.progress: list[Callable[[Mapping[str, Any]], None]] = []
+
+    def subscribe(self, fn: Callable[[Mapping[str, Any]], None]) -> Callable[[], None]:
+        self.lifecycle.append(fn)
+        return lambda: self.lifecycle.remove(fn)
+
+    def subscribe_progress(self, fn: Callable[[Mapping[str, Any]], None]) -> Callable[[], None]:
+        self.progress.append(fn)
+        return lambda: self.progress.remove(fn)
+
+    def start(self, child: str, parent: str) -> None:
+        for fn in self.lifecycle:
+            fn({"type": "subagent/start", "id": child, "parent_id": parent, "provider": "p"})
+
+    def step(self, agent: str, step: int) -> None:
+        for fn in self.progress:
+            fn({"agent_id": agent, "kind": "step/start", "step": step})
+
+
+def test_a_call_feed_gets_its_claimed_subtree_including_what_came_before_the_claim() -> None:
+    events = FakeEvents()
+    feed = ChildFeed(cast("SubagentService", events), {}, "root")
+    everything: list[Mapping[str, Any]] = []
+    feed.add(everything.append)  # the ACP server's whole-root view
+    mine: list[Mapping[str, Any]] = []
+    theirs: list[Mapping[str, Any]] = []
+    a, b = feed.add_call(mine.append), feed.add_call(theirs.append)
+    events.start("root.a", "root")  # the child works while it is being published...
+    events.step("root.a", 1)
+    events.start("root.a.g", "root.a")  # ...and even delegates
+    assert mine == []
+    a.claim("root.a")  # ...then its call names it: what waited arrives, in order
+    assert [e.get("id") or e.get("agent_id") for e in mine] == ["root.a", "root.a", "root.a.g"]
+    b.claim("root.b")
+    events.start("root.b", "root")
+    events.step("root.a.g", 1)
+    assert [e.get("id") or e.get("agent_id") for e in theirs] == ["root.b"]
+    assert mine[-1] == {"agent_id": "root.a.g", "kind": "step/start", "step": 1}
+    a.close()
+    a.close()  # idempotent
+    events.step("root.a", 2)  # its call is over: its child's later steps reach no call
+    assert len(mine) == 4 and len(theirs) == 1
+    assert len(everything) == 6  # the whole-root sink saw all of it
+    b.close()
+    events.start("root.c", "root")  # no call open: nothing waits for a claim
+    c_events: list[Mapping[str, Any]] = []
+    feed.add_call(c_events.append).claim("root.c")
+    assert c_events == []
+    feed.close()
+    assert events.lifecycle == [] and events.progress == []
 
 
 # -- the offline model ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 
+from agent.events import check_utf8_path
 from agent.options import AgentOptions
 from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from actors.agent_handle import Agent
     from agent.loop import TurnOutcome
 
-__all__ = ["DEPTH_META", "PROTOCOL_VERSION", "AcpAgentServer"]
+__all__ = ["DEPTH_META", "IGNORED_MCP_META", "PROTOCOL_VERSION", "AcpAgentServer"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ Ts = TypeVarTuple("Ts")
 PROTOCOL_VERSION: Final = 1
 
 PARENT_META: Final = "subagent-runtime/parent"
+# `_meta` key of the session/new and session/load answers: the names of the client's MCP
+# servers this agent does not connect (docs/serve.md).
+IGNORED_MCP_META: Final = "subagent-runtime/mcpServersNotConnected"
 
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -346,13 +350,15 @@ class AcpAgentServer:
         return greenlet
 
     @staticmethod
-    def _guarded(fn: Callable[[*Ts], T], *args: *Ts) -> T:
+    def _guarded(fn: Callable[[*Ts], T], *args: *Ts) -> T | RpcFault | MethodNotFound:
+        """`fn`'s answer; a client's bad request is returned as its fault (the connection
+        answers it), so the hub prints no traceback for it."""
         try:
             return fn(*args)
-        except (RpcFault, MethodNotFound):
-            raise
+        except (RpcFault, MethodNotFound) as fault:
+            return fault
         except (ValueError, TypeError, KeyError) as exc:
-            raise RpcFault(INVALID_PARAMS, f"{type(exc).__name__}: {exc}") from exc
+            return RpcFault(INVALID_PARAMS, f"{type(exc).__name__}: {exc}")
         except Exception as exc:
             log.exception("acp server: request failed")
             raise RpcFault(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from exc
@@ -368,32 +374,56 @@ class AcpAgentServer:
         cwd = params.get("cwd")
         if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
             raise RpcFault(INVALID_PARAMS, f"cwd must be an absolute directory, got {cwd!r}")
-        return cwd
+        try:
+            # A JSON `\udce9` escape is how a client could name a non-UTF-8 directory: refused
+            # here by name, not as a failure deep in the session log (docs/decisions.md).
+            return check_utf8_path(cwd, "cwd")
+        except ValueError as exc:
+            raise RpcFault(INVALID_PARAMS, str(exc)) from None
 
     def _options(self, depth: int | None) -> AgentOptions:
         return AgentOptions(model=self._served.model, subagent_depth=depth)
 
     @staticmethod
-    def _note_mcp_servers(params: Mapping[str, Any]) -> None:
+    def _not_connected(params: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer's `_meta` naming the client's MCP servers this agent does not connect.
+
+        The spec asks an agent to connect them; the coordinator's tools are the subagent tools
+        only (docs/serve.md). Refusing the session would lock out every client that always
+        sends its servers (editors do), so the session opens, and the client is told in-band
+        (and stderr says so) instead of the servers being dropped silently.
+        """
         servers = params.get("mcpServers")
-        if isinstance(servers, list) and servers:
-            # Not silent: the coordinator's tools are the subagent tools; it does not connect
-            # to the client's MCP servers (docs/serve.md).
-            log.warning("acp server: ignoring %d MCP server(s) from the client", len(servers))
+        if servers is None:
+            return {}
+        if not isinstance(servers, list):
+            raise RpcFault(INVALID_PARAMS, f"mcpServers must be an array, got {servers!r}")
+        if not servers:
+            return {}
+        names = [
+            str(s.get("name")) if isinstance(s, Mapping) and s.get("name") else "?" for s in servers
+        ]
+        log.warning(
+            "acp server: not connecting the client's MCP server(s) %s: this agent's tools are "
+            "the subagent tools only",
+            ", ".join(names),
+        )
+        return {"_meta": {IGNORED_MCP_META: names}}
 
     def _new_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        self._note_mcp_servers(params)
+        note = self._not_connected(params)
         depth = meta_depth(params)
         agent = self.runtime.agent(
             options=self._options(depth), cwd=self._cwd(params), delegation_depth=depth or 0
         )
         self._sessions[agent.id] = _Session(self, agent)
         log.info("acp server: session %s at depth %s", agent.id, agent.depth)
-        return {"sessionId": agent.id}
+        return {"sessionId": agent.id, **note}
 
     def _load_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session_id = params.get("sessionId")
         self._cwd(params)
+        note = self._not_connected(params)
         depth = meta_depth(params)
         if not isinstance(session_id, str):
             raise RpcFault(INVALID_PARAMS, "sessionId must be a string")
@@ -407,7 +437,7 @@ class AcpAgentServer:
             agent = self.runtime.resume_agent(session_id, options=self._options(depth))
             self._sessions[session_id] = _Session(self, agent)
         self._replay(self._sessions[session_id])
-        return {}
+        return note
 
     def _replay(self, session: _Session) -> None:
         """The conversation so far as updates, as `session/load` promises the client."""

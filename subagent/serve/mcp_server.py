@@ -10,10 +10,11 @@ Protocol (MCP 2025-06-18; 2025-03-26 and 2024-11-05 are accepted when a client a
 `initialize`, `ping`, `tools/list`, `tools/call` (each call in its own greenlet, so calls run
 side by side), `notifications/cancelled` (aborts that call's signal, which is its foreground
 children's signal; no answer is sent), and `notifications/progress` while the call runs when the
-client sent a `progressToken`. Any tool failure (a crashing child, a bad argument, a depth or
-capability refusal) is a result with `isError: true` whose text starts with the seam's code in
-brackets (also in `_meta`), never a JSON-RPC error; an unknown tool name or malformed params is
-a JSON-RPC `-32602`, as the spec asks.
+client sent a `progressToken`, about that call's own children only (calls overlap on the one
+root agent; the subagent tools name each child they start to the call). Any tool failure (a
+crashing child, a bad argument, a depth or capability refusal) is a result with `isError: true`
+whose text starts with the seam's code in brackets (also in `_meta`), never a JSON-RPC error; an
+unknown tool name or malformed params is a JSON-RPC `-32602`, as the spec asks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import gevent
 from gevent.event import Event
 from gevent.pool import Group
 
+from agent.events import check_utf8_path
 from agent.model import ToolCall
 from agent.options import AgentOptions
 from agent.tools import ToolContext, ToolResult
@@ -81,9 +83,10 @@ class McpServer:
     """One MCP connection over `pipes`, served until the client closes it or `stop()`."""
 
     def __init__(self, served: Served, pipes: ProtocolPipes, *, cwd: str | None = None) -> None:
+        # Refused now, not at `initialize`: the root agent's session log records its directory.
+        self._cwd = check_utf8_path(cwd or os.getcwd(), "the working directory")
         self._served = served
         self._runtime = served.runtime
-        self._cwd = cwd or os.getcwd()
         self._root: Agent | None = None  # the client's stand-in, made by `initialize`
         self._feed: ChildFeed | None = None
         self._version: str | None = None
@@ -188,17 +191,24 @@ class McpServer:
         self, root: Agent, rid: object, call: ToolCall, controller: AbortController, token: object
     ) -> object:
         """The call's `CallToolResult`, or `NO_REPLY` when the client cancelled it."""
-        remove = None
+        feed = None
         if isinstance(token, (str, int)) and not isinstance(token, bool) and self._feed:
-            remove = self._feed.add(lambda event: self._progress(token, event))
-        ctx = ToolContext(agent=root, session_id=root.id, call_id=call.id, signal=controller.signal)
+            # Only this call's children: calls overlap on one root agent, each with its token.
+            feed = self._feed.add_call(lambda event: self._progress(token, event))
+        ctx = ToolContext(
+            agent=root,
+            session_id=root.id,
+            call_id=call.id,
+            signal=controller.signal,
+            on_child=feed.claim if feed is not None else None,
+        )
         try:
             result = root.tools.execute(call, ctx)
         except AbortError:
             return NO_REPLY
         finally:
-            if remove is not None:
-                remove()
+            if feed is not None:
+                feed.close()
             self._calls.pop(rid, None)
         if controller.signal.aborted:
             return NO_REPLY  # the client cancelled: it expects no answer

@@ -16,7 +16,7 @@ from actors.agent_handle import Agent
 if TYPE_CHECKING:
     from subagent.service import SubagentService
 
-__all__ = ["ChildFeed", "describe"]
+__all__ = ["CallFeed", "ChildFeed", "describe"]
 
 _SKIP = frozenset({"model/chunk", "assistant/message"})
 
@@ -50,29 +50,63 @@ def describe(event: Mapping[str, Any], labels: Mapping[str, str]) -> str | None:
     return None
 
 
+class CallFeed:
+    """The events of the children one call claimed (and their descendants), for that call only.
+
+    Made by `ChildFeed.add_call`; the call names each child it starts with `claim` and ends with
+    `close`.
+    """
+
+    def __init__(self, feed: ChildFeed, sink: Callable[[Mapping[str, Any]], None]) -> None:
+        self._feed = feed
+        self.sink = sink
+        self._closed = False
+
+    def claim(self, child_id: str) -> None:
+        """`child_id` (a child of the feed's root) is this call's: its events come here."""
+        self._feed.claim(self, child_id)
+
+    def close(self) -> None:
+        """Stop: the call is over; its children's later events reach no call. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._feed.release(self)
+
+
 class ChildFeed:
-    """Every event of the agents below `root_id`, fanned out to the sinks added with `add`.
+    """Every event of the agents below `root_id`, fanned out to the sinks added with `add`, and
+    per call to the `CallFeed`s made with `add_call` (each sees only the children it claimed).
 
     Subscribed once, before any child starts: the service attaches its progress relay to a child
     only when someone listens at the child's publication. Lifecycle events name their parent;
     progress events are attributed by walking the live agents' parent links, so a grandchild's
     steps count too.
+
+    A child's first events can arrive before the call that started it has claimed it (the child
+    works while it is being published): they wait, a bounded number, for the claim.
     """
+
+    MAX_WAITING_CHILDREN = 64
+    MAX_WAITING_EVENTS = 256  # per child
 
     def __init__(
         self, service: SubagentService, agents: Mapping[str, object], root_id: str
     ) -> None:
         self._agents = agents
         self._root = root_id
-        self._known: set[str] = set()
+        self._parents: dict[str, str] = {}  # agents below the root whose start was delivered
         self._sinks: list[Callable[[Mapping[str, Any]], None]] = []
+        self._owners: dict[str, CallFeed] = {}  # a child of the root -> the call that has it
+        self._claimed: set[str] = set()  # children of the root some call claimed at least once
+        self._waiting: dict[str, list[Mapping[str, Any]]] = {}  # unclaimed children's events
+        self._open_calls = 0  # events wait for a claim only while some call could make it
         self._removers = [
             service.subscribe(self._on_lifecycle),
             service.subscribe_progress(self._on_progress),
         ]
 
     def add(self, sink: Callable[[Mapping[str, Any]], None]) -> Callable[[], None]:
-        """Forward events to `sink` from now on; returns the remover."""
+        """Forward every child's events to `sink` from now on; returns the remover."""
         self._sinks.append(sink)
 
         def remove() -> None:
@@ -81,42 +115,85 @@ class ChildFeed:
 
         return remove
 
-    def _deliver(self, event: Mapping[str, Any]) -> None:
+    def add_call(self, sink: Callable[[Mapping[str, Any]], None]) -> CallFeed:
+        """A feed of only the children the call claims (see `CallFeed`)."""
+        self._open_calls += 1
+        return CallFeed(self, sink)
+
+    def claim(self, call: CallFeed, child_id: str) -> None:
+        """Route `child_id`'s events (and its descendants') to `call`, the waiting ones first."""
+        self._owners[child_id] = call
+        self._claimed.add(child_id)
+        for event in self._waiting.pop(child_id, ()):
+            call.sink(event)
+
+    def release(self, call: CallFeed) -> None:
+        """The children `call` claimed belong to no call any more."""
+        for child_id in [c for c, owner in self._owners.items() if owner is call]:
+            del self._owners[child_id]
+        self._open_calls -= 1
+        if not self._open_calls:
+            self._waiting.clear()  # no call open: none of them will be claimed
+
+    def _deliver(self, top: str, event: Mapping[str, Any]) -> None:
         for sink in list(self._sinks):
             sink(event)
+        owner = self._owners.get(top)
+        if owner is not None:
+            owner.sink(event)
+        elif self._open_calls and top not in self._claimed:
+            waiting = self._waiting.get(top)
+            if waiting is None:
+                if len(self._waiting) >= self.MAX_WAITING_CHILDREN:
+                    del self._waiting[next(iter(self._waiting))]  # the oldest waits no more
+                waiting = self._waiting[top] = []
+            if len(waiting) < self.MAX_WAITING_EVENTS:
+                waiting.append(event)
 
-    def _below_root(self, agent_id: str) -> bool:
+    def _top(self, agent_id: str) -> str | None:
+        """The child of the root that `agent_id` descends from (itself, for a child), or None
+        when it is not below the root."""
         seen = 0
-        current: str | None = agent_id
-        while current is not None and seen < 64:
-            if current in self._known:
-                return True
-            agent = self._agents.get(current)
-            if isinstance(agent, Agent):  # `ctx.agents` holds the face's agents only
-                parent = agent.header.parent_session
-            else:
-                # A remote child (ACP, Ray) has a parent-scoped id, `<parent id>.<suffix>`: its
-                # first updates may arrive before its `subagent/start` has been delivered.
-                parent = current.rpartition(".")[0] or None
+        current = agent_id
+        while seen < 64:
+            parent = self._parents.get(current)
+            if parent is None:
+                agent = self._agents.get(current)
+                if isinstance(agent, Agent):  # `ctx.agents` holds the face's agents only
+                    parent = agent.header.parent_session
+                else:
+                    # A remote child (ACP, Ray) has a parent-scoped id, `<parent id>.<suffix>`:
+                    # its first updates may arrive before its `subagent/start` is delivered.
+                    parent = current.rpartition(".")[0] or None
+            if parent is None:
+                return None
             if parent == self._root:
-                return True
+                return current
             current, seen = parent, seen + 1
-        return False
+        return None
 
     def _on_lifecycle(self, event: Mapping[str, Any]) -> None:
         parent = event.get("parent_id")
-        # `_below_root`, not only the known set: a grandchild's start can be delivered before
-        # its parent's (the child works while it is being published).
-        if parent == self._root or (isinstance(parent, str) and self._below_root(parent)):
-            self._known.add(str(event.get("id")))
-            self._deliver(event)
+        child = event.get("id")
+        if not isinstance(parent, str) or not isinstance(child, str):
+            return
+        # `_top`, not only the known links: a grandchild's start can be delivered before its
+        # parent's (the child works while it is being published).
+        top = child if parent == self._root else self._top(parent)
+        if top is not None:
+            self._parents[child] = parent
+            self._deliver(top, event)
 
     def _on_progress(self, event: Mapping[str, Any]) -> None:
         agent_id = event.get("agent_id")
-        if isinstance(agent_id, str) and agent_id != self._root and self._below_root(agent_id):
-            self._deliver(event)
+        if isinstance(agent_id, str) and agent_id != self._root:
+            top = self._top(agent_id)
+            if top is not None:
+                self._deliver(top, event)
 
     def close(self) -> None:
         self._sinks.clear()
+        self._owners.clear()
+        self._waiting.clear()
         while self._removers:
             self._removers.pop()()

@@ -10,6 +10,7 @@ from typing import Literal
 
 import gevent
 
+from agent.events import check_utf8_path
 from agent.models import ModelRegistry
 from subagent.serve.stdio import claim_stdio
 from subagent.serve.wiring import ServeConfig, build_served
@@ -57,6 +58,10 @@ def serve(
     server: object
     if kind == "mcp":
         from subagent.serve.mcp_server import McpServer
+
+        # The connection's root agent works here: a name its log cannot record is refused at
+        # start, before anything is built (docs/decisions.md).
+        check_utf8_path(os.getcwd(), "the working directory")
 
         served = build_served(config, fork=False, child_options=True, models=models, route=route)
         server = mcp = McpServer(served, pipes)

@@ -55,6 +55,8 @@ def send_message_tool(service: SubagentService) -> Tool:
             )
         except SubagentError as exc:
             raise _error(exc) from exc
+        if ctx.on_child is not None:
+            ctx.on_child(child_id)  # its progress from now on belongs to this call
         if sent.kind == "steered":
             return f"Delivered to the running subagent {child_id}; it sees it at its next step."
         return (

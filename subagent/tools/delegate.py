@@ -237,6 +237,12 @@ def _tool_error(exc: SubagentError) -> ToolError:
     return ToolError(f"Could not start the subagent: {exc.detail} ({exc.code})", code=exc.code)
 
 
+def _tell_caller(ctx: ToolContext, child_id: str) -> None:
+    """Name the child this call started to whoever runs the call (see `ToolContext.on_child`)."""
+    if ctx.on_child is not None:
+        ctx.on_child(child_id)
+
+
 class _Delegate:
     """The tool function, bound to its service and config."""
 
@@ -298,6 +304,7 @@ class _Delegate:
         trace = tracing.named(ctx.trace, description)
         handle = self._start(agent, self._request(agent, prompt, ctx.signal, trace), description)
         try:
+            _tell_caller(ctx, handle.id)
             result = handle.result.get()
         finally:
             handle.dispose()
@@ -320,6 +327,7 @@ class _Delegate:
         handle = self._start(agent, request, description)
         task: Task | None = None
         try:
+            _tell_caller(ctx, handle.id)
             task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
             tasks.watch(self._watch, agent, tasks, handle, task.id, description)
         except BaseException as exc:
@@ -362,6 +370,7 @@ class _Delegate:
         except SubagentError as exc:
             raise _tool_error(exc) from exc
         child_labels(agent.ctx)[started.child_id] = description
+        _tell_caller(ctx, started.child_id)
         return (
             f"Started continuable subagent {started.child_id} (task {started.task_id}). It "
             "reports back when its activation settles; send follow-ups with "

@@ -162,7 +162,46 @@ async def acp_child(session: ClientSession) -> dict[str, Any]:
     }
 
 
+async def overlap(session: ClientSession) -> dict[str, Any]:
+    """Two calls at once on one connection, each with its own progress token."""
+    first: list[str] = []
+    second: list[str] = []
+    grandchild_done = anyio.Event()
+
+    async def on_first(value: float, total: float | None, message: str | None) -> None:
+        first.append(message or "")
+        if (message or "").endswith("(grandchild work): ended completed"):
+            grandchild_done.set()
+
+    async def on_second(value: float, total: float | None, message: str | None) -> None:
+        second.append(message or "")
+
+    out: dict[str, Any] = {}
+    async with anyio.create_task_group() as group:
+
+        async def hanging() -> None:
+            await session.call_tool(
+                "subagent",
+                {"description": "first", "prompt": "/delegate grandchild work\n/hang"},
+                progress_callback=on_first,
+            )
+
+        group.start_soon(hanging)
+        await grandchild_done.wait()  # the first call's subtree is busy (its child hangs)
+        done = await session.call_tool(
+            "subagent",
+            {"description": "second", "prompt": "/delegate inner work"},
+            progress_callback=on_second,
+        )
+        out["second_result"] = outcome(done)
+        group.cancel_scope.cancel()
+    out["first"] = first
+    out["second"] = second
+    return out
+
+
 SCENARIOS = {
+    "overlap": overlap,
     "basic": basic,
     "cancel": cancel,
     "depth": depth,
