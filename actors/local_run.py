@@ -28,6 +28,7 @@ from subagent.types import (
     ERROR,
     MAX_TOKENS,
     REFUSAL,
+    AgentView,
     MessageSource,
     SubagentResult,
     TraceParent,
@@ -58,18 +59,9 @@ class _Usage(Protocol):
     def cost_spent(self) -> int: ...
 
 
-class RunAgent(Protocol):
+class RunAgent(AgentView, Protocol):
     """What a local run needs of its agent (`actors.agent_handle.Agent`): named here as a
     Protocol so this module does not import the agent actor, which holds the run."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def cwd(self) -> str: ...
-
-    @property
-    def depth(self) -> int: ...
 
     @property
     def options(self) -> AgentOptions: ...
