@@ -18,6 +18,11 @@ from pathlib import Path
 import pytest
 from gevent import subprocess as gsub
 
+# Imported with the module (at collection), not in a fixture: a first import of the runtime
+# inside a test's setup runs on the hub for longer than the suite's blocking limit.
+from agent.store import SessionStore
+from subagent.runtime import Runtime
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -49,7 +54,7 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a tmpfs needs root")
     where = tmp_path / "small"
     where.mkdir()
-    mounted = subprocess.run(
+    mounted = gsub.run(
         ["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(where)], capture_output=True
     )
     if mounted.returncode != 0:
@@ -57,7 +62,7 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        gsub.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_fails_the_demo_naming_enospc(small_tmpfs: Path) -> None:
@@ -84,23 +89,20 @@ def read_only_store(tmp_path: Path) -> Iterator[Path]:
     """A home with one stored session, bind-mounted read-only (root can write anything else)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a read-only bind mount needs root")
-    from agent.store import SessionStore
-    from subagent.runtime import Runtime
-
     home = tmp_path / "home"
     with Runtime(store=SessionStore(home / "sessions")) as rt:
         rt.agent().close()
     view = tmp_path / "ro"
     view.mkdir()
-    if subprocess.run(["mount", "--bind", str(home), str(view)]).returncode != 0:
+    if gsub.run(["mount", "--bind", str(home), str(view)]).returncode != 0:
         pytest.skip("cannot bind-mount here")
     try:
         remount = ["mount", "-o", "remount,bind,ro", str(view)]
-        if subprocess.run(remount).returncode != 0:
+        if gsub.run(remount).returncode != 0:
             pytest.skip("cannot remount read-only here")
         yield view
     finally:
-        subprocess.run(["umount", "-l", str(view)], check=False)
+        gsub.run(["umount", "-l", str(view)], check=False)
 
 
 def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path) -> None:
