@@ -609,7 +609,8 @@ class SessionLog:
         The lossless-JSON walk is skipped where it cannot find anything: for the flat events
         whose every field the replay checks as an exact int or str (`_FLAT`), and when the
         caller says `prechecked` (every value inside `data` already went through an earlier
-        append of this log, unchanged since). The strict encoder and the replay still run.
+        append of this log, unchanged since, or the caller checked it as the walk would: e.g.
+        an assistant/message whose usage is clean). The strict encoder and the replay still run.
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()

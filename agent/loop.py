@@ -32,6 +32,7 @@ from agent import tracing
 from agent.context import LiveAgent
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import Conversation, last_turn_number
+from agent.jsoncheck import is_lossless
 from agent.log import SessionLog
 from agent.model import (
     ModelAdapter,
@@ -48,6 +49,7 @@ from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
 from agent.usage import (
     Price,
     UsageAccount,
+    check_usage,
     cost_of_events,
     pico_to_usd,
     usage_of_events,
@@ -372,18 +374,19 @@ class AgentCore:
         """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
         content = list(response.content)
         tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls]
-        data: dict[str, Any] = {
-            "message": {
-                # Unique within the session, also across processes: the event's own seq.
-                "id": f"a{len(self.log.events)}",
-                "role": "assistant",
-                "content": content,
-                "tool_calls": tool_calls,
-            },
-            "finish": response.finish,
+        message = {
+            # Unique within the session, also across processes: the event's own seq.
+            "id": f"a{len(self.log.events)}",
+            "role": "assistant",
+            "content": content,
+            "tool_calls": tool_calls,
         }
+        data: dict[str, Any] = {"message": message, "finish": response.finish}
         usage = response.usage
         cost: int | None = None
+        # Checked once here (an adapter's usage is normally clean: known keys, exact ints), so
+        # neither the log's lossless-JSON walk nor the charge looks at it again.
+        checked = check_usage(usage) if usage else None
         if usage:
             # The log encodes it at once and keeps no reference: no copy needed for a dict.
             data["usage"] = usage if type(usage) is dict else dict(usage)
@@ -391,10 +394,23 @@ class AgentCore:
             if price is not None:
                 # Priced when spent: a later change of the price table never rewrites history.
                 cost = price.cost(usage)
-                data["cost_usd"] = pico_to_usd(cost)
-        self.history.note(self.log.append("assistant/message", data))
+                data["cost_usd"] = pico_to_usd(cost)  # a finite float (int / int)
+        # The walk covers the message alone: `finish` is a str (the replay checks it), a clean
+        # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
+        # Anything else (a usage that is not clean, a message that is not lossless) takes the
+        # log's own walk, which names the bad value as before.
+        self.history.note(
+            self.log.append(
+                "assistant/message",
+                data,
+                prechecked=(checked is not None or not usage) and is_lossless(message, 1),
+            )
+        )
         if usage:
-            self.usage.charge(usage, cost)
+            if checked is None:
+                self.usage.charge(usage, cost)
+            else:
+                self.usage.charge_checked(checked, usage, cost)
         if self.on_progress is not None:
             event: dict[str, Any] = {"kind": "assistant/message", "content": content}
             if usage:

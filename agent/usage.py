@@ -32,12 +32,15 @@ __all__ = [
     "PriceTable",
     "UsageAccount",
     "add_usage",
+    "check_usage",
     "child_budget",
     "child_cost_budget",
     "cost_of_events",
     "normalize_usage",
+    "pack_usage",
     "pico_to_usd",
     "total_tokens",
+    "unpack_usage",
     "usage_of_events",
     "usd_to_pico",
 ]
@@ -59,6 +62,62 @@ def normalize_usage(usage: Mapping[str, Any]) -> dict[str, int]:
         if type(value) is int and value >= 0:
             out[key] = value
     return out
+
+
+# A usage packed into one int: kind i (in `USAGE_KEYS` order) is the lane of bits
+# [i * _LANE, (i + 1) * _LANE), and `kinds` has bit i set when kind i was reported (a count of 0
+# included). A response's counts are at most `MAX_COUNT` (what the session log can carry), so a
+# lane holds 2**64 responses before it could overflow: adding packed usages adds every kind at
+# once.
+_LANE: Final = 128
+_LANE_MASK: Final = (1 << _LANE) - 1
+_LANES: Final = {key: (index * _LANE, 1 << index) for index, key in enumerate(USAGE_KEYS)}
+MAX_COUNT: Final = 2**64 - 1
+
+# (total tokens, packed counts, kinds reported): a usage checked once.
+CheckedUsage = tuple[int, int, int]
+
+
+def check_usage(usage: Mapping[str, Any]) -> CheckedUsage | None:
+    """`usage` checked and packed once, when it is already normalized (an exact dict of known
+    keys and exact ints 0..`MAX_COUNT`: what the adapters hand over), else None.
+
+    One pass per model response: a clean usage is what the session log can append without
+    walking it (str keys, ints the strict encoder range-checks) and what `charge_checked` adds
+    up the account chain, every kind in one int addition per account.
+    """
+    if type(usage) is not dict:
+        return None
+    total = packed = kinds = 0
+    for key, value in usage.items():
+        lane = _LANES.get(key)
+        if lane is None or type(value) is not int or not 0 <= value <= MAX_COUNT:
+            return None
+        total += value
+        packed += value << lane[0]
+        kinds |= lane[1]
+    return total, packed, kinds
+
+
+def pack_usage(usage: Mapping[str, Any]) -> CheckedUsage:
+    """`usage` normalized (`normalize_usage`) and packed: for sums read from logs and usage
+    reported by remote children. ValueError for a count a lane cannot hold (2**128 tokens)."""
+    total = packed = kinds = 0
+    for key, value in normalize_usage(usage).items():
+        if value > _LANE_MASK:
+            raise ValueError(f"a token count of {key} beyond 2**128: {value}")
+        shift, bit = _LANES[key]
+        total += value
+        packed += value << shift
+        kinds |= bit
+    return total, packed, kinds
+
+
+def unpack_usage(packed: int, kinds: int) -> dict[str, int]:
+    """The usage dict of a packed sum (the kinds reported, in `USAGE_KEYS` order)."""
+    return {
+        key: (packed >> shift) & _LANE_MASK for key, (shift, bit) in _LANES.items() if kinds & bit
+    }
 
 
 def add_usage(into: dict[str, int], usage: Mapping[str, Any]) -> None:
@@ -238,11 +297,13 @@ ExceededHook = Callable[["UsageAccount"], None]
 
 
 class UsageAccount:
-    """One agent's spend (`own`), its subtree's (`subtree`) and its token budget (`limit`);
-    with a price (`price`, its model route's), also its cost (`cost_own`, `cost_spent`, in
-    picodollars) and cost budget (`cost_limit`).
+    """One agent's spend (`own`), its subtree's (`subtree`, total `spent`) and its token
+    budget (`limit`); with a price (`price`, its model route's), also its cost (`cost_own`,
+    `cost_spent`, in picodollars) and cost budget (`cost_limit`).
 
-    Not thread-safe: like everything else, it lives on the gevent hub.
+    The sums are incremental: a charge adds to its own account and to the descendants' sum of
+    each ancestor (O(depth), never a walk of the tree), and `subtree` is own + descendants'
+    on read. Not thread-safe: like everything else, it lives on the gevent hub.
     """
 
     __slots__ = (
@@ -250,14 +311,16 @@ class UsageAccount:
         "cost_limit",
         "cost_own",
         "cost_spent",
+        "kinds_below",
+        "kinds_own",
         "limit",
         "on_exceeded",
-        "own",
         "owner",
+        "packed_below",
+        "packed_own",
         "parent",
         "price",
         "spent",
-        "subtree",
     )
 
     def __init__(
@@ -275,9 +338,12 @@ class UsageAccount:
         if cost_limit is not None and (type(cost_limit) is not int or cost_limit < 0):
             raise ValueError(f"a cost budget must be non-negative picodollars, got {cost_limit!r}")
         self.owner = owner
-        self.own: dict[str, int] = dict(own or {})
-        self.subtree: dict[str, int] = dict(self.own)
-        self.spent = total_tokens(self.subtree)
+        # Own spend and what descendants spent (charged up to here), packed (`check_usage`):
+        # a charge is one int addition per account on the chain, whatever the kinds; `own`,
+        # `below` and `subtree` unpack on read.
+        self.spent, self.packed_own, self.kinds_own = pack_usage(own or {})
+        self.packed_below = 0
+        self.kinds_below = 0
         self.limit = limit
         self.price = price
         self.cost_own = cost_own
@@ -290,6 +356,21 @@ class UsageAccount:
 
     def __repr__(self) -> str:
         return f"<UsageAccount {self.owner} spent={self.spent} limit={self.limit}>"
+
+    @property
+    def own(self) -> dict[str, int]:
+        """This agent's own spend, by kind (a new dict: a snapshot)."""
+        return unpack_usage(self.packed_own, self.kinds_own)
+
+    @property
+    def below(self) -> dict[str, int]:
+        """What its descendants spent, by kind (a snapshot)."""
+        return unpack_usage(self.packed_below, self.kinds_below)
+
+    @property
+    def subtree(self) -> dict[str, int]:
+        """This agent's and its descendants' spend, by kind (a snapshot)."""
+        return unpack_usage(self.packed_own + self.packed_below, self.kinds_own | self.kinds_below)
 
     def over(self) -> bool:
         """Whether this account's own token or cost budget is used up."""
@@ -325,57 +406,78 @@ class UsageAccount:
 
     def add_subtree(self, usage: Mapping[str, Any], cost: int = 0) -> None:
         """Count spend that happened below this account before it was live (a cold resume)."""
-        add_usage(self.subtree, usage)
-        self.spent = total_tokens(self.subtree)
+        total, packed, kinds = pack_usage(usage)
+        self.packed_below += packed
+        self.kinds_below |= kinds
+        self.spent += total
         self.cost_spent += cost
 
     def charge(self, usage: Mapping[str, Any], cost: int | None = None) -> None:
         """Record one model response's usage (and its cost in picodollars: by default what
         `price` makes of it) here and in every ancestor's subtree."""
-        # On the hot path (every model response): adapters hand over normalized usage, so one
-        # pass validates and totals it; anything else is normalized first (the slow path).
-        total = 0
-        for key, value in usage.items():
-            if type(value) is not int or key not in _KNOWN:
-                usage = normalize_usage(usage)
-                total = total_tokens(usage)
-                break
-            total += value
-        if not usage:
-            return
-        own = self.own
-        for key, value in usage.items():
-            own[key] = own.get(key, 0) + value
+        checked = check_usage(usage)
+        if checked is None:
+            usage = normalize_usage(usage)
+            checked = pack_usage(usage)
+        if usage:
+            self.charge_checked(checked, usage, cost)
+
+    def charge_checked(
+        self, checked: CheckedUsage, usage: Mapping[str, int], cost: int | None = None
+    ) -> None:
+        """`charge` for a usage `check_usage` accepted (`checked` is what it returned): the hot
+        path of every model response, so no second check, one int addition per account on the
+        chain and one loop up it (O(depth), never a walk of the tree)."""
+        total, packed, kinds = checked
+        self.packed_own += packed
+        self.kinds_own |= kinds
         if cost is None:
             cost = 0 if self.price is None else self.price.cost(usage)
-        self.cost_own += cost
-        self.add_to_subtree(usage, total, cost)
+        self.spent += total
+        if cost:
+            self.cost_own += cost
+            self.cost_spent += cost
+        if self.limit is not None or self.cost_limit is not None:
+            self.check_budget()
+        # `add_to_subtree` up the chain, inlined: each account is told it is over its budget
+        # before its ancestors count the spend.
+        acc = self.parent
+        while acc is not None:
+            acc.packed_below += packed
+            acc.kinds_below |= kinds
+            acc.spent += total
+            if cost:
+                acc.cost_spent += cost
+            if acc.limit is not None or acc.cost_limit is not None:
+                acc.check_budget()
+            acc = acc.parent
 
     def charge_remote(self, usage: Mapping[str, Any]) -> None:
         """Count what a remote child (ACP) reported spending against this account's subtree and
         its ancestors' (not its own): known only when the child's turn ends, it counts from the
         next step boundary on."""
-        usage = normalize_usage(usage)
-        self.add_to_subtree(usage, total_tokens(usage), 0, with_cost_limit=False)
+        total, packed, kinds = pack_usage(usage)
+        self.add_to_subtree(packed, kinds, total, 0, with_cost_limit=False)
 
     def add_to_subtree(
-        self, usage: Mapping[str, int], total: int, cost: int, *, with_cost_limit: bool = True
+        self, packed: int, kinds: int, total: int, cost: int, *, with_cost_limit: bool = True
     ) -> None:
-        """Count spend of this account's subtree (normalized `usage`, its token `total`, its
-        `cost`) here, then in every ancestor's; an account over its limit is told once."""
-        subtree = self.subtree
-        for key, value in usage.items():
-            subtree[key] = subtree.get(key, 0) + value
+        """Count spend of this account's descendants (a packed usage, `pack_usage`, its token
+        `total`, its `cost`) here, then in every ancestor's; an account over its limit is told
+        once, before its ancestors count the spend."""
+        self.packed_below += packed
+        self.kinds_below |= kinds
         self.spent += total
-        self.cost_spent += cost
-        limited = self.limit is not None or (with_cost_limit and self.cost_limit is not None)
-        if limited and not self._fired and self.over():
-            self._exhausted()
+        if cost:
+            self.cost_spent += cost
+        if self.limit is not None or (with_cost_limit and self.cost_limit is not None):
+            self.check_budget()
         if self.parent is not None:
-            self.parent.add_to_subtree(usage, total, cost, with_cost_limit=with_cost_limit)
+            self.parent.add_to_subtree(packed, kinds, total, cost, with_cost_limit=with_cost_limit)
 
-    def _exhausted(self) -> None:
-        if self.on_exceeded is not None:
+    def check_budget(self) -> None:
+        """Tell `on_exceeded`, once, if this account's budget is used up."""
+        if not self._fired and self.on_exceeded is not None and self.over():
             self._fired = True
             self.on_exceeded(self)
 
@@ -404,9 +506,15 @@ class UsageAccount:
 
     def exceeded(self) -> UsageAccount | None:
         """The nearest account on the chain (this one first) whose budget is used up."""
+        # Checked at every step boundary, mostly on chains with no budget at all: `over`
+        # inlined, so an account without one costs two attribute reads.
         acc: UsageAccount | None = self
         while acc is not None:
-            if acc.over():
+            limit = acc.limit
+            cost_limit = acc.cost_limit
+            if (limit is not None and acc.spent >= limit) or (
+                cost_limit is not None and acc.cost_spent >= cost_limit
+            ):
                 return acc
             acc = acc.parent
         return None

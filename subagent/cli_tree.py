@@ -26,6 +26,7 @@ from subagent.tools.delegate import child_labels
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
     from actors.agent_handle import Agent
     from agent.context import AgentContext
+    from agent.loop import TurnOutcome
     from subagent.service import SubagentService
 
 __all__ = ["Node", "TreeModel"]
@@ -40,6 +41,7 @@ _STYLES = {
     "max-tokens": "magenta",
     "refusal": "magenta",
     "budget-exceeded": "magenta",
+    "unknown": "red",
 }
 
 
@@ -173,6 +175,22 @@ class TreeModel:
         if node is not None and text not in node.notes:
             node.notes.append(text)
             self.changes += 1
+
+    def finish(self, outcome: TurnOutcome | None) -> None:
+        """Once the run is over (the wait returned, every child's end delivered): the root
+        shows how its last turn ended, and a child whose end never arrived shows `unknown`,
+        never a stale `running`."""
+        root = self.nodes[self.root_id]
+        if outcome is not None and outcome.fault is not None:
+            root.status = "error"
+            root.notes.append("log write failed")
+        elif root.live:
+            root.status = "idle"
+        for node in self.descendants():
+            if node.live:
+                node.status = "unknown"
+                node.notes.append("end not seen")
+        self.changes += 1
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -725,12 +725,13 @@ class ContinuationManager:
     ) -> _Activation:
         if self._closed:
             # close() already took its census: an activation it cannot see must not live on.
-            handle.dispose()
+            _abandon(handle, "the runtime closed while the child started")
             raise SubagentError("RUNTIME_CLOSED", "the runtime closed while the child started")
         try:
             task = self._tasks().adopt(label, owner, kill=lambda reason: handle.cancel(reason))
-        except BaseException:
-            handle.dispose()  # an activation nobody tracks must not keep running
+        except BaseException as exc:
+            # An activation nobody tracks must not keep running: the caller sees `exc`.
+            _abandon(handle, f"its task could not be registered: {type(exc).__name__}: {exc}")
             raise
         if activation is None:
             activation = _Activation(child.child_id, self._settlers)
@@ -811,6 +812,17 @@ class ContinuationManager:
         # its activation ended; quiescence means those greenlets have ended too.
         self._settlers.join()
         self._settlers.close()
+
+
+def _abandon(handle: ActivationRun, why: str) -> None:
+    """Stop a started activation nothing took ownership of: cancel (with why), then dispose,
+    which returns once its end is emitted. A failing dispose is logged, not raised over the
+    caller's error."""
+    try:
+        handle.cancel(why)
+        handle.dispose()
+    except Exception:
+        log.exception("disposing abandoned activation %s failed", handle.id)
 
 
 def _exit_of(outcome: settlement.Outcome) -> Exit:

@@ -168,8 +168,9 @@ class Demo:
             self.root.send(f"Coordinate {len(self.plans)} workers.", trace=coordinator).get()
             # Wakes on events only; the barrier (a registry round trip) delivers every lifecycle
             # event told so far before the tree is read.
+            service = self.runtime.subagents
             return Quiescence(
-                self.root, self.runtime.tasks, barrier=self.runtime.subagents.providers
+                self.root, self.runtime.tasks, barrier=service.providers, runs=service.runs
             ).wait()
 
     def cancel_all(self, reason: str) -> list[str]:

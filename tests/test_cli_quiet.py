@@ -16,6 +16,7 @@ from agent.models import scripted as S
 from agent.store import SessionStore
 from providers.inprocess import SpawnProvider
 from subagent.cli.quiet import Quiescence
+from subagent.cli_tree import TreeModel
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
 
@@ -154,4 +155,45 @@ def test_a_root_whose_log_failed_ends_the_wait_and_stops_its_tasks(tmp_path: Pat
         assert "No space left on device" in (task.detail or "")
     finally:
         release.set()
+        rt.close()
+
+
+def test_after_a_root_log_failure_the_tree_shows_every_stopped_childs_end(tmp_path: Path) -> None:
+    """The wait returns only once the killed child's run has ended and its `subagent/end` is
+    delivered: the final tree shows it stopped, never `running` (its end used to arrive after
+    the demo had rendered)."""
+    child_working = Event()
+
+    def respond(request: ModelRequest) -> S.Step:
+        if request.session_id != "root":
+            child_working.set()
+            return S.hang()  # works until it is cancelled
+        if request.step == 1:
+            call = {"description": "bg", "prompt": "work", "run_in_background": True}
+            return S.tool_calls([("subagent", call)])
+        child_working.wait()
+        log = rt.ctx.agents["root"].log
+        log._sink = _FullDisk(log._sink)  # the turn-end checkpoint fails
+        return S.text("started")
+
+    rt = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond))
+    try:
+        rt.subagents.register(SpawnProvider())
+        install_subagent_tools(
+            rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
+        )
+        root = rt.agent(session_id="root")
+        tree = TreeModel(rt.ctx, root.id, "root")
+        tree.attach(rt.subagents, root)
+        root.send("go").get()
+        service = rt.subagents
+        outcome = Quiescence(root, rt.tasks, barrier=service.providers, runs=service.runs).wait()
+        assert outcome is not None and outcome.fault is not None
+        assert all(run.settled for run in service.runs())
+        (child,) = tree.descendants()
+        assert child.status == "aborted"
+        tree.finish(outcome)
+        assert tree.nodes[root.id].status == "error"
+        assert child.status == "aborted"
+    finally:
         rt.close()

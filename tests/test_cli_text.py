@@ -13,6 +13,7 @@ from rich.console import Console
 from seam_kit import wait_until
 from test_cli import REPO, cli
 
+from agent.loop import TurnOutcome
 from agent.models import scripted as S
 from agent.store import SessionStore
 from providers.inprocess import SpawnProvider
@@ -75,6 +76,29 @@ def test_the_live_tree_shows_labels_and_tool_names_as_data() -> None:
     assert shown(LABEL) in plain.getvalue()
     assert "m[i][j] arr[/i]\\x1b]0;owned\\x07\\u202e" in plain.getvalue()
     assert "[/i]\\x1b]8;;x\\x07" in plain.getvalue() and "[red]n\\x1b[0m" in plain.getvalue()
+
+
+def test_the_finished_tree_marks_an_end_it_never_saw_unknown() -> None:
+    """`finish`: a child whose `subagent/end` never came is `unknown`, not a stale `running`;
+    a root whose log failed is `error`; an end that did arrive is kept."""
+    tree = TreeModel(_NoAgents(), "root", "coordinator")
+    for child in ("c1", "c2"):
+        tree.on_lifecycle(
+            {"type": "subagent/start", "id": child, "parent_id": "root", "provider": "p"}
+        )
+    tree.on_progress({"agent_id": "root", "kind": "turn/start", "turn": 1})
+    tree.on_lifecycle({"type": "subagent/end", "id": "c1", "stop_reason": "aborted"})
+    tree.finish(TurnOutcome(turn=1, reason="error", fault=OSError(27, "File too large")))
+    assert [(n.status, n.notes) for n in tree.descendants()] == [
+        ("aborted", []),
+        ("unknown", ["end not seen"]),
+    ]
+    assert tree.nodes["root"].status == "error"
+    assert tree.counts() == {"aborted": 1, "unknown": 1}
+    done = TreeModel(_NoAgents(), "root", "coordinator")
+    done.on_progress({"agent_id": "root", "kind": "turn/start", "turn": 1})
+    done.finish(TurnOutcome(turn=1, reason="completed"))
+    assert done.nodes["root"].status == "idle"
 
 
 class _NoAgents:

@@ -954,3 +954,34 @@ def test_each_activation_is_one_task_with_the_right_status(k: Kit) -> None:
 
 def k_default(request: ModelRequest) -> S.Step:
     return S.text(f"done: {last_user_text(request)}")
+
+
+class ClosesTasksOnStart(SpawnProvider):
+    """Starts the child, then the runtime's task service closes (as when the runtime shuts
+    down while a start is under way): the task cannot be registered after the start."""
+
+    def __init__(self, name: str, close: Callable[[], None]) -> None:
+        super().__init__(name)
+        self._close = close
+
+    def start(self, request: SubagentStartRequest) -> Any:
+        run = super().start(request)
+        self._close()
+        return run
+
+
+def test_an_activation_whose_task_cannot_be_registered_is_cancelled_and_disposed(k: Kit) -> None:
+    k.service.register(ClosesTasksOnStart("closing", k.runtime.tasks.close))
+    gate = Gate()
+    k.respond = gated_on({"first": gate})  # would work until the test ends
+    parent = k.parent()
+    with pytest.raises(SubagentError) as info:
+        start(k, parent, provider="closing")
+    assert code_of(info) == "RUNTIME_CLOSED"
+    # Cancelled and disposed before the call returned: its end was emitted, nothing is left.
+    k.flush_events()
+    assert kinds(k.events_of("subagent/start")) == ["subagent/start"]
+    [end] = k.events_of("subagent/end")
+    assert end["stop_reason"] == "aborted"
+    assert k.service.runs() == []
+    assert list(k.runtime.ctx.agents) == [parent.id]

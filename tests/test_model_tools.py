@@ -520,3 +520,23 @@ def test_list_agents_empty_and_descendants_scope(env: Env) -> None:
     )
     env.turn(root)
     assert [text_of(r) for r in results(root)] == ["No subagents.", "No subagents."]
+
+
+def test_background_one_shot_disposes_its_started_child_when_adopt_fails(env: Env) -> None:
+    """The child starts, then the task service refuses it (closing): the child is cancelled
+    and disposed before the call returns, and the model gets a typed error."""
+    install_subagent_tools(env.rt, tools=[SubagentToolConfig("spawn", notify_parent=False)])
+    env.child = lambda request: S.hang()
+    events: list[str] = []
+    env.rt.subagents.subscribe(lambda event: events.append(event["type"]))
+    env.rt.tasks.close()  # adopt() now fails RUNTIME_CLOSED, after the child's start
+    root = env.root(
+        S.tool_call("subagent", call("bg", "work", run_in_background=True)), S.text("ok")
+    )
+    env.turn(root)
+    [result] = results(root, "subagent")
+    assert result["is_error"] and result["code"] == "RUNTIME_CLOSED"
+    assert "Could not start the subagent" in text_of(result)
+    # Disposed before the tool returned: its end was emitted and no child is left.
+    assert events == ["subagent/start", "subagent/end"]
+    assert list(env.rt.ctx.agents) == [ROOT]

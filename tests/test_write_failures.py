@@ -122,3 +122,17 @@ def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path)
         [*argv, "--json"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60
     )
     assert json_run.returncode == 1
+
+
+def test_the_final_tree_under_a_write_failure_shows_no_child_running(tmp_path: Path) -> None:
+    """At this limit the coordinator's log fails while the continuable worker-04 still works;
+    the demo stops it, and the final tree must show how it ended, not a stale `running`."""
+    proc = demo(tmp_path, limit_bytes=6 * 1024)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[Errno 27] File too large" in proc.stderr
+    tree = [
+        line for line in proc.stdout.splitlines() if "worker-" in line or "coordinator " in line
+    ]
+    assert any("worker-04" in line for line in tree), proc.stdout
+    assert not [line for line in tree if " running " in line or " unknown " in line], proc.stdout
+    assert "coordinator error" in proc.stdout

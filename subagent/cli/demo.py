@@ -56,6 +56,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 not args.no_live,
                 lambda: demo.cancel_all("interrupted (Ctrl-C)"),
             )
+            if stopped is None:  # Ctrl-C ends the wait early: what it stopped is reported
+                demo.tree.finish(outcome)
             console.print(demo.tree.render())
             console.print(demo.tree.summary())
             counts = ", ".join(f"{n} {s}" for s, n in demo.tree.counts().items())

@@ -3,11 +3,16 @@
 `subagent run` and the demo end when the root is idle and no task (a background child) runs.
 Background children can take minutes; the wait must sleep on events, not spin: it wakes when
 the root's turn ends (`when_idle`) or a task settles (`TaskService.on_settled`), nothing else.
+
+A task settles `killed` the moment it is killed, before its child's run has ended; so before it
+returns the wait also waits for every live run's result (`runs`), and then the barrier delivers
+their `subagent/end` events: a view rendered after `wait()` shows every child's real end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from gevent.event import Event
@@ -18,6 +23,7 @@ if TYPE_CHECKING:
     from pykka import Future
 
     from agent.loop import TurnOutcome
+    from subagent.service import RunHandle
 
 __all__ = ["Quiescence", "RootAgent"]
 
@@ -45,12 +51,15 @@ class Quiescence:
         tasks: TaskService,
         *,
         barrier: Callable[[], object] | None = None,
+        runs: Callable[[], Iterable[RunHandle]] | None = None,
     ) -> None:
         self._root = root
         self._tasks = tasks
         # Called once everything looks settled (e.g. a registry round trip that delivers the
         # lifecycle events told so far); the check is repeated after it.
         self._barrier = barrier
+        # The live runs (e.g. `SubagentService.runs`): awaited before returning, see above.
+        self._runs = runs
         self.wakeups = 0
 
     def _settled(self) -> bool:
@@ -60,8 +69,18 @@ class Quiescence:
         for task in self._tasks.list():
             if not task.settled:
                 self._tasks.kill(task.id, reason)
+        self._runs_ended()  # the killed children's ends reach the listeners first
+
+    def _runs_ended(self) -> None:
+        """Wait until every live run's result has settled (a killed task's child ends after
+        the kill), then pass the barrier, which delivers their lifecycle events."""
+        if self._runs is not None:
+            while pending := [run for run in self._runs() if not run.result.done]:
+                for run in pending:
+                    with contextlib.suppress(Exception):  # how it ended is the run's own news
+                        run.result.get()
         if self._barrier is not None:
-            self._barrier()  # the kills' lifecycle events reach the listeners first
+            self._barrier()
 
     def wait(self) -> TurnOutcome | None:
         changed = Event()
@@ -79,9 +98,9 @@ class Quiescence:
                 if self._root.status != "idle":
                     continue  # a new turn began (a settlement notice): wait for its end
                 if self._settled():
-                    if self._barrier is None:
+                    if self._barrier is None and self._runs is None:
                         return outcome
-                    self._barrier()
+                    self._runs_ended()
                     if self._settled():
                         return outcome
                     continue

@@ -127,7 +127,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         def work() -> TurnOutcome | None:
             with tracing.root_span("subagent run"):  # the trace's root (docs/tracing.md)
                 root.send(prompt, trace=tracing.ambient("root")).get()
-                return Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
+                return Quiescence(
+                    root, rt.tasks, barrier=rt.subagents.providers, runs=rt.subagents.runs
+                ).wait()
 
         def interrupt() -> list[str]:
             stopped = [tree.label(n) for n in tree.running()]
@@ -140,6 +142,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return stopped
 
         outcome, stopped = drive(console, tree, work, not args.no_live, interrupt)
+        if stopped is None:  # Ctrl-C ends the wait early: what it stopped is reported
+            tree.finish(outcome)
         if tree.descendants():
             console.print(tree.render())
         if relay_failure and stopped is None:

@@ -16,6 +16,7 @@ The depth cap is enforced twice on purpose: the tool is hidden from agents at th
 
 from __future__ import annotations
 
+import logging
 import re
 import weakref
 from collections.abc import Callable, Mapping
@@ -48,7 +49,7 @@ from supervision.signal import AbortController, AbortSignal
 if TYPE_CHECKING:
     from actors.agent_handle import Agent
     from subagent.service import RunHandle, SubagentService
-    from subagent.tasks import TaskService
+    from subagent.tasks import Task, TaskService
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -66,6 +67,8 @@ DEFAULT_MAX_DEPTH: Final = 3
 PROVIDER_MANAGED: Final = "provider-managed"
 
 BackgroundMode = Literal["one-shot", "continuable"]
+
+log = logging.getLogger(__name__)
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -216,6 +219,20 @@ def failure_text(result: SubagentResult, child_id: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _abandon(handle: RunHandle, controller: AbortController | None, cause: BaseException) -> None:
+    """Stop a started run that nothing took ownership of: cancel, then dispose (which returns
+    once its end is emitted). A failure of the dispose itself is logged, never raised over
+    `cause`, which is what the caller must see."""
+    why = f"the start could not complete: {type(cause).__name__}: {cause}"
+    try:
+        if controller is not None:
+            controller.abort(why)
+        handle.cancel(why)
+        handle.dispose()
+    except Exception:
+        log.exception("disposing abandoned run %s failed", handle.id)
+
+
 def _tool_error(exc: SubagentError) -> ToolError:
     return ToolError(f"Could not start the subagent: {exc.detail} ({exc.code})", code=exc.code)
 
@@ -301,8 +318,18 @@ class _Delegate:
         trace = tracing.named(ctx.trace, description)
         request = self._request(agent, prompt, controller.signal, trace)
         handle = self._start(agent, request, description)
-        task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
-        tasks.watch(self._watch, agent, tasks, handle, task.id, description)
+        task: Task | None = None
+        try:
+            task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
+            tasks.watch(self._watch, agent, tasks, handle, task.id, description)
+        except BaseException as exc:
+            # Nothing owns the started child yet: it must not be left running or undisposed.
+            _abandon(handle, controller, exc)
+            if task is not None:
+                tasks.settle(task.id, "failed", detail=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, SubagentError):
+                raise _tool_error(exc) from exc
+            raise
         return (
             f"Started subagent {handle.id} in the background as task {task.id}. "
             f"Read its result with task_output(task_id={task.id!r}); "
