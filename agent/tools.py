@@ -158,8 +158,16 @@ class Tool:
             raise TypeError("tool fn must be callable")
         large = more_values_than(self.parameters, LARGE_SCHEMA_VALUES)
         try:
-            self._check_parameters()
-            fast_check = None if large else compile_fast_check(self.parameters)
+            if large:
+                # The meta-schema check of a large schema runs for tens of milliseconds or
+                # more (up to the RecursionError of one nested too deeply): in a thread, as
+                # validation against it does, so a tool built inside a greenlet does not
+                # stall the hub.
+                offload(self._check_parameters)
+                fast_check = None
+            else:
+                self._check_parameters()
+                fast_check = compile_fast_check(self.parameters)
         except SchemaError as exc:
             raise ValueError(
                 f"tool {self.name!r}: invalid parameters schema: {exc.message}"

@@ -8,6 +8,7 @@ a tracer provider when its host has not set one (`configure_from_env`).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import tracing
 from subagent.types import SubagentResumeRequest, SubagentStartRequest
+from supervision.offload import offload
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -166,6 +168,12 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
         if name not in ("console", "otlp"):
             raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {name!r}")
     try:
+        _import_off_hub(
+            "opentelemetry.trace",
+            "opentelemetry.sdk.resources",
+            "opentelemetry.sdk.trace",
+            "opentelemetry.sdk.trace.export",
+        )
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -191,6 +199,19 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def _import_off_hub(*modules: str) -> None:
+    """Import `modules` in a worker thread (`offload`), so the `from` imports after it find them
+    loaded. A first import of the SDK or an OTLP exporter (protobuf and its generated modules)
+    runs for tenths of a second; `Runtime()` calls `configure_from_env`, possibly inside a
+    greenlet, and the hub must not stall that long. An `ImportError` comes back as raised."""
+    offload(_import_all, modules)
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+
+
 def _queue_size(env: Mapping[str, str]) -> int:
     """`OTEL_BSP_MAX_QUEUE_SIZE` if set (a positive integer), else `DEFAULT_MAX_QUEUE_SIZE`."""
     text = env.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip()
@@ -213,6 +234,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     )
     if protocol == "grpc":
         try:
+            _import_off_hub("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
                 OTLPSpanExporter,
             )
@@ -226,6 +248,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     if protocol != "http/protobuf":
         raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: unsupported protocol {protocol!r}")
     try:
+        _import_off_hub("opentelemetry.exporter.otlp.proto.http.trace_exporter")
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter as HttpExporter,
         )

@@ -13,6 +13,7 @@ Hypothesis property tests are opted out as a whole (see `_is_property`).
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from collections.abc import Generator, Iterator
@@ -68,6 +69,25 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     # Memory monitoring needs psutil; we only use the blocking monitor.
     config.addinivalue_line("filterwarnings", "ignore:Unable to monitor memory usage")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collecting imported every module the suite uses: hundreds of thousands of objects that
+    live as long as the process. Left in the collector's oldest generation, every full pass
+    rescans them all (a few tenths of a second on a loaded machine, holding the GIL wherever
+    the allocation that triggered it happened: a "hub blocked" failure in whichever test was
+    running). They are the test process's own baggage, not the code under test's: move them to
+    the permanent generation once, as a long-lived host process would."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """A test of the runtime's own GC policy (or a runtime releasing it) unfreezes everything;
+    freeze again between tests, outside any test's blocking window. Without a collection first
+    (that would be the very pause this avoids): garbage alive now waits for the next unfreeze."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
 
 
 def _is_property(item: pytest.Item) -> bool:

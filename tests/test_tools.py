@@ -570,3 +570,35 @@ def test_argument_validation_never_raises_recursion_error() -> None:
 def test_a_parameters_schema_too_deep_to_check_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="nested too deeply"):
         Tool("t", "", _properties_chain(2_000), lambda args, c: "ok")
+
+
+def _ticks_during(build: Any) -> int:
+    """How often another greenlet ran while `build()` ran in this one: zero when `build` never
+    yields the hub."""
+    ticks = [0]
+
+    def tick() -> None:
+        while True:
+            ticks[0] += 1
+            gevent.sleep(0)
+
+    ticker = gevent.spawn(tick)
+    gevent.sleep(0)  # the ticker is running before the build starts
+    start = ticks[0]
+    try:
+        build()
+        return ticks[0] - start  # read before kill(), which yields
+    finally:
+        ticker.kill()
+
+
+def test_a_large_parameters_schema_is_checked_off_the_hub() -> None:
+    # Its meta-schema check runs for tens of milliseconds: other greenlets run meanwhile.
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    assert _ticks_during(lambda: Tool("t", "", wide, lambda args, c: "ok")) > 0
+
+    def too_deep() -> None:
+        with pytest.raises(ValueError, match="nested too deeply"):
+            Tool("t", "", _properties_chain(2_000), lambda args, c: "ok")
+
+    assert _ticks_during(too_deep) > 0

@@ -744,3 +744,25 @@ def test_the_batch_queue_holds_a_fan_out_round_while_the_collector_is_busy() -> 
         telemetry.configure_from_env(
             {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_MAX_QUEUE_SIZE": "x"}
         )
+
+
+def test_configure_from_env_imports_the_sdk_off_the_hub() -> None:
+    """The SDK and exporter imports run in a worker thread: another greenlet runs meanwhile
+    (a first import of protobuf's modules takes tenths of a second)."""
+    ticks = [0]
+
+    def tick() -> None:
+        while True:
+            ticks[0] += 1
+            gevent.sleep(0)
+
+    host = TracerProvider()
+    with installed(host):
+        ticker = gevent.spawn(tick)
+        gevent.sleep(0)
+        start = ticks[0]
+        try:
+            assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}) is False
+            assert ticks[0] > start  # read before kill(), which yields
+        finally:
+            ticker.kill()

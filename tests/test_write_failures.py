@@ -7,6 +7,7 @@ set with setrlimit in the CLI's own process (EFBIG, as `ulimit -f 8` does in a s
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -17,6 +18,12 @@ from pathlib import Path
 
 import pytest
 from gevent import subprocess as gsub
+
+# Imported with the module (at collection), not in a fixture: a first import of the runtime
+# inside a test's setup runs on the hub for longer than the suite's blocking limit.
+from agent.store import SessionStore
+from subagent.runtime import Runtime
+from supervision.offload import offload
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,6 +49,12 @@ def demo(home: Path, limit_bytes: int | None = None) -> subprocess.CompletedProc
     )
 
 
+def _run(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """A setup command, spawned and waited for in a worker thread: the standard library's spawn
+    can vfork, where gevent's forks the whole (large) pytest process on the hub."""
+    return offload(functools.partial(subprocess.run, argv, capture_output=True, check=False))
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 24 KiB tmpfs: the demo's logs (about 40 KiB in pages) fill it part way through."""
@@ -49,15 +62,13 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a tmpfs needs root")
     where = tmp_path / "small"
     where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(where)], capture_output=True
-    )
+    mounted = _run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(where)])
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        _run(["umount", "-l", str(where)])
 
 
 def test_a_full_disk_fails_the_demo_naming_enospc(small_tmpfs: Path) -> None:
@@ -84,23 +95,20 @@ def read_only_store(tmp_path: Path) -> Iterator[Path]:
     """A home with one stored session, bind-mounted read-only (root can write anything else)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a read-only bind mount needs root")
-    from agent.store import SessionStore
-    from subagent.runtime import Runtime
-
     home = tmp_path / "home"
     with Runtime(store=SessionStore(home / "sessions")) as rt:
         rt.agent().close()
     view = tmp_path / "ro"
     view.mkdir()
-    if subprocess.run(["mount", "--bind", str(home), str(view)]).returncode != 0:
+    if _run(["mount", "--bind", str(home), str(view)]).returncode != 0:
         pytest.skip("cannot bind-mount here")
     try:
         remount = ["mount", "-o", "remount,bind,ro", str(view)]
-        if subprocess.run(remount).returncode != 0:
+        if _run(remount).returncode != 0:
             pytest.skip("cannot remount read-only here")
         yield view
     finally:
-        subprocess.run(["umount", "-l", str(view)], check=False)
+        _run(["umount", "-l", str(view)])
 
 
 def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path) -> None:
