@@ -156,9 +156,16 @@ class RunHandle:
         return {} if agent is None else dict(agent.usage.subtree)
 
     def cancel(self, cause: object = None) -> None:
-        """Abort the activation; the result settles `aborted` unless it already completed."""
-        try:  # noqa: SIM105 - no context manager on this hot path
-            self.ref.tell(CancelRun(cause))
+        """Abort the activation; the result settles `aborted` unless it already completed.
+
+        A local child's actor handles the cancel in place when it is idle (as a steer): a tree's
+        cancel then reaches every child with no mailbox hop and no loop greenlet made for it."""
+        try:
+            actor = None if self._run.local_agent is None else gevent_actor.actor_of(self.ref)
+            if actor is not None:
+                actor.tell_now(CancelRun(cause))
+            else:
+                self.ref.tell(CancelRun(cause))
         except ActorDeadError:  # already disposed: nothing left to cancel
             pass
 

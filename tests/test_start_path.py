@@ -4,8 +4,12 @@ until something has to queue for it, and a steer to an idle child is accepted (l
 
 from __future__ import annotations
 
+import gevent
+import gevent.event
+import pytest
 from seam_kit import Gate, blocking_tool, kit, wait_until
 
+from actors import registry_actor
 from agent.models import scripted as S
 from subagent.service import SteerableRunHandle
 
@@ -40,3 +44,61 @@ def test_a_parked_child_has_no_loop_greenlet_and_takes_a_steer_in_place() -> Non
         assert run.result.get(timeout=5).output == [{"type": "text", "text": "steered"}]
         run.dispose()  # a dispose must queue (it waits for the close): the loop starts for it
         assert not actor.actor_ref.is_alive()
+
+
+def test_a_tree_cancel_reaches_each_idle_child_in_place() -> None:
+    """A parent's cancel reaches its children (and theirs) as in-place handler calls: every
+    child's turn ends `aborted` before any of their actors had to make a loop greenlet."""
+    with kit() as k:
+        k.respond = lambda request: S.hang()  # type: ignore[assignment,misc]
+        parent = k.parent()
+        children = [k.start(parent) for _ in range(3)]
+        grandchildren = [k.start(c.local_agent) for c in children for _ in range(2)]
+        runs = children + grandchildren
+        wait_until(lambda: all(r.local_agent.turn_running for r in runs))
+        loop_at_turn_end: list[bool] = []
+        for run in runs:
+            actor = run.local_agent.actor
+            assert actor._greenlet is None  # parked: nothing had to queue for it yet
+            run.local_agent.add_turn_listener(
+                lambda outcome, a=actor: loop_at_turn_end.append(a._greenlet is not None)
+            )
+        parent.cancel("stop the tree")
+        assert {r.result.get(timeout=5).stop_reason for r in runs} == {"aborted"}
+        # The cancel took no mailbox hop: no child needed its loop for it.
+        assert loop_at_turn_end == [False] * len(runs)
+
+
+def test_a_wide_cancel_lets_the_hub_run_between_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry hands a fan-out's cancels out in batches of `CANCEL_BATCH` and lets other
+    greenlets run in between, so a very wide fan-out never holds the hub for its whole width."""
+    monkeypatch.setattr(registry_actor, "CANCEL_BATCH", 2)
+    with kit() as k:
+        k.respond = lambda request: S.hang()  # type: ignore[assignment,misc]
+        parent = k.parent()
+        runs = [k.start(parent) for _ in range(6)]
+        wait_until(lambda: all(r.local_agent.turn_running for r in runs))
+        children = {r.local_agent.id for r in runs}
+        order: list[str] = []
+        remove = k.runtime.ctx.lifecycle.on_cancelled(
+            lambda agent, cause: order.append("cancel") if agent.id in children else None
+        )
+        done = gevent.event.Event()
+
+        def tick() -> None:
+            while not done.is_set():
+                order.append("tick")
+                gevent.sleep(0)
+
+        ticker = gevent.spawn(tick)
+        try:
+            parent.cancel("stop them all")
+            assert {r.result.get(timeout=5).stop_reason for r in runs} == {"aborted"}
+        finally:
+            done.set()
+            ticker.join(timeout=5)
+            remove()
+        cancels = "".join("c" if e == "cancel" else "t" for e in order).strip("t")
+        # Six cancels in three batches of two, the hub running between them.
+        assert cancels.replace("t", "") == "cccccc"
+        assert [len(batch) for batch in cancels.split("t") if batch] == [2, 2, 2]
