@@ -483,23 +483,22 @@ class UsageAccount:
 
     def remaining(self) -> int | None:
         """Tokens left before the tightest budget on the chain is used up (None: no budget)."""
-        left: int | None = None
-        acc: UsageAccount | None = self
-        while acc is not None:
-            if acc.limit is not None:
-                here = max(0, acc.limit - acc.spent)
-                left = here if left is None else min(left, here)
-            acc = acc.parent
-        return left
+        return self._left_on_chain("limit", "spent")
 
     def cost_remaining(self) -> int | None:
         """Picodollars left before the tightest cost budget on the chain is used up (None: no
         cost budget)."""
+        return self._left_on_chain("cost_limit", "cost_spent")
+
+    def _left_on_chain(self, limit_name: str, spent_name: str) -> int | None:
+        """The least `limit - spent` (floored at 0) over the accounts of the chain that have a
+        limit; read when a child is given its budget, not on the step path."""
         left: int | None = None
         acc: UsageAccount | None = self
         while acc is not None:
-            if acc.cost_limit is not None:
-                here = max(0, acc.cost_limit - acc.cost_spent)
+            limit = getattr(acc, limit_name)
+            if limit is not None:
+                here = max(0, limit - getattr(acc, spent_name))
                 left = here if left is None else min(left, here)
             acc = acc.parent
         return left

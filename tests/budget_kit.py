@@ -55,3 +55,25 @@ def first_prompt(runtime: Any, session_id: str) -> str:
         if e["type"] == "user/message":
             return "".join(b["text"] for b in e["data"]["message"]["content"])
     return ""
+
+
+def start_budgeted_child(runtime: Any, prompt: str, **budget: Any) -> tuple[Any, Any]:
+    """A continuable spawn child of a fresh root, started with `budget` (token_budget=...,
+    cost_budget=...) and left to settle; returns (the parent agent, the child's id)."""
+    from seam_kit import wait_until
+
+    from subagent import AbortController, SubagentStartRequest, text_block
+
+    parent = runtime.agent()
+    started = runtime.subagents.start_continuable(
+        "spawn",
+        SubagentStartRequest(
+            prompt=[text_block(prompt)],
+            parent=parent,
+            signal=AbortController().signal,
+            **budget,
+        ),
+        label="budgeted",
+    )
+    wait_until(lambda: runtime.tasks.get(started.task_id).settled)
+    return parent, started.child_id

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gevent
@@ -120,17 +120,16 @@ class _FullDisk:
         self.inner.close()  # type: ignore[attr-defined]
 
 
-def test_a_root_whose_log_failed_ends_the_wait_and_stops_its_tasks(tmp_path: Path) -> None:
-    """Issue 12 item 7: the root can never hear its background child again, so the wait
-    returns its fault at once (it used to wait forever) and the child's task is stopped."""
+def _root_whose_log_fills(tmp_path: Path, child_step: Callable[[], S.Step]) -> Runtime:
+    """A runtime whose root ("root") starts one continuable background child, waits until the
+    child's model is working (each of the child's steps is `child_step()`), then has its own
+    log fail like a full disk at the turn-end checkpoint."""
     child_working = Event()
-    release = Event()
 
     def respond(request: ModelRequest) -> S.Step:
         if request.session_id != "root":
             child_working.set()
-            release.wait()  # works until the test ends
-            return S.text("child done")
+            return child_step()
         if request.step == 1:
             call = {"description": "bg", "prompt": "work", "run_in_background": True}
             return S.tool_calls([("subagent", call)])
@@ -140,11 +139,24 @@ def test_a_root_whose_log_failed_ends_the_wait_and_stops_its_tasks(tmp_path: Pat
         return S.text("started")
 
     rt = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond))
+    rt.subagents.register(SpawnProvider())
+    install_subagent_tools(
+        rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
+    )
+    return rt
+
+
+def test_a_root_whose_log_failed_ends_the_wait_and_stops_its_tasks(tmp_path: Path) -> None:
+    """Issue 12 item 7: the root can never hear its background child again, so the wait
+    returns its fault at once (it used to wait forever) and the child's task is stopped."""
+    release = Event()
+
+    def child_works_until_the_test_ends() -> S.Step:
+        release.wait()
+        return S.text("child done")
+
+    rt = _root_whose_log_fills(tmp_path, child_works_until_the_test_ends)
     try:
-        rt.subagents.register(SpawnProvider())
-        install_subagent_tools(
-            rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
-        )
         root = rt.agent(session_id="root")
         root.send("go").get()
         outcome = Quiescence(root, rt.tasks, barrier=rt.subagents.providers).wait()
@@ -162,26 +174,8 @@ def test_after_a_root_log_failure_the_tree_shows_every_stopped_childs_end(tmp_pa
     """The wait returns only once the killed child's run has ended and its `subagent/end` is
     delivered: the final tree shows it stopped, never `running` (its end used to arrive after
     the demo had rendered)."""
-    child_working = Event()
-
-    def respond(request: ModelRequest) -> S.Step:
-        if request.session_id != "root":
-            child_working.set()
-            return S.hang()  # works until it is cancelled
-        if request.step == 1:
-            call = {"description": "bg", "prompt": "work", "run_in_background": True}
-            return S.tool_calls([("subagent", call)])
-        child_working.wait()
-        log = rt.ctx.agents["root"].log
-        log._sink = _FullDisk(log._sink)  # the turn-end checkpoint fails
-        return S.text("started")
-
-    rt = Runtime(store=SessionStore(tmp_path), scripted=S.ScriptedModel(respond))
+    rt = _root_whose_log_fills(tmp_path, S.hang)  # the child works until it is cancelled
     try:
-        rt.subagents.register(SpawnProvider())
-        install_subagent_tools(
-            rt, tools=[SubagentToolConfig("spawn", name="subagent", background="continuable")]
-        )
         root = rt.agent(session_id="root")
         tree = TreeModel(rt.ctx, root.id, "root")
         tree.attach(rt.subagents, root)

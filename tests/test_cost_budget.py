@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from acp_peers.support import peer_config
-from budget_kit import fan_out_responder, first_prompt, noop_tool
+from budget_kit import fan_out_responder, first_prompt, noop_tool, start_budgeted_child
 from seam_kit import assert_log_valid, last_user_text, wait_until
 
 from agent.model import ModelRequest
@@ -281,19 +281,7 @@ def test_a_cost_budget_survives_cold_resume(tmp_path: Path) -> None:
         return r
 
     with runtime() as first:
-        parent = first.agent()
-        started = first.subagents.start_continuable(
-            "spawn",
-            SubagentStartRequest(
-                prompt=[text_block("hello")],
-                parent=parent,
-                signal=AbortController().signal,
-                cost_budget=0.005,
-            ),
-            label="budgeted",
-        )
-        child_id = started.child_id
-        wait_until(lambda: first.tasks.get(started.task_id).settled)
+        parent, child_id = start_budgeted_child(first, "hello", cost_budget=0.005)
         parent_id = parent.id
     loaded = SessionStore(tmp_path).load(child_id)
     descriptor = authoritative_descriptor(loaded.events, loaded.header.seed_length)

@@ -65,6 +65,20 @@ def run_demo(tmp_path: Path, children: int = 8, seed: int = 0) -> tuple[Demo, li
         return demo, list(exporter.get_finished_spans())
 
 
+def _probe_then_delegate(rt: Runtime, seen: list[Any]) -> Any:
+    """One turn of a fresh agent: a `probe` tool that records the trace context it is given
+    (into `seen`), then a `subagent` call; returns the agent once its turn completed."""
+    rt.ctx.tools.register(
+        Tool("probe", "probe", {"type": "object"}, lambda a, c: seen.append(c.trace) or "")
+    )
+    agent = rt.agent()
+    call = ("subagent", {"description": "w", "prompt": "p"})
+    rt.scripted.script(agent.id, [S.tool_calls([("probe", {}), call]), S.text("done")])
+    agent.send("go").get()
+    assert agent.when_idle().get().reason == "completed"
+    return agent
+
+
 def test_the_demo_tree_is_one_trace_with_the_right_parentage(tmp_path: Path) -> None:
     demo, spans = run_demo(tmp_path)
     assert len({s.context.trace_id for s in spans}) == 1
@@ -176,14 +190,7 @@ def test_tracing_off_without_a_provider_passes_no_context() -> None:
         try:
             rt.subagents.register(Recording())
             install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
-            rt.ctx.tools.register(
-                Tool("probe", "probe", {"type": "object"}, lambda a, c: seen.append(c.trace) or "")
-            )
-            agent = rt.agent()
-            call = ("subagent", {"description": "w", "prompt": "p"})
-            rt.scripted.script(agent.id, [S.tool_calls([("probe", {}), call]), S.text("done")])
-            agent.send("go").get()
-            assert agent.when_idle().get().reason == "completed"
+            agent = _probe_then_delegate(rt, seen)
             assert agent.core.trace is None
         finally:
             rt.close()
@@ -569,14 +576,7 @@ def test_a_sampled_out_trace_records_nothing_but_still_travels() -> None:
         try:
             rt.subagents.register(SpawnProvider())
             install_subagent_tools(rt, tools=[SubagentToolConfig("spawn", name="subagent")])
-            rt.ctx.tools.register(
-                Tool("probe", "probe", {"type": "object"}, lambda a, c: seen.append(c.trace) or "")
-            )
-            agent = rt.agent()
-            call = ("subagent", {"description": "w", "prompt": "p"})
-            rt.scripted.script(agent.id, [S.tool_calls([("probe", {}), call]), S.text("done")])
-            agent.send("go").get()
-            assert agent.when_idle().get().reason == "completed"
+            _probe_then_delegate(rt, seen)
         finally:
             rt.close()
         assert exporter.get_finished_spans() == ()

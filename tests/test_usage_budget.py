@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from budget_kit import fan_out_responder, first_prompt, last_is_tool_result, noop_tool
+from budget_kit import (
+    fan_out_responder,
+    first_prompt,
+    last_is_tool_result,
+    noop_tool,
+    start_budgeted_child,
+)
 from gevent.event import Event as GEvent
 from rich.console import Console
 from seam_kit import assert_log_valid, last_user_text, wait_until
@@ -287,19 +293,7 @@ def test_a_budget_survives_cold_resume(tmp_path: Path) -> None:
         return r
 
     with runtime() as first:
-        parent = first.agent()
-        started = first.subagents.start_continuable(
-            "spawn",
-            SubagentStartRequest(
-                prompt=[text_block("hello")],
-                parent=parent,
-                signal=AbortController().signal,
-                token_budget=40,
-            ),
-            label="budgeted",
-        )
-        child_id = started.child_id
-        wait_until(lambda: first.tasks.get(started.task_id).settled)
+        parent, child_id = start_budgeted_child(first, "hello", token_budget=40)
         parent_id = parent.id
     loaded = SessionStore(tmp_path).load(child_id)
     descriptor = authoritative_descriptor(loaded.events, loaded.header.seed_length)
@@ -345,19 +339,7 @@ def test_a_resumed_budget_counts_what_stored_descendants_spent(tmp_path: Path) -
         return r
 
     with runtime() as first:
-        parent = first.agent()
-        started = first.subagents.start_continuable(
-            "spawn",
-            SubagentStartRequest(
-                prompt=[text_block("delegate")],
-                parent=parent,
-                signal=AbortController().signal,
-                token_budget=60,
-            ),
-            label="budgeted",
-        )
-        child_id = started.child_id
-        wait_until(lambda: first.tasks.get(started.task_id).settled)
+        parent, child_id = start_budgeted_child(first, "delegate", token_budget=60)
         parent_id = parent.id
         [row] = first.subagents.list_children(child_id)
         assert row["usage"] == times(1)  # the grandchild

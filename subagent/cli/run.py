@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from subagent.cli.common import (
@@ -212,24 +212,19 @@ def _load_prices(path: str | None) -> PriceTable:
         raise CliError(f"--prices: {exc}") from None
 
 
-def _positive_usd(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of USD, got {text!r}")
-    return value
+def _positive(unit: str) -> Callable[[str], float]:
+    """An argparse type: a finite number above 0, its error naming `unit`."""
 
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number of {unit}, got {text!r}")
+        return value
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+    return parse
 
 
 def register(sub: Subcommands) -> None:
@@ -275,7 +270,7 @@ def register(sub: Subcommands) -> None:
     )
     run.add_argument(
         "--max-cost",
-        type=_positive_usd,
+        type=_positive("USD"),
         metavar="USD",
         help="cost budget of the whole tree in USD (needs --prices with the model's route)",
     )
@@ -287,7 +282,7 @@ def register(sub: Subcommands) -> None:
     )
     run.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=_positive("seconds"),
         metavar="SECONDS",
         help=f"give up a model request attempt after this long without data "
         f"(default {DEFAULT_READ_TIMEOUT:g})",
