@@ -57,12 +57,12 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 24 KiB tmpfs: the demo's logs (about 40 KiB in pages) fill it part way through."""
+    """An 8 KiB tmpfs: the demo's logs (about 40 KiB in pages) fill it part way through."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     where = tmp_path / "small"
     where.mkdir()
-    mounted = _run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(where)])
+    mounted = _run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(where)])
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -79,7 +79,7 @@ def test_a_full_disk_fails_the_demo_naming_enospc(small_tmpfs: Path) -> None:
 
 
 def test_a_file_size_limit_fails_the_demo_instead_of_hanging(tmp_path: Path) -> None:
-    proc = demo(tmp_path, limit_bytes=8 * 1024)  # `ulimit -f 8`
+    proc = demo(tmp_path, limit_bytes=5 * 1024)  # `ulimit -f 5`: the coordinator's log is ~7 KiB
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[Errno 27] File too large" in proc.stderr
     assert "Traceback" not in proc.stderr
