@@ -19,10 +19,10 @@ __all__ = [
     "MESSAGE_TYPES",
     "Conversation",
     "HistoryView",
-    "with_tool_calls",
     "history_from_events",
     "last_turn_number",
     "message_of",
+    "with_tool_calls",
 ]
 
 # The event types that are conversation messages (the rest of the log is not shown to a model).

@@ -354,7 +354,9 @@ class LogReplay:
                     # A seed copied from a format-1 log, where only the tool/call events
                     # opened calls and a repeated id in a reply was refused there: skip it.
                     continue
-                raise InvariantError(seq, f"tool call id {call_id!r} repeats within turn {self.turn}")
+                raise InvariantError(
+                    seq, f"tool call id {call_id!r} repeats within turn {self.turn}"
+                )
             open_calls[call_id] = name
 
     def _tool_call(self, seq: int, data: dict[str, Any]) -> None:

@@ -442,7 +442,11 @@ class AgentCore:
                 # just checked (nothing ran in between that holds them): no second walk.
                 append(
                     "tool/call",
-                    {"call_id": entry["id"], "name": entry["name"], "arguments": entry["arguments"]},
+                    {
+                        "call_id": entry["id"],
+                        "name": entry["name"],
+                        "arguments": entry["arguments"],
+                    },
                     prechecked=True,
                 )
         if self.on_progress is not None:
