@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgpack
 
 from agent.errors import ModelError
+from agent.fastinit import fast_init
 from agent.jsoncheck import check_json, is_lossless, repair_surrogates
 from supervision.signal import AbortSignal
 
@@ -47,6 +48,7 @@ class ToolSpec:
     parameters: Mapping[str, Any]
 
 
+@fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call a model asked for.
@@ -127,6 +129,7 @@ def _json_problem(arguments: dict[Any, Any]) -> str | None:
     return None
 
 
+@fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One model call.
@@ -150,6 +153,7 @@ class ModelRequest:
     step: int = 1
 
 
+@fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
     """One model answer. `usage` is its token usage in `agent.usage`'s shape (`input_tokens`,

@@ -38,6 +38,7 @@ from jsonschema.exceptions import SchemaError
 
 from agent.errors import TOOL_FAILED, ToolError
 from agent.fastcheck import compile_fast_check
+from agent.fastinit import fast_init
 from agent.model import ToolCall, ToolSpec
 from agent.options import AgentOptions
 from subagent.errors import SubagentError
@@ -91,6 +92,7 @@ class ToolCaller(AgentView, Protocol):
     def core(self) -> ToolHost: ...
 
 
+@fast_init  # made on every call: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a running tool may know about its caller."""
@@ -117,6 +119,7 @@ class ToolContext:
 ToolFn = Callable[[Mapping[str, Any], ToolContext], "str | list[dict[str, Any]]"]
 
 
+@fast_init  # made on every call: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """The outcome of one call, always a value: tool failures are reported to the model."""
