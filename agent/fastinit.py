@@ -63,6 +63,6 @@ def fast_init(cls: type[T]) -> type[T]:
     init = namespace["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
-    init.__doc__ = cls.__init__.__doc__  # type: ignore[misc]
-    cls.__init__ = init  # type: ignore[misc]
+    init.__doc__ = cls.__init__.__doc__
+    setattr(cls, "__init__", init)  # noqa: B010 (a class attribute, set once)
     return cls
