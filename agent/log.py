@@ -60,6 +60,7 @@ __all__ = [
     "SharedHeaders",
     "ToolLike",
     "completed_turn_prefix",
+    "is_plain_reply",
     "request_header_data",
     "validate_log",
 ]
@@ -136,8 +137,34 @@ def _plain_tool_result(data: dict[str, Any]) -> bool:
     return (size == 4 or (size == 5 and "code" in data)) and _text_blocks(data.get("content"))
 
 
-def _plain_assistant_message(data: dict[str, Any]) -> bool:
-    message = data.get("message")
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+
+def _flat_lossless(arguments: dict[Any, Any]) -> bool:
+    """A tool call's arguments, when flat (the common case), checked without the walk's
+    recursion: str keys and scalar values as `check_json` takes them; False means "walk it"."""
+    for key, value in arguments.items():
+        if type(key) is not str:
+            return False
+        t = type(value)
+        if t is str or t is bool or value is None:
+            continue
+        if t is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                return False
+        elif t is float:
+            if value - value != 0.0:  # NaN, +-inf
+                return False
+        else:
+            return False  # a container (or anything else): the walk decides
+    return True
+
+
+def is_plain_reply(message: object) -> bool:
+    """Whether an assistant `message` of the loop's shape is certainly lossless JSON: exact
+    `{id, role, content, tool_calls}` with plain text blocks and calls `{id, name, arguments}`.
+    False only means "walk it" (nested arguments are walked here; anything else is not)."""
     if (
         type(message) is not dict
         or len(message) != 4
@@ -155,11 +182,20 @@ def _plain_assistant_message(data: dict[str, Any]) -> bool:
             or len(call) != 3
             or type(call.get("id")) is not str
             or type(call.get("name")) is not str
-            or type(call.get("arguments")) is not dict
-            # data > message > tool_calls > call > arguments: depth 4 in the event's data.
-            or not _is_lossless(call["arguments"], 4)
         ):
             return False
+        arguments = call.get("arguments")
+        if type(arguments) is not dict:
+            return False
+        # data > message > tool_calls > call > arguments: depth 4 in the event's data.
+        if not _flat_lossless(arguments) and not _is_lossless(arguments, 4):
+            return False
+    return True
+
+
+def _plain_assistant_message(data: dict[str, Any]) -> bool:
+    if not is_plain_reply(data.get("message")):
+        return False
     for key, value in data.items():
         if key != "message" and (type(key) is not str or not _is_lossless(value, 1)):
             return False

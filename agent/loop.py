@@ -33,7 +33,7 @@ from agent.context import LiveAgent
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import Conversation, last_turn_number
 from agent.jsoncheck import is_lossless
-from agent.log import SessionLog
+from agent.log import SessionLog, is_plain_reply
 from agent.model import (
     ModelAdapter,
     ModelError,
@@ -408,7 +408,8 @@ class AgentCore:
             self.log.append(
                 "assistant/message",
                 data,
-                prechecked=(checked is not None or not usage) and is_lossless(message, 1),
+                prechecked=(checked is not None or not usage)
+                and (is_plain_reply(message) or is_lossless(message, 1)),
             )
         )
         if usage:

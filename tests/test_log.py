@@ -658,6 +658,20 @@ _TEXT = [{"type": "text", "text": "ok"}]
                 },
             },
         ),
+        *(
+            (
+                "assistant/message",
+                {
+                    **assistant(["c"]),
+                    "message": {
+                        **assistant(["c"])["message"],
+                        "tool_calls": [{"id": "c", "name": "t", "arguments": bad}],
+                    },
+                },
+            )
+            # Flat arguments are checked without the walk (agent.log.is_plain_reply).
+            for bad in ({"x": math.inf}, {"x": 2**64}, {"x": -(2**63) - 1}, {1: "x"}, {"x": b"y"})
+        ),
         ("assistant/message", {**assistant(), "usage": {"input_tokens": math.inf}}),
         ("assistant/message", {**assistant(), "usage": {1: 2}}),
     ],
@@ -685,3 +699,39 @@ def test_the_step_shapes_that_skip_the_walk_still_refuse_what_it_refuses(
     deep_enough["tool_calls"] = [{"id": "d", "name": "t", "arguments": _deep(195)}]
     log.append("assistant/message", {"message": deep_enough, "finish": "tool_calls"})
     assert log.events[-1]["data"]["message"]["tool_calls"][0]["arguments"] == _deep(195)
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**65), max_value=2**65)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=3)
+    | st.binary(max_size=2)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=2) | st.integers(0, 3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(max_size=2) | st.integers(0, 2), _VALUES, max_size=4), _VALUES)
+def test_a_plain_reply_is_lossless(arguments: dict[Any, Any], content_text: object) -> None:
+    """`is_plain_reply` answers "certainly lossless" or "walk it", never more permissive."""
+    from agent.jsoncheck import is_lossless
+    from agent.log import is_plain_reply
+
+    gevent.sleep(0)
+    message = {
+        "id": "a1",
+        "role": "assistant",
+        "content": [{"type": "text", "text": content_text}],
+        "tool_calls": [{"id": "c", "name": "t", "arguments": arguments}],
+    }
+    if is_plain_reply(message):
+        assert is_lossless(message, 1)
