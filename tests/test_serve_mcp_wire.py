@@ -41,6 +41,7 @@ class Wire:
         self._in = FileObjectPosix(to_client_r, "rb")
         self.answers: dict[str, Queue[dict[str, Any]]] = {}
         self.notes: Queue[dict[str, Any]] = Queue()
+        self.seen: list[dict[str, Any]] = []  # every message, in arrival order
         self._serving = gevent.spawn(self.server.serve)
         self._reading = gevent.spawn(self._read)
         self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {}})
@@ -49,6 +50,7 @@ class Wire:
     def _read(self) -> None:
         while line := self._in.readline():
             message = json.loads(line)
+            self.seen.append(message)
             if "id" in message and "method" not in message:
                 self.answers.setdefault(json.dumps(message["id"]), Queue()).put(message)
             else:
@@ -128,3 +130,52 @@ def test_a_call_that_fails_before_it_runs_leaves_nothing_behind(
     monkeypatch.undo()
     wire.call(5, "list_agents", {})
     assert wire.answer(5)["result"]["isError"] is False
+
+
+def progress_of(wire: Wire, token: Any) -> list[str]:
+    return [
+        m["params"]["message"]
+        for m in wire.seen
+        if m.get("method") == "notifications/progress" and m["params"]["progressToken"] == token
+    ]
+
+
+def test_a_background_childs_progress_goes_to_the_call_waiting_on_it(wire: Wire) -> None:
+    """Progress belongs to a request: once the call that started a background child returned,
+    the child's later events go to the call that waits for it (`task_output` with wait)."""
+    wire.call(1, "subagent", {"description": "bg", "prompt": "/hang", "run_in_background": True})
+    started = wire.answer(1)["result"]["content"][0]["text"]
+    child, task = started.split()[3], started.split()[5].rstrip(").")
+    wire.call(2, "task_output", {"task_id": task, "wait": True}, progressToken="wait")
+    # Calls start in order, and task_output claims the child before it first waits: call 2 is
+    # waiting by the time call 3 is answered.
+    wire.call(3, "list_agents", {})
+    assert "result" in wire.answer(3)
+    wire.call(4, "interrupt_agent", {"agent_id": child})
+    assert wire.answer(4)["result"]["isError"] is False
+    waited = wire.answer(2)
+    assert task in waited["result"]["content"][0]["text"]
+    seen = progress_of(wire, "wait")
+    assert seen, "the waiting call heard nothing of the child"
+    assert all(line.startswith(f"{child} (bg): ") for line in seen)
+    # Progress only while the request is active: all of it before the answer.
+    answer_at = wire.seen.index(waited)
+    assert all(
+        i < answer_at
+        for i, m in enumerate(wire.seen)
+        if m.get("method") == "notifications/progress" and m["params"]["progressToken"] == "wait"
+    )
+
+
+def test_every_call_waiting_on_a_child_hears_its_progress(wire: Wire) -> None:
+    wire.call(1, "subagent", {"description": "bg", "prompt": "/hang", "run_in_background": True})
+    started = wire.answer(1)["result"]["content"][0]["text"]
+    child, task = started.split()[3], started.split()[5].rstrip(").")
+    wire.call(2, "task_output", {"task_id": task, "wait": True}, progressToken="first")
+    wire.call(3, "task_output", {"task_id": task, "wait": True}, progressToken="second")
+    wire.call(4, "list_agents", {})  # calls start in order: both wait by the time this answers
+    assert "result" in wire.answer(4)
+    wire.call(5, "interrupt_agent", {"agent_id": child})
+    assert wire.answer(5)["result"]["isError"] is False
+    assert "result" in wire.answer(2) and "result" in wire.answer(3)
+    assert progress_of(wire, "first") == progress_of(wire, "second") != []
