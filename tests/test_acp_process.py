@@ -55,6 +55,7 @@ def finish(group: ProcessGroup) -> bytes:
 
 def test_a_spawn_never_forks_this_process() -> None:
     """A fork copies the whole host on the hub (tens of ms at 400 MB); vfork runs no fork hook."""
+    _forks.clear()
     _counting.append(True)
     try:
         group = spawn(sys.executable, "-c", "print('up')")
@@ -97,3 +98,21 @@ def test_the_helper_reports_an_exec_failure_as_127() -> None:
     code, out, err = run_helper(os.getpid(), "/nonexistent/agent")
     assert (code, out) == (127, b"")
     assert b"cannot execute '/nonexistent/agent'" in err
+
+
+@pytest.mark.allow_hub_block("the fallback forks this whole process on the hub, by design")
+def test_without_an_interpreter_path_the_fallback_still_arms_the_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An embedding host with no `sys.executable`: the signal is set by a `preexec_fn` (a fork)."""
+    python = sys.executable
+    monkeypatch.setattr(sys, "executable", "")
+    _forks.clear()
+    _counting.append(True)
+    try:
+        group = spawn(python, "-c", _SHOW_PDEATHSIG)
+    finally:
+        _counting.clear()
+    assert _forks == [1]  # the fallback really ran
+    shown = finish(group).split()
+    assert [int(x) for x in shown] == [signal.SIGKILL, group.pid, group.pid]
