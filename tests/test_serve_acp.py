@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from gevent import subprocess as gsub
+from test_serve_mcp import BAD_LINES, answers_to_bad_lines
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
@@ -362,3 +363,16 @@ def test_debug_adds_info_and_debug_lines_to_a_servers_stderr(tmp_path: Path) -> 
     stderr = client.close()
     assert "INFO:subagent.serve.acp_agent:acp server: session " in stderr
     assert "DEBUG:" in stderr
+
+
+def test_a_bad_line_is_answered_and_the_acp_server_goes_on(tmp_path: Path) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": 1, "clientCapabilities": {}},
+    }
+    answers = answers_to_bad_lines("acp", tmp_path, initialize)
+    errors = [(a["error"]["code"], a["id"]) for a in answers[:-1]]
+    assert errors == [(code, ident) for _, code, ident in BAD_LINES]
+    assert answers[-1]["result"]["protocolVersion"] == 1

@@ -102,6 +102,7 @@ class McpServer:
             on_notification=self._on_notification,
             max_line_bytes=MAX_LINE_BYTES,
             name="mcp",
+            answer_bad_lines=True,
         )
 
     # -- life ------------------------------------------------------------------------------
