@@ -127,7 +127,7 @@ def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path)
 def test_the_final_tree_under_a_write_failure_shows_no_child_running(tmp_path: Path) -> None:
     """At this limit the coordinator's log fails while the continuable worker-04 still works;
     the demo stops it, and the final tree must show how it ended, not a stale `running`."""
-    proc = demo(tmp_path, limit_bytes=6 * 1024)
+    proc = demo(tmp_path, limit_bytes=4608)  # the coordinator's log fails in its first turn
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[Errno 27] File too large" in proc.stderr
     tree = [
@@ -140,7 +140,7 @@ def test_the_final_tree_under_a_write_failure_shows_no_child_running(tmp_path: P
 
 def test_the_coordinator_line_names_the_write_failure_not_a_cancel(tmp_path: Path) -> None:
     """Nobody cancelled anything: the coordinator has no summary because its log failed."""
-    proc = demo(tmp_path, limit_bytes=6 * 1024)
+    proc = demo(tmp_path, limit_bytes=4608)  # the coordinator's log fails in its first turn
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("coordinator:")]
     assert len(lines) == 1, proc.stdout
