@@ -292,3 +292,26 @@ def test_subagent_log_shows_both_formats_alike(tmp_path: Path) -> None:
     # The header line differs (id, created); the turns read the same.
     assert old_lines[1:] == new_lines[1:]
     assert of_type(store.load("old1").events, "tool/call")
+
+
+def test_a_reply_repeating_a_call_id_ends_the_turn_and_leaves_a_balanced_log() -> None:
+    """The reply's append refuses it (format 2 opens calls there): no tool runs, the turn ends
+    `error` naming the repeat, the log stays valid and the next turn works."""
+    ran: list[str] = []
+    k = Kit()
+    try:
+        k.tool("noop", lambda args, ctx: (ran.append("x"), "ok")[1])
+        a = k.agent()
+        twice = S.tool_calls([("noop", {}, "same"), ("noop", {}, "same")])
+        k.model.script(a.id, [twice, S.text("fine")])
+        a.send("go").get()
+        outcome = a.when_idle().get()
+        assert outcome.reason == "error" and "repeats" in (outcome.message or "")
+        assert ran == []
+        a.send("again").get()
+        assert a.when_idle().get().reason == "completed"
+        events = k.events(a)  # validates
+        assert of_type(events, "tool/result") == []
+        assert [e["data"]["reason"] for e in of_type(events, "turn/end")] == ["error", "completed"]
+    finally:
+        k.close()
