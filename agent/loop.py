@@ -334,7 +334,7 @@ class AgentCore:
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
         system = self.prompt.render(self.variables)
-        specs = tuple(self.tools.specs())
+        specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
         last = self._last_header
         if last is None or last[0] is not system or last[1] != specs:
             self._last_header = (system, specs)

@@ -662,10 +662,10 @@ class _ExplodingScope(ToolScope):
 
     showing = False
 
-    def specs(self) -> Any:
+    def spec_tuple(self) -> Any:  # what the loop shows the model (specs() copies it)
         self.showing = True
         try:
-            return super().specs()
+            return super().spec_tuple()
         finally:
             self.showing = False
 
