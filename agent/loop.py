@@ -378,7 +378,13 @@ class AgentCore:
     ) -> list[dict[str, Any]]:
         """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
         content = list(response.content)
-        tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls]
+        if len(calls) == 1:  # the common case without a comprehension (a frame each)
+            c = calls[0]
+            tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)}]
+        else:
+            tool_calls = [
+                {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls
+            ]
         message = {
             # Unique within the session, also across processes: the event's own seq.
             "id": f"a{len(self.log.events)}",

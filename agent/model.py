@@ -201,7 +201,13 @@ def without_lone_surrogates(response: ModelResponse) -> ModelResponse:
     itself when nothing needs repair (the common case).
     """
     calls = response.tool_calls
-    probe = [response.content, [[c.id, c.name, c.arguments, c.invalid] for c in calls]]
+    if not calls:
+        probe: object = response.content
+    elif len(calls) == 1:  # the common cases without a comprehension (a frame each)
+        c = calls[0]
+        probe = [response.content, c.id, c.name, c.arguments, c.invalid]
+    else:
+        probe = [response.content, [[c.id, c.name, c.arguments, c.invalid] for c in calls]]
     if _encodes(probe):
         return response
     content = repair_surrogates([dict(block) for block in response.content])
