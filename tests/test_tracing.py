@@ -34,6 +34,7 @@ from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider
 from providers.inprocess import SpawnProvider
 from subagent import telemetry
 from subagent.demo import Demo
+from subagent.lean_tracing import LeanTracerProvider
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
 from subagent.types import MessageSource, SubagentStartRequest, text_block
@@ -366,7 +367,7 @@ def test_aborted_parallel_children_end_every_span(tmp_path: Path) -> None:
         finally:
             rt.close()
         provider = trace.get_tracer_provider()
-        assert isinstance(provider, TracerProvider)
+        assert isinstance(provider, (TracerProvider, LeanTracerProvider))
         spans = list(exporter.get_finished_spans())
     children = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.depth") == 1]
     assert len(children) == 3
