@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, cast
 
 from opentelemetry import trace
-from opentelemetry.context import Context
+from opentelemetry.context import Context, get_current
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -56,6 +56,17 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SCALARS = (str, bool, int, float)
 _bits = random.getrandbits  # the module's instance: Python reseeds it in a forked child
+
+
+def _span_key() -> str:
+    """The context key under which the API keeps the current span, found through the API
+    (`set_span_in_context`): reading it directly saves `get_current_span`'s ABC check."""
+    marker = NonRecordingSpan(SpanContext(1, 1, False))
+    found = trace.set_span_in_context(marker, Context())
+    return next(key for key, value in found.items() if value is marker)
+
+
+_SPAN_KEY = _span_key()
 
 
 class SpanEvent(NamedTuple):
@@ -142,13 +153,38 @@ def _clean(value: object) -> AttributeValue | None:
     return None
 
 
+# Tuples already checked to hold one scalar type (a span's `finish_reasons`, a list of names):
+# the runtime passes the same few tuple objects again and again.
+_CHECKED: dict[tuple[object, ...], bool] = {}
+
+
+def _plain(value: object) -> bool:
+    """Whether `value` is kept as it is: a plain scalar, or a tuple of one scalar type."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is not tuple:
+        return False
+    items = cast("tuple[object, ...]", value)  # by the check above
+    try:
+        found = _CHECKED.get(items)
+    except TypeError:  # unhashable items: not a valid value anyway
+        return False
+    if found is None:
+        if len(_CHECKED) >= 1024:
+            _CHECKED.clear()
+        kinds = {type(item) for item in items}
+        found = _CHECKED[items] = len(kinds) == 1 and kinds <= set(_SCALARS)
+    return found
+
+
 def _cleaned(attributes: Attributes) -> dict[str, AttributeValue] | None:
     """A copy of `attributes` holding only values the API allows (None when empty)."""
     if not attributes:
         return None
     out = dict(attributes)
     for value in out.values():
-        if type(value) not in _SCALARS:
+        if type(value) not in _SCALARS and not _plain(value):
             break
     else:
         return out
@@ -419,7 +455,9 @@ class LeanTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace.Span:
-        parent = trace.get_current_span(context)
+        parent = (context if context is not None else get_current()).get(_SPAN_KEY)
+        if type(parent) is not LeanSpan:
+            parent = trace.get_current_span(context)
         if type(parent) is LeanSpan:
             trace_id, parent_id, remote = parent.trace_id, parent.span_id, False
             state, parent_sampled = parent.trace_state, True
@@ -436,7 +474,11 @@ class LeanTracer(trace.Tracer):
         span_id = 0
         while not span_id:
             span_id = _bits(64)
-        if not self._sampling.sampled(parent_id != 0, parent_sampled, trace_id):
+        sampling = self._sampling
+        if not (
+            (parent_sampled and sampling.parent_based)
+            or sampling.sampled(parent_id != 0, parent_sampled, trace_id)
+        ):
             return NonRecordingSpan(SpanContext(trace_id, span_id, False, _NOT_SAMPLED, state))
         kept = None
         if links:

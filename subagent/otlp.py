@@ -33,19 +33,22 @@ __all__ = ["BatchExporter", "HttpPoster", "encode_request"]
 
 log = logging.getLogger(__name__)
 
-_pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), fixed64 each
+_pack_head = struct.Struct(">BBQQBBQBBQ").pack  # trace id, span id, parent id: bytes fields
+_pack_root = struct.Struct(">BBQQBBQ").pack  # trace id and span id
+_pack_tail = struct.Struct("<BQBQBBI").pack  # start and end (fixed64), flags (fixed32)
+_LOW = (1 << 64) - 1
 _pack_double = struct.Struct("<d").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _BYTES = [bytes((i,)) for i in range(128)]
 
-# Span flags (field 16, fixed32) as the SDK's exporter writes them: "has is-remote", and
-# "is remote" when the parent came from another process.
-_FLAGS_LOCAL = b"\x85\x01" + _pack_fixed32(0x100)
-_FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(0x300)
+# Span flags (field 16, fixed32) as the SDK's exporter writes them: 0x100 "has is-remote", and
+# 0x200 "is remote" when the parent came from another process.
 # The proto's SpanKind is the API's plus one (0 is "unspecified" on the wire).
-_KIND = {kind: b"\x30" + _BYTES[kind.value + 1] for kind in SpanKind}
+# Looked up by the member's id: an Enum member's hash is a Python-level call.
+_KIND = {id(kind): b"\x30" + _BYTES[kind.value + 1] for kind in SpanKind}
 
-_CACHE_LIMIT = 8192  # entries per cache below; emptied when full (unique values pass through)
+_CACHE_LIMIT = 8192  # entries per cache below; emptied when full
+_VALUES_KEPT = 256  # distinct values kept per attribute key; past that its values vary (ids)
 
 
 def _varint(n: int) -> bytes:
@@ -99,6 +102,20 @@ def _key_value(key: str, value: object) -> bytes | None:
     return _field(b"\x0a", _text(key)) + _field(b"\x12", encoded)
 
 
+def _all_text(value: object) -> bool:
+    """A string, or a tuple of strings: values equal only to values of the same bytes."""
+    kind = type(value)
+    if kind is str:
+        return True
+    return kind is tuple and all(type(item) is str for item in value)  # type: ignore[attr-defined]
+
+
+def _attribute_field(key: str, value: object) -> bytes:
+    """One `Span.attributes` field (empty for a value OTLP cannot carry)."""
+    encoded = _key_value(key, value)
+    return b"" if encoded is None else _field(b"\x4a", encoded)
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
     """Repeated `KeyValue` fields under `tag` (uncached: resources, scopes, events, links)."""
     if not attributes:
@@ -121,29 +138,31 @@ class Encoder:
     def __init__(self, resource: LeanResource) -> None:
         self._resource = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
         self._names: dict[str, bytes] = {}
-        self._attrs: dict[str, dict[str, bytes]] = {}
+        self._attrs: dict[str, dict[object, bytes]] = {}
+        self._varying: dict[str, bytes] = {}  # keys whose values vary: their key field
+        self._shapes: dict[object, bytes] = {}  # (name, kind, attributes) -> their fields
+        self._shapeless: set[str] = set()  # span names whose attributes vary
         self._scopes: dict[int, tuple[Scope, bytes]] = {}
 
     def encode(self, spans: Iterable[LeanSpan]) -> bytes:
         """One request holding `spans`, grouped by instrumentation scope."""
+        return self.request([(span.scope, self.span(span)) for span in spans])
+
+    def request(self, encoded: Iterable[tuple[Scope, bytes]]) -> bytes:
+        """One request from spans encoded by `span`, grouped by instrumentation scope."""
         by_scope: dict[int, list[bytes]] = {}
         scopes: dict[int, Scope] = {}
-        span = self._span
-        for item in spans:
-            key = id(item.scope)
+        for scope, span in encoded:
+            key = id(scope)
             found = by_scope.get(key)
             if found is None:
                 found = by_scope[key] = []
-                scopes[key] = item.scope
-            found.append(span(item))
-        groups = []
-        for key, encoded in by_scope.items():
-            groups.append(
-                _field(
-                    b"\x12",
-                    self._scope(scopes[key]) + b"".join([_field(b"\x12", s) for s in encoded]),
-                )
-            )
+                scopes[key] = scope
+            found.append(span)
+        groups = [
+            _field(b"\x12", self._scope(scopes[key]) + b"".join(spans))
+            for key, spans in by_scope.items()
+        ]
         return _field(b"\x0a", self._resource + b"".join(groups))
 
     def _scope(self, scope: Scope) -> bytes:
@@ -172,44 +191,91 @@ class Encoder:
         return found
 
     def _attribute(self, key: str, value: object) -> bytes:
-        """The whole `Span.attributes` field for one attribute; a string one from the cache."""
-        if type(value) is not str:
-            encoded = _key_value(key, value)
-            return b"" if encoded is None else _field(b"\x4a", encoded)
+        """The whole `Span.attributes` field for one attribute, kept for the next span with the
+        same value, unless the key's values vary (an id, a run): then encoded each time."""
+        kind = type(value)
         per_key = self._attrs.get(key)
         if per_key is None:
+            if key in self._varying:
+                return _attribute_field(key, value)
             if len(self._attrs) >= _CACHE_LIMIT:
                 self._attrs.clear()
             per_key = self._attrs[key] = {}
-        found = per_key.get(value)
+        # Keyed by type too where values compare equal across types (True == 1 == 1.0).
+        cache_key: object = value if kind is str else (kind, value)
+        try:
+            found = per_key.get(cache_key)
+        except TypeError:  # an unhashable value (a list): not cached
+            return _attribute_field(key, value)
         if found is None:
-            if len(per_key) >= _CACHE_LIMIT:
-                per_key.clear()
-            found = per_key[value] = _field(
-                b"\x4a", _field(b"\x0a", _text(key)) + _field(b"\x12", _any_value(value) or b"")
-            )
+            found = _attribute_field(key, value)
+            if kind is float or (kind is tuple and not _all_text(value)):
+                return found  # (1,) == (True,) == (1.0,): only text tuples are kept
+            if len(per_key) >= _VALUES_KEPT:  # a key whose values vary: stop keeping them
+                del self._attrs[key]
+                if len(self._varying) >= _CACHE_LIMIT:
+                    self._varying.clear()
+                self._varying[key] = _field(b"\x0a", _text(key))
+            else:
+                per_key[cache_key] = found
         return found
 
-    def _span(self, span: LeanSpan) -> bytes:
-        parts = [
-            b"\x0a\x10",
-            span.trace_id.to_bytes(16, "big"),
-            b"\x12\x08",
-            span.span_id.to_bytes(8, "big"),
-        ]
+    def _middle(self, span: LeanSpan, shape: object) -> bytes:
+        """The name, kind and attribute fields of `span`, kept under `shape` when every value is
+        a string (or a tuple of strings) that the caches keep."""
+        name = span.span_name
+        found = self._names.get(name)
+        parts = [found if found is not None else self._name(name), _KIND[id(span.kind)]]
+        attrs = span.attrs
+        stable = True
+        if attrs:
+            for key, value in attrs.items():
+                parts.append(self._attribute(key, value))
+                if stable and (key in self._varying or not _all_text(value)):
+                    stable = False
+        middle = b"".join(parts)
+        if shape is not None:
+            if not stable:
+                if len(self._shapeless) >= _CACHE_LIMIT:
+                    self._shapeless.clear()
+                self._shapeless.add(name)  # this name's spans vary: no whole-shape lookups
+            else:
+                if len(self._shapes) >= _CACHE_LIMIT:
+                    self._shapes.clear()
+                self._shapes[shape] = middle
+        return middle
+
+    def span(self, span: LeanSpan) -> bytes:
+        """One span as its `ScopeSpans.spans` field (tag and length included).
+
+        Safe to call from more than one thread: the caches are single dict operations, and the
+        last-id caches are read once as a tuple."""
+        trace_id = span.trace_id
+        parent = span.parent_id
+        # Ids as one packed run of fields: trace_id (1), span_id (2), parent_span_id (4).
+        if parent:
+            head = _pack_head(
+                0x0A, 16, trace_id >> 64, trace_id & _LOW, 0x12, 8, span.span_id, 0x22, 8, parent
+            )
+        else:
+            head = _pack_root(0x0A, 16, trace_id >> 64, trace_id & _LOW, 0x12, 8, span.span_id)
+        # Name, kind and attributes: as a whole from the cache when this name's spans repeat
+        # them (string values only, so equal keys mean equal bytes); else field by field.
+        name = span.span_name
+        attrs = span.attrs
+        middle = None
+        shape: object = None
+        if name not in self._shapeless:
+            shape = (name, id(span.kind), tuple(attrs.items()) if attrs else ())
+            try:
+                middle = self._shapes.get(shape)
+            except TypeError:  # not hashable: encoded field by field
+                shape = None
+        if middle is None:
+            middle = self._middle(span, shape)
+        parts = [head, middle]
         if span.trace_state:
             parts.append(_field(b"\x1a", _trace_state(span.trace_state)))
-        if span.parent_id:
-            parts.append(b"\x22\x08")
-            parts.append(span.parent_id.to_bytes(8, "big"))
-        parts.append(self._name(span.span_name))
-        parts.append(_KIND[span.kind])
-        parts.append(_pack_times(0x39, span.start_time, 0x41, span.end_time))
-        attrs = span.attrs
-        if attrs:
-            attribute = self._attribute
-            for key, value in attrs.items():
-                parts.append(attribute(key, value))
         if span.event_list:
             for event in span.event_list:
                 parts.append(_field(b"\x5a", _event(event)))
@@ -221,8 +287,11 @@ class Encoder:
             message = span.status_message
             body = _field(b"\x12", _text(message)) if message else b""
             parts.append(_field(b"\x7a", body + b"\x18" + _BYTES[code]))
-        parts.append(_FLAGS_REMOTE if span.parent_remote else _FLAGS_LOCAL)
-        return b"".join(parts)
+        # start (7) and end (8) times, then the flags (16), as the SDK's exporter sets them.
+        flags = 0x300 if span.parent_remote else 0x100
+        parts.append(_pack_tail(0x39, span.start_time, 0x41, span.end_time, 0x85, 1, flags))
+        body = b"".join(parts)
+        return b"\x12" + _varint(len(body)) + body
 
 
 def _trace_state(state: TraceState) -> bytes:
@@ -325,14 +394,20 @@ class HttpPoster:
 
 
 class BatchExporter:
-    """The lean provider's sink: ended spans wait in a bounded queue; a real thread encodes
-    them in batches and posts each batch (`post` returns None, or why it failed).
+    """The lean provider's sink: each span is encoded as it ends, waits in a bounded queue as
+    bytes, and a real thread groups the bytes into requests and posts them (`post` returns
+    None, or why it failed).
 
-    At a span's end the hub only appends to a deque (and wakes the thread once a batch is
-    full). A full queue or a failed post drops spans: they are counted (`dropped`) and the
-    first loss is logged once, as a warning naming the cause; nothing retries, waits or blocks
-    the hub for it. `force_flush` and `shutdown` wait for the thread cooperatively (`offload`)
-    and for at most their timeout."""
+    Encoding at the end, in the thread that ends the span, was measured cheaper than encoding
+    in the export thread (docs/performance.md): the span's fields are still in the CPU's cache,
+    the span object is freed at once (no queued object graphs for the collector to scan), and
+    the export thread holds the GIL only to join bytes and post them. The hub then only
+    appends to a deque (and wakes the thread once a batch is full).
+
+    A full queue or a failed post drops spans: they are counted (`dropped`) and the first loss
+    is logged once, as a warning naming the cause; nothing retries, waits or blocks the hub
+    for it. `force_flush` and `shutdown` wait for the thread cooperatively (`offload`) and
+    for at most their timeout."""
 
     def __init__(
         self,
@@ -354,7 +429,7 @@ class BatchExporter:
         self._max_queue = max_queue
         self._batch = max_batch
         self._delay = delay_s
-        self._queue: deque[LeanSpan] = deque()
+        self._queue: deque[tuple[Scope, bytes]] = deque()
         self._wake = threading.Event()
         self._woken = False
         self._closed = False
@@ -379,7 +454,13 @@ class BatchExporter:
             self._full += 1
             self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
             return
-        queue.append(span)
+        try:
+            encoded = self._encoder.span(span)
+        except Exception:  # a bug of ours: lose the span, keep tracing
+            log.exception("encoding a span failed")
+            self._full += 1
+            return
+        queue.append((span.scope, encoded))
         if len(queue) >= self._batch and not self._woken:
             self._woken = True
             self._wake.set()
@@ -434,7 +515,7 @@ class BatchExporter:
         while queue:
             batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
             try:
-                body = self._encoder.encode(batch)
+                body = self._encoder.request(batch)
             except Exception:  # a bug of ours: lose the batch, keep the thread
                 log.exception("encoding %d spans failed", len(batch))
                 self._failed += len(batch)

@@ -260,3 +260,36 @@ def test_bad_settings_are_refused() -> None:
         HttpPoster("ftp://x/v1/traces")
     with pytest.raises(ValueError, match="compression"):
         HttpPoster("http://x/v1/traces", compression="zstd")
+
+
+def test_cached_encodings_never_mix_values_that_compare_equal() -> None:
+    """True == 1 == 1.0 and "1" != 1: whatever the caches keep, each span decodes to its own
+    values, and a key whose values vary (an id) still encodes every one."""
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("t")
+    values: list[object] = [True, 1, 1.0, "1", ("a",), (True,), (1,), False, 0]
+    for value in values * 2:
+        tracer.start_span("same", attributes={"v": value}).end()  # type: ignore[dict-item]
+    for i in range(600):
+        tracer.start_span("tool", attributes={"op": "x", "id": f"call-{i}"}).end()
+    from subagent.otlp import Encoder
+
+    encoder = Encoder(RESOURCE)
+    encoded = [encoder.span(span) for span in sink.spans]  # one encoder: its caches fill
+    request = ExportTraceServiceRequest.FromString(
+        encoder.request(
+            [(span.scope, body) for span, body in zip(sink.spans, encoded, strict=True)]
+        )
+    )
+    decoded = [s for r in request.resource_spans for sc in r.scope_spans for s in sc.spans]
+    got = [_attrs(s.attributes)["v"] for s in decoded[: len(values) * 2]]
+
+    def typed(value: object) -> object:
+        if isinstance(value, tuple):
+            return tuple(typed(item) for item in value)
+        return (type(value), value)
+
+    assert [typed(v) for v in got] == [typed(v) for v in values * 2]
+    assert [_attrs(s.attributes) for s in decoded[len(values) * 2 :]] == [
+        {"op": "x", "id": f"call-{i}"} for i in range(600)
+    ]
