@@ -293,3 +293,17 @@ def test_cached_encodings_never_mix_values_that_compare_equal() -> None:
     assert [_attrs(s.attributes) for s in decoded[len(values) * 2 :]] == [
         {"op": "x", "id": f"call-{i}"} for i in range(600)
     ]
+
+
+def test_a_collector_that_does_not_answer_bounds_flush_and_shutdown(local: Collector) -> None:
+    """A collector that holds the request: flush and shutdown give up at their timeouts (the
+    post itself at the exporter's), and the spans still go once it answers."""
+    local.hold.clear()
+    exporter, tracer = _exporter(local.endpoint, delay_s=60)
+    tracer.start_span("held").end()
+    assert exporter.force_flush(0.2) is False  # not done in time: said, not waited for
+    assert offload(local.arrived.wait, 10)
+    local.hold.set()
+    assert exporter.force_flush(10) is True
+    assert [s.name for s in local.spans()] == ["held"]
+    exporter.shutdown(5)
