@@ -297,15 +297,16 @@ class GeventActor(Actor):
 
     lazy_loop: bool = False
 
-    _greenlet: Any
-    _crash: BaseException | None
-    _killed: ActorKilled | BaseException | None
-    _exited: gevent.event.Event | None
-    _ended: bool
-    _exit_callbacks: list[Callable[[GeventActor], None]] | None
-    _unregistered: bool
-    _in_teardown: bool
-    _in_handler: bool
+    # Start values, shared until first assigned (one actor per child: not stored per start).
+    _greenlet: Any = None
+    _crash: BaseException | None = None
+    _killed: ActorKilled | BaseException | None = None
+    _exited: gevent.event.Event | None = None  # made only if someone joins
+    _ended: bool = False
+    _exit_callbacks: list[Callable[[GeventActor], None]] | None = None
+    _unregistered: bool = False
+    _in_teardown: bool = False
+    _in_handler: bool = False
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
@@ -319,15 +320,6 @@ class GeventActor(Actor):
             self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = gevent.event.Event()
         self._actor_ref = ActorRef(self)
-        self._greenlet = None
-        self._crash = None
-        self._killed = None
-        self._exited = None  # made only if someone joins
-        self._ended = False
-        self._exit_callbacks = None
-        self._unregistered = False
-        self._in_teardown = False
-        self._in_handler = False
 
     @classmethod
     def start(cls, *args: object, **kwargs: object) -> ActorRef[Self]:
