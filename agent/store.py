@@ -290,6 +290,10 @@ class _Store:
 
     def create(self, header: SessionHeader, seed_events: Iterable[Event] = ()) -> SessionLog:
         """Store a new session (atomically) and return its log, positioned after the seed."""
+        if not seed_events and header.seed_length == 0 and type(seed_events) in (tuple, list):
+            # A fresh child (no seed): nothing to copy, check or replay, only the header.
+            handle = self._create_bytes(header.id, encode_header(header))
+            return SessionLog(header, [], handle, self.durability, LogReplay(header), shared=self)
         seed = [dict(e) for e in seed_events]
         if header.seed_length not in (0, len(seed)):
             raise ValueError(

@@ -72,6 +72,8 @@ RUN_SHUTDOWN_GRACE = 60.0
 
 # A start whose registry is idle makes no greenlet switch; one start in this many yields.
 YIELD_EVERY = 8
+# A run's stop message (stateless and frozen: one for every run's supervisor entry).
+_DISPOSE_RUN = DisposeRun()
 
 # A start request's fields but its last, `depth`, which the service sets: copying a request
 # positionally costs about half of `dataclasses.replace` (once per start).
@@ -497,7 +499,7 @@ class SubagentService:
                 ChildSpec(
                     id=run_id,
                     start=lambda: ActorChild(
-                        handle.ref, name=f"run {run_id}", stop_message=DisposeRun()
+                        handle.ref, name=f"run {run_id}", stop_message=_DISPOSE_RUN
                     ),
                     restart="temporary",
                     shutdown=RUN_SHUTDOWN_GRACE,
