@@ -495,15 +495,11 @@ class SubagentService:
             # A local child's own actor is the run's actor; a remote run gets one.
             ref = getattr(run, "ref", None)
             handle.ref = ref if ref is not None else RunActor.start(run)
-            supervisor.start_child(
-                ChildSpec(
-                    id=run_id,
-                    start=lambda: ActorChild(
-                        handle.ref, name=f"run {run_id}", stop_message=_DISPOSE_RUN
-                    ),
-                    restart="temporary",
-                    shutdown=RUN_SHUTDOWN_GRACE,
-                )
+            # A run is a temporary child of its parent's supervisor: adopted as started.
+            supervisor.adopt(
+                run_id,
+                ActorChild(handle.ref, name=f"run {run_id}", stop_message=_DISPOSE_RUN),
+                shutdown=RUN_SHUTDOWN_GRACE,
             )
         except SupervisorClosedError:
             # The parent is being disposed while this child was starting: undo, emit nothing.
