@@ -30,6 +30,7 @@ from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
+from actors.local_run import LocalRun
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
@@ -175,8 +176,16 @@ class RunHandle:
         """Cancel what remains and return at quiescence (the result settled, `subagent/end`
         emitted). Idempotent; the run's actor disposes the run exactly once."""
         self._disposed = True
-        with contextlib.suppress(ActorDeadError):
-            self.ref.ask(DisposeRun())
+        run = self._run
+        if type(run) is LocalRun:
+            # A local run (its actor is the child's own) is disposed in the caller's greenlet,
+            # which waits for it anyway: an idle child's actor handles the close in place, with
+            # no disposer greenlet and no mailbox round trip. The actor still answers a told
+            # DisposeRun (its supervisor's stop) the same way, once.
+            run.dispose()
+        else:
+            with contextlib.suppress(ActorDeadError):
+                self.ref.ask(DisposeRun())
         gevent_actor.join(self.ref)
         # An infrastructure fault is reported through `result`, not by dispose.
         with contextlib.suppress(Exception):
@@ -542,7 +551,8 @@ class SubagentService:
     def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
-            self._ref.ask(reg.Providers(), block=True)
+            # In place when the registry is idle: everything told so far is handled already.
+            self._registry.ask_now(reg.Providers())
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 
