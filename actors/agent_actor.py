@@ -214,13 +214,13 @@ class AgentActor(GeventActor):
 
     def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
         listeners = self._turn_listeners
-        if type(listeners) is tuple:
+        if isinstance(listeners, tuple):
             listeners = self._turn_listeners = []
         return _register(listeners, fn)
 
     def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
         listeners = self._steer_listeners
-        if type(listeners) is tuple:
+        if isinstance(listeners, tuple):
             listeners = self._steer_listeners = []
         return _register(listeners, fn)
 

@@ -166,7 +166,7 @@ def _str_dict(value: object) -> bool:
     """Whether `value` is a dict of str keys to str values (a message's `source`)."""
     if type(value) is not dict:
         return False
-    for key, item in value.items():
+    for key, item in value.items():  # noqa: SIM110 - a loop, not a generator: hot path
         if type(key) is not str or type(item) is not str:
             return False
     return True
