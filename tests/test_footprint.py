@@ -2,8 +2,9 @@
 
 Every tracked object of a live child is work for each full collection, so the count per parked
 child is held under a bound (the redesign that made the child's own actor its run's actor took
-it from ~148 to ~107, the start-path trims to ~88). The runtime's GC policy: a larger young generation while a runtime is
-open, freezing after bursts of starts, both undone at close; a host's own tuning is kept.
+it from ~148 to ~107, the start-path trims to ~88). The runtime's GC policy: a larger young
+generation while a runtime is open, freezing after bursts of starts, both undone at close; a
+host's own tuning is kept.
 """
 
 from __future__ import annotations
