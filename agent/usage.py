@@ -341,7 +341,7 @@ class UsageAccount:
         # Own spend and what descendants spent (charged up to here), packed (`check_usage`):
         # a charge is one int addition per account on the chain, whatever the kinds; `own`,
         # `below` and `subtree` unpack on read.
-        self.spent, self.packed_own, self.kinds_own = pack_usage(own or {})
+        self.spent, self.packed_own, self.kinds_own = pack_usage(own) if own else (0, 0, 0)
         self.packed_below = 0
         self.kinds_below = 0
         self.limit = limit
