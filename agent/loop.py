@@ -420,6 +420,8 @@ class AgentCore:
         if counts:
             if checked is None:
                 self.usage.charge(counts, cost)
+            elif cost is None:
+                self.usage.charge_tokens(checked)
             else:
                 self.usage.charge_checked(checked, counts, cost)
         if self.on_progress is not None:

@@ -496,19 +496,24 @@ class UsageAccount:
     def charge_checked(
         self, checked: CheckedUsage, usage: Mapping[str, int], cost: int | None = None
     ) -> None:
-        """`charge` for a usage `check_usage` accepted (`checked` is what it returned): the hot
-        path of every model response, so no second check, one int addition per account on the
-        chain and one loop up it (O(depth), never a walk of the tree)."""
-        total, packed, zeros = checked
+        """`charge` for a usage `check_usage` accepted (`checked` is what it returned): no
+        second check, one int addition per account on the chain and one loop up it (O(depth),
+        never a walk of the tree)."""
         if cost is None and self.price is not None:
             cost = self.price.cost(usage)
         if cost:
+            total, packed, zeros = checked
             self._charge_cost(total, packed, zeros, cost)
-            return
-        # The common case (no price): per account, the packed counts and the total added, the
-        # zeros or'ed in only when some kind was reported as 0, and a budget checked only where
-        # a hook listens (`on_exceeded` is set on accounts with a budget): each account is told
-        # it is over its budget before its ancestors count the spend.
+        else:
+            self.charge_tokens(checked)
+
+    def charge_tokens(self, checked: CheckedUsage) -> None:
+        """`charge_checked` of a response that costs nothing (no price: the common case), the
+        hot path of every model response: per account on the chain, the packed counts and the
+        total added, the zeros or'ed in only when some kind was reported as 0, and the budget
+        checked only where a hook listens (`on_exceeded` is set on accounts with a budget);
+        each account is told it is over its budget before its ancestors count the spend."""
+        total, packed, zeros = checked
         self.packed_own += packed
         self.spent += total
         if zeros:
