@@ -66,15 +66,16 @@ def normalize_usage(usage: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-# A usage packed into one int: kind i (in `USAGE_KEYS` order) is the lane of bits
-# [i * _LANE, (i + 1) * _LANE). A response's counts are at most `MAX_COUNT` (what the session log
-# can carry), so a lane holds 2**64 responses before it could overflow: adding packed usages adds
-# every kind at once. A kind is listed when its lane is not 0, or when it was reported with a
-# count of 0: only those (`zeros`, bit i for kind i) need a bit of their own, so a charge of
-# non-zero counts (the common case) is one int addition per account and nothing else.
+# A usage packed into one int: the lane of bits [0, _LANE) holds the total, and kind i (in
+# `USAGE_KEYS` order) the lane [(i + 1) * _LANE, (i + 2) * _LANE). A response's counts are at most
+# `MAX_COUNT` (what the session log can carry), so a lane holds 2**62 responses before it could
+# overflow: adding packed usages adds the total and every kind at once. A kind is listed when
+# its lane is not 0, or when it was reported with a count of 0: only those (`zeros`, bit i for
+# kind i) need a bit of their own, so a charge of non-zero counts (the common case) is one int
+# addition per account and nothing else.
 _LANE: Final = 128
 _LANE_MASK: Final = (1 << _LANE) - 1
-_LANES: Final = {key: (index * _LANE, 1 << index) for index, key in enumerate(USAGE_KEYS)}
+_LANES: Final = {key: ((index + 1) * _LANE, 1 << index) for index, key in enumerate(USAGE_KEYS)}
 MAX_COUNT: Final = 2**64 - 1
 
 # (total tokens, packed counts, kinds reported with a count of 0): a usage checked once.
@@ -101,7 +102,7 @@ def check_usage(usage: Mapping[str, Any]) -> CheckedUsage | None:
             packed += value << lane[0]
         else:
             zeros |= lane[1]
-    return total, packed, zeros
+    return total, packed + total, zeros
 
 
 class Usage(Mapping[str, int]):
@@ -173,7 +174,7 @@ def pack_usage(usage: Mapping[str, Any]) -> CheckedUsage:
             packed += value << shift
         else:
             zeros |= bit
-    return total, packed, zeros
+    return total, packed + total, zeros
 
 
 def unpack_usage(packed: int, zeros: int) -> dict[str, int]:
@@ -385,7 +386,6 @@ class UsageAccount:
         "packed_own",
         "parent",
         "price",
-        "spent",
         "zeros_below",
         "zeros_own",
     )
@@ -405,10 +405,11 @@ class UsageAccount:
         if cost_limit is not None and (type(cost_limit) is not int or cost_limit < 0):
             raise ValueError(f"a cost budget must be non-negative picodollars, got {cost_limit!r}")
         self.owner = owner
-        # Own spend and what descendants spent (charged up to here), packed (`check_usage`),
-        # with the kinds reported only as 0: a charge is one int addition per account on the
-        # chain, whatever the kinds; `own`, `below` and `subtree` unpack on read.
-        self.spent, self.packed_own, self.zeros_own = pack_usage(own or {})
+        # Own spend and what descendants spent (charged up to here), packed with their totals
+        # (`check_usage`), and the kinds reported only as 0: a charge is one int addition per
+        # account on the chain, whatever the kinds; `spent`, `own`, `below` and `subtree` are
+        # read from the packed sums.
+        _, self.packed_own, self.zeros_own = pack_usage(own or {})
         self.packed_below = 0
         self.zeros_below = 0
         self.limit = limit
@@ -423,6 +424,11 @@ class UsageAccount:
 
     def __repr__(self) -> str:
         return f"<UsageAccount {self.owner} spent={self.spent} limit={self.limit}>"
+
+    @property
+    def spent(self) -> int:
+        """Tokens this agent and its descendants spent (what a token budget counts)."""
+        return (self.packed_own + self.packed_below) & _LANE_MASK
 
     @property
     def own(self) -> dict[str, int]:
@@ -441,7 +447,8 @@ class UsageAccount:
 
     def over(self) -> bool:
         """Whether this account's own token or cost budget is used up."""
-        return (self.limit is not None and self.spent >= self.limit) or (
+        limit = self.limit
+        return (limit is not None and self.spent >= limit) or (
             self.cost_limit is not None and self.cost_spent >= self.cost_limit
         )
 
@@ -473,10 +480,9 @@ class UsageAccount:
 
     def add_subtree(self, usage: Mapping[str, Any], cost: int = 0) -> None:
         """Count spend that happened below this account before it was live (a cold resume)."""
-        total, packed, zeros = pack_usage(usage)
+        _, packed, zeros = pack_usage(usage)
         self.packed_below += packed
         self.zeros_below |= zeros
-        self.spent += total
         self.cost_spent += cost
 
     def charge(self, usage: Mapping[str, Any], cost: int | None = None) -> None:
@@ -502,20 +508,20 @@ class UsageAccount:
         if cost is None and self.price is not None:
             cost = self.price.cost(usage)
         if cost:
-            total, packed, zeros = checked
-            self._charge_cost(total, packed, zeros, cost)
+            _, packed, zeros = checked
+            self._charge_cost(packed, zeros, cost)
         else:
             self.charge_tokens(checked)
 
     def charge_tokens(self, checked: CheckedUsage) -> None:
         """`charge_checked` of a response that costs nothing (no price: the common case), the
-        hot path of every model response: per account on the chain, the packed counts and the
-        total added, the zeros or'ed in only when some kind was reported as 0, and the budget
-        checked only where a hook listens (`on_exceeded` is set on accounts with a budget);
-        each account is told it is over its budget before its ancestors count the spend."""
-        total, packed, zeros = checked
+        hot path of every model response: per account on the chain, one int addition (the
+        packed counts and their total), the zeros or'ed in only when some kind was reported as
+        0, and the budget checked only where a hook listens (`on_exceeded` is set on accounts
+        with a budget); each account is told it is over its budget before its ancestors count
+        the spend."""
+        _, packed, zeros = checked
         self.packed_own += packed
-        self.spent += total
         if zeros:
             self.zeros_own |= zeros
         if self.on_exceeded is not None:
@@ -523,47 +529,44 @@ class UsageAccount:
         acc = self.parent
         while acc is not None:
             acc.packed_below += packed
-            acc.spent += total
             if zeros:
                 acc.zeros_below |= zeros
             if acc.on_exceeded is not None:
                 acc.check_budget()
             acc = acc.parent
 
-    def _charge_cost(self, total: int, packed: int, zeros: int, cost: int) -> None:
+    def _charge_cost(self, packed: int, zeros: int, cost: int) -> None:
         """`charge_checked` of a response with a cost (a priced route)."""
         self.packed_own += packed
         self.zeros_own |= zeros
-        self.spent += total
         self.cost_own += cost
         self.cost_spent += cost
         if self.on_exceeded is not None:
             self.check_budget()
         if self.parent is not None:
-            self.parent.add_to_subtree(packed, zeros, total, cost)
+            self.parent.add_to_subtree(packed, zeros, cost)
 
     def charge_remote(self, usage: Mapping[str, Any]) -> None:
         """Count what a remote child (ACP) reported spending against this account's subtree and
         its ancestors' (not its own): known only when the child's turn ends, it counts from the
         next step boundary on."""
-        total, packed, zeros = pack_usage(usage)
-        self.add_to_subtree(packed, zeros, total, 0, with_cost_limit=False)
+        _, packed, zeros = pack_usage(usage)
+        self.add_to_subtree(packed, zeros, 0, with_cost_limit=False)
 
     def add_to_subtree(
-        self, packed: int, zeros: int, total: int, cost: int, *, with_cost_limit: bool = True
+        self, packed: int, zeros: int, cost: int, *, with_cost_limit: bool = True
     ) -> None:
-        """Count spend of this account's descendants (a packed usage, `pack_usage`, its token
-        `total`, its `cost`) here, then in every ancestor's; an account over its limit is told
-        once, before its ancestors count the spend."""
+        """Count spend of this account's descendants (a packed usage, `pack_usage`, and its
+        `cost`) here, then in every ancestor's; an account over its limit is told once, before
+        its ancestors count the spend."""
         self.packed_below += packed
         self.zeros_below |= zeros
-        self.spent += total
         if cost:
             self.cost_spent += cost
         if self.limit is not None or (with_cost_limit and self.cost_limit is not None):
             self.check_budget()
         if self.parent is not None:
-            self.parent.add_to_subtree(packed, zeros, total, cost, with_cost_limit=with_cost_limit)
+            self.parent.add_to_subtree(packed, zeros, cost, with_cost_limit=with_cost_limit)
 
     def check_budget(self) -> None:
         """Tell `on_exceeded`, once, if this account's budget is used up."""
@@ -601,9 +604,9 @@ class UsageAccount:
         while acc is not None:
             limit = acc.limit
             cost_limit = acc.cost_limit
-            if (limit is not None and acc.spent >= limit) or (
-                cost_limit is not None and acc.cost_spent >= cost_limit
-            ):
+            if (
+                limit is not None and (acc.packed_own + acc.packed_below) & _LANE_MASK >= limit
+            ) or (cost_limit is not None and acc.cost_spent >= cost_limit):
                 return acc
             acc = acc.parent
         return None
