@@ -102,8 +102,9 @@ class ToolContext:
     signal: AbortSignal
     # The call's `execute_tool` span while tracing is on, else None.
     trace: TraceParent | None = None
-    # Told the id of each child agent this call starts or wakes, so the caller can attribute
-    # the child's progress to this call (an MCP server runs overlapping calls for one agent).
+    # Told the id of each child agent this call starts, wakes or waits on, so the caller can
+    # attribute the child's progress to this call (an MCP server runs overlapping calls for one
+    # agent).
     on_child: Callable[[str], None] | None = None
 
     @property

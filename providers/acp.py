@@ -193,12 +193,12 @@ class _Child:
     def __init__(self, config: AcpConfig, cwd: str) -> None:
         self.config = config
         self.group = ProcessGroup((config.command, *config.args), cwd=cwd, env=config.environment())
-        self.stderr = StderrTail(self.group.popen.stderr)
+        self.stderr = StderrTail(self.group.stderr)
         self.request_handler: Callable[[str, Any], Any] = self._no_run_request
         self.notification_handler: Callable[[str, Any], None] = lambda _m, _p: None
         self.conn = JsonRpcConnection(
-            self.group.popen.stdin,
-            self.group.popen.stdout,
+            self.group.stdin,
+            self.group.stdout,
             on_request=lambda m, p: self.request_handler(m, p),
             on_notification=lambda m, p: self.notification_handler(m, p),
             max_line_bytes=config.max_line_bytes,
@@ -283,7 +283,7 @@ class _Child:
         self.conn.shutdown("the agent process was torn down")
         self.stderr.close(grace=1.0)
         with contextlib.suppress(OSError, ValueError):
-            self.group.popen.stderr.close()
+            self.group.stderr.close()
 
 
 class _StartFailure(Exception):

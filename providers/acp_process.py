@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import gevent
-import gevent.subprocess
+from gevent.event import AsyncResult
+from gevent.fileobject import FileObjectPosix
 
-__all__ = ["ProcessGroup", "group_has_live_member", "kill_all_groups", "live_groups"]
+__all__ = [
+    "ChildInput",
+    "ChildOutput",
+    "ProcessGroup",
+    "group_has_live_member",
+    "kill_all_groups",
+    "live_groups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +56,32 @@ def _load_prctl() -> Callable[..., int] | None:
 _prctl = _load_prctl()
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A `preexec_fn` that has the kernel SIGKILL the child when its parent dies.
+# Arms the parent-death signal, then execs the agent (run by path, isolated: never imported).
+_EXEC_HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "acp_exec.py")
+
+
+def _spawn_argv(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The command line to spawn and its `preexec_fn` (None whenever possible: vfork).
+
+    On Linux the agent is exec'd through `acp_exec.py` by this interpreter, which sets
+    `PR_SET_PDEATHSIG` and re-checks its parent before exec'ing it. Without a usable interpreter
+    path (an embedding host) the signal is set by a `preexec_fn`, which forks this process.
+    Elsewhere there is no parent-death signal to set.
+    """
+    if _prctl is None:
+        return argv, None
+    if sys.executable and os.path.isabs(sys.executable) and os.path.isfile(_EXEC_HELPER):
+        return [sys.executable, "-I", "-S", _EXEC_HELPER, str(os.getpid()), *argv], None
+    return argv, _die_with_parent(_prctl, os.getpid())
+
+
+def _die_with_parent(prctl: Callable[..., int], parent_pid: int) -> Callable[[], None]:
+    """A `preexec_fn` that has the kernel SIGKILL the child when its parent dies (the fallback).
 
     Linux delivers `PR_SET_PDEATHSIG` when the *thread* that forked the child exits, not the
     process: every spawn here runs on the gevent hub's thread (the main one), which lives as long
     as the process. If the parent already died between fork and prctl, the child exits at once.
     """
-    prctl = _prctl
-    if prctl is None:
-        return None
 
     def preexec() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -62,6 +89,17 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+def _resolve(program: str, env: Mapping[str, str]) -> str:
+    """`program` as an absolute path, looked up on the child's PATH as the standard library would,
+    so a missing agent fails here (`FileNotFoundError`) and not later in the helper."""
+    if os.sep in program:
+        return os.path.abspath(program)
+    found = shutil.which(program, path=os.pathsep.join(os.get_exec_path(dict(env))))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return os.path.abspath(found)
 
 
 def live_groups() -> list[ProcessGroup]:
@@ -118,11 +156,35 @@ def group_has_live_member(pgid: int) -> bool:
     return False
 
 
+class ChildInput(Protocol):
+    """The write end of a child's stdin, cooperative on the hub."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+    def close(self) -> object: ...
+
+
+class ChildOutput(Protocol):
+    """The read end of a child's stdout or stderr, cooperative on the hub."""
+
+    def readline(self, size: int | None = -1, /) -> bytes: ...
+
+    def read1(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> object: ...
+
+
 class ProcessGroup:
     """One spawned leader with a fresh process group (pgid == leader pid).
 
     The leader is SIGKILLed by the kernel if this process dies (Linux `PR_SET_PDEATHSIG`), even
     on SIGKILL; its own descendants are reached by group signals on every other path.
+
+    The spawn never copies this process: the standard library's `Popen` vforks (no `preexec_fn`)
+    and execs `acp_exec.py`, which arms the parent-death signal and execs the agent; the pipes
+    are gevent file objects and the leader is reaped by gevent's child watcher.
     """
 
     def __init__(
@@ -132,32 +194,58 @@ class ProcessGroup:
         cwd: str,
         env: Mapping[str, str],
     ) -> None:
-        self.popen: Any = gevent.subprocess.Popen(
-            list(argv),
-            stdin=gevent.subprocess.PIPE,
-            stdout=gevent.subprocess.PIPE,
-            stderr=gevent.subprocess.PIPE,
-            cwd=cwd,
-            env=dict(env),
-            close_fds=True,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
-        self.pid: int = self.popen.pid
+        env = dict(env)
+        program = _resolve(argv[0], env)
+        loop: Any = gevent.get_hub().loop
+        loop.install_sigchld()  # what gevent's own Popen does before spawning
+        spawn_argv, preexec = _spawn_argv([program, *argv[1:]])
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        try:
+            self._popen = subprocess.Popen(
+                spawn_argv,
+                stdin=stdin_r,
+                stdout=stdout_w,
+                stderr=stderr_w,
+                cwd=cwd,
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)
+        self.pid: int = self._popen.pid
         self.pgid: int = self.pid
+        self.stdin: ChildInput = FileObjectPosix(stdin_w, "wb")
+        self.stdout: ChildOutput = FileObjectPosix(stdout_r, "rb")
+        self.stderr: ChildOutput = FileObjectPosix(stderr_r, "rb")
+        self._exited: AsyncResult = AsyncResult()
+        # Started before anything yields to the hub, so the exit cannot be reaped unseen.
+        self._watcher: Any = loop.child(self.pid, ref=True)
+        self._watcher.start(self._on_exit)
         _LIVE.add(self)
+
+    def _on_exit(self) -> None:
+        self._watcher.stop()
+        code = os.waitstatus_to_exitcode(self._watcher.rstatus)
+        self._popen.returncode = code  # reaped: the standard library must never wait for it
+        self._exited.set(code)
 
     @property
     def returncode(self) -> int | None:
-        code: int | None = self.popen.poll()
+        code: int | None = self._exited.value
         return code
 
     def wait_leader(self, timeout: float | None) -> int | None:
         """The leader's exit code once it exited (within `timeout`), else None."""
-        try:
-            code: int = self.popen.wait(timeout=timeout)
-        except gevent.subprocess.TimeoutExpired:
-            return None
+        code: int | None = self._exited.wait(timeout)
         return code
 
     def signal(self, sig: int) -> None:
@@ -166,7 +254,7 @@ class ProcessGroup:
 
     def alive(self) -> bool:
         """Whether the leader or any live member of its group remains."""
-        if self.popen.poll() is None:
+        if not self._exited.ready():
             return True
         return group_has_live_member(self.pgid)
 
@@ -180,7 +268,7 @@ class ProcessGroup:
                 if remaining <= 0:
                     return False
                 delay = min(delay, remaining)
-            if self.popen.poll() is None:
+            if not self._exited.ready():
                 self.wait_leader(delay)  # wakes as soon as the leader is reaped
             else:
                 gevent.sleep(delay)

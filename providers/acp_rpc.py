@@ -49,6 +49,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INTERNAL_ERROR = -32603
 
@@ -122,6 +124,12 @@ class StderrTail:
 class JsonRpcConnection:
     """One JSON-RPC peer. Handlers run on the reader greenlet and must not block.
 
+    A peer that writes a line that is not a JSON-RPC message is broken, and by default the
+    connection ends on it (our ACP provider's stance towards an agent). A server passes
+    `answer_bad_lines=True`: its client gets the JSON-RPC answer for the line (`-32700` parse
+    error, `-32600` invalid request, with `id: null` when the line has no usable id) and the
+    connection goes on, as JSON-RPC 2.0 asks of a server.
+
     A request handler that needs to wait (a server running a tool) returns a `gevent.Greenlet`
     it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`,
     raised or returned: a returned fault is a client's bad request, not a crash for the hub to
@@ -137,6 +145,7 @@ class JsonRpcConnection:
         on_notification: NotificationHandler,
         max_line_bytes: int,
         name: str = "acp",
+        answer_bad_lines: bool = False,
     ) -> None:
         self._stdin = stdin
         self._stdout = stdout
@@ -144,6 +153,7 @@ class JsonRpcConnection:
         self._on_notification = on_notification
         self._max_line = max_line_bytes
         self._name = name
+        self._answer_bad_lines = answer_bad_lines
         self._next_id = 0
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
         self._outbox: Queue = Queue()
@@ -267,36 +277,33 @@ class JsonRpcConnection:
                 if len(line) > self._max_line and not (
                     len(line) == self._max_line + 1 and line.endswith(b"\n")
                 ):
-                    self._fail(
-                        ConnectionClosed(
-                            f"protocol error: a line on stdout exceeds {self._max_line} bytes",
-                            protocol_error=True,
-                        )
-                    )
-                    return
+                    what = f"a line exceeds {self._max_line} bytes"
+                    if not self._answer_bad_lines:
+                        self._fail(ConnectionClosed(f"protocol error: {what}", protocol_error=True))
+                        return
+                    self._skip_rest_of_line(line)
+                    self._bad_line(INVALID_REQUEST, what, line[:200], None)
+                    continue
                 if not line.strip():
                     continue
                 self._dispatch(line)
         except (OSError, ValueError) as exc:
             self._fail(ConnectionClosed(f"reading stdout failed: {exc}"))
 
+    def _skip_rest_of_line(self, head: bytes) -> None:
+        """Read past the end of an over-long line, a bounded chunk at a time."""
+        chunk = head
+        while chunk and not chunk.endswith(b"\n"):
+            chunk = self._stdout.readline(self._max_line + 1)
+
     def _dispatch(self, line: bytes) -> None:
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-            self._fail(
-                ConnectionClosed(
-                    f"protocol error: malformed JSON on stdout: {line[:200]!r}",
-                    protocol_error=True,
-                )
-            )
+            self._bad_line(PARSE_ERROR, "malformed JSON", line, None)
             return
         if not isinstance(message, dict):
-            self._fail(
-                ConnectionClosed(
-                    f"protocol error: not a JSON-RPC object: {line[:200]!r}", protocol_error=True
-                )
-            )
+            self._bad_line(INVALID_REQUEST, "not a JSON-RPC object", line, None)
             return
         method = message.get("method")
         if isinstance(method, str):
@@ -325,11 +332,21 @@ class JsonRpcConnection:
             else:
                 waiter.set(message.get("result"))
             return
-        self._fail(
-            ConnectionClosed(
-                f"protocol error: not a JSON-RPC message: {line[:200]!r}", protocol_error=True
-            )
-        )
+        ident = message.get("id")
+        self._bad_line(INVALID_REQUEST, "not a JSON-RPC message", line, ident)
+
+    def _bad_line(self, code: int, what: str, line: bytes, ident: object) -> None:
+        """A line that is not a message we can act on: answer it (a server) or end (a client)."""
+        shown = line[:200]
+        if not self._answer_bad_lines:
+            self._fail(ConnectionClosed(f"protocol error: {what}: {shown!r}", protocol_error=True))
+            return
+        log.warning("%s: answered a bad line (%s): %r", self._name, what, shown)
+        # JSON-RPC ids are strings, numbers or null; anything else cannot be echoed back.
+        usable = isinstance(ident, (str, int, float)) and not isinstance(ident, bool)
+        kind = "parse error" if code == PARSE_ERROR else "invalid request"
+        error = {"code": code, "message": f"{kind}: {what}"}
+        self._send({"jsonrpc": "2.0", "id": ident if usable else None, "error": error})
 
     def _answer(self, rid: object, method: str, params: object) -> None:
         self._request_id = rid

@@ -728,7 +728,9 @@ class ContinuationManager:
             _abandon(handle, "the runtime closed while the child started")
             raise SubagentError("RUNTIME_CLOSED", "the runtime closed while the child started")
         try:
-            task = self._tasks().adopt(label, owner, kill=lambda reason: handle.cancel(reason))
+            task = self._tasks().adopt(
+                label, owner, kill=lambda reason: handle.cancel(reason), subject=child.child_id
+            )
         except BaseException as exc:
             # An activation nobody tracks must not keep running: the caller sees `exc`.
             _abandon(handle, f"its task could not be registered: {type(exc).__name__}: {exc}")

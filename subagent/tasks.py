@@ -79,6 +79,9 @@ class Task:
     detail: str | None
     created_at: float
     ended_at: float | None
+    # The agent the task is about (an adopted child run's id), or None: lets a caller that
+    # waits on the task follow that agent's progress meanwhile.
+    subject: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -94,6 +97,7 @@ class Task:
             "detail": self.detail,
             "created_at": self.created_at,
             "ended_at": self.ended_at,
+            "subject": self.subject,
         }
 
 
@@ -119,6 +123,7 @@ class _Record:
         "output",
         "owner",
         "status",
+        "subject",
     )
 
     def __init__(
@@ -133,6 +138,7 @@ class _Record:
         self.status = RUNNING
         self.output: Any = None
         self.detail: str | None = None
+        self.subject: str | None = None
         # The runtime's settle-once primitive: the first settlement wins (see `_mark`).
         self.done: Deferred[str] = Deferred()
         self.controller: AbortController | None = None
@@ -149,6 +155,7 @@ class _Record:
             self.detail,
             self.created_at,
             self.ended_at,
+            self.subject,
         )
 
 
@@ -212,9 +219,18 @@ class TaskService:
         greenlet.start()
         return greenlet
 
-    def adopt(self, label: str, owner: str, *, kill: KillFn) -> Task:
-        """Register work running elsewhere; its owner ends it with `settle()`."""
-        return self._new(label, owner, kill, kill_required=True).snapshot()
+    def adopt(self, label: str, owner: str, *, kill: KillFn, subject: str | None = None) -> Task:
+        """Register work running elsewhere; its owner ends it with `settle()`. `subject` names
+        the agent doing the work (a child run's id), when there is one."""
+        if subject is not None and type(subject) is not str:
+            raise TypeError(
+                f"subject must be an agent id str or None, got {type(subject).__name__}"
+            )
+        if subject == "":
+            raise ValueError("subject must be a non-empty agent id")
+        rec = self._new(label, owner, kill, kill_required=True)
+        rec.subject = subject
+        return rec.snapshot()
 
     def _new(self, label: str, owner: str, kill: KillFn | None, *, kill_required: bool) -> _Record:
         if type(label) is not str:

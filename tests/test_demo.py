@@ -9,7 +9,9 @@ import pytest
 from rich.console import Console
 
 from agent.log import validate_log
+from agent.loop import TurnOutcome
 from agent.store import SessionStore
+from subagent.cli.demo import no_summary
 from subagent.demo import Demo, plan_children
 
 GOLDEN_SEED_42 = """
@@ -94,3 +96,14 @@ def test_plans_assign_each_special_role_once() -> None:
     assert [p.role for p in plan_children(2, 5)] != []
     with pytest.raises(ValueError):
         plan_children(0, 1)
+
+
+def test_the_coordinator_line_without_a_summary_says_why() -> None:
+    assert no_summary(None, stopped=["worker-01"]) == "(cancelled before its summary)"
+    failed = TurnOutcome(1, "error", fault=OSError(27, "File too large"))
+    assert no_summary(failed, stopped=None) == (
+        "(no summary: its log could not be written: [Errno 27] File too large)"
+    )
+    assert no_summary(TurnOutcome(1, "max-steps"), stopped=None) == (
+        "(no summary: its turn ended max-steps)"
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from gevent import subprocess as gsub
+from test_serve_mcp import BAD_LINES, answers_to_bad_lines
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
@@ -337,3 +338,41 @@ def test_the_clients_mcp_servers_are_named_as_not_connected(tmp_path: Path) -> N
     assert bad["error"]["code"] == -32602
     stderr = client.close()
     assert "not connecting the client's MCP server(s) filesystem, api" in stderr
+
+
+def test_warnings_reach_stderr_without_debug_escaped_and_off_the_protocol(tmp_path: Path) -> None:
+    """A server logs its warnings to stderr by default (WARNING and up: no INFO), as data (a
+    client-given name keeps its escape visible), while stdout carries only protocol lines
+    (`RawClient.ask` parses every line it reads as JSON)."""
+    servers = [{"name": "evil\x1b[2Jname", "command": "/bin/true", "args": [], "env": []}]
+    client = RawClient(tmp_path / "home")
+    new = client.ask(1, "session/new", {"cwd": str(tmp_path), "mcpServers": servers})["result"]
+    assert new["_meta"] == {IGNORED_MCP_META: ["evil\x1b[2Jname"]}  # the protocol keeps it
+    stderr = client.close()
+    assert "\x1b" not in stderr
+    lines = [line for line in stderr.splitlines() if "not connecting" in line]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("WARNING:subagent.serve.acp_agent:")
+    assert "MCP server(s) evil\\x1b[2Jname:" in lines[0]
+    assert "INFO:" not in stderr and "DEBUG:" not in stderr
+
+
+def test_debug_adds_info_and_debug_lines_to_a_servers_stderr(tmp_path: Path) -> None:
+    client = RawClient(tmp_path / "home", "--debug")
+    client.ask(1, "session/new", {"cwd": str(tmp_path), "mcpServers": []})
+    stderr = client.close()
+    assert "INFO:subagent.serve.acp_agent:acp server: session " in stderr
+    assert "DEBUG:" in stderr
+
+
+def test_a_bad_line_is_answered_and_the_acp_server_goes_on(tmp_path: Path) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": 1, "clientCapabilities": {}},
+    }
+    answers = answers_to_bad_lines("acp", tmp_path, initialize)
+    errors = [(a["error"]["code"], a["id"]) for a in answers[:-1]]
+    assert errors == [(code, ident) for _, code, ident in BAD_LINES]
+    assert answers[-1]["result"]["protocolVersion"] == 1

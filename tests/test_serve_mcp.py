@@ -252,24 +252,74 @@ def test_sigterm_cancels_running_children_and_exits_after_a_graceful_stop(tmp_pa
     assert "shutting down" in end["cause"]
 
 
-def test_a_malformed_line_ends_the_connection_cleanly(tmp_path: Path) -> None:
+BAD_LINES = [
+    # (the line, the JSON-RPC error code, the id the answer carries)
+    ("this is not json", -32700, None),
+    ("[]", -32600, None),  # a batch: MCP has none since 2025-06-18
+    ("42", -32600, None),
+    ('{"jsonrpc": "2.0", "id": 7}', -32600, 7),  # neither a request nor a response
+    ('{"jsonrpc": "2.0", "id": [1], "params": {}}', -32600, None),  # an id that is no id
+]
+
+
+def answers_to_bad_lines(
+    command: str, home: Path, first: dict[str, Any], extra: str = ""
+) -> list[Any]:
+    """Send each bad line, then `first`; return every answer up to the one for `first`."""
     proc = gsub.Popen(
-        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
+        [sys.executable, "-m", "subagent.cli", "--home", str(home), command],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdin is not None
-    proc.stdin.write("this is not json\n")
-    proc.stdin.flush()  # stdin stays open: the server leaves on the protocol error alone
-    try:
-        proc.wait(timeout=60)
-    finally:
-        proc.stdin.close()
-    out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 0 and out == ""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(extra + "".join(line + "\n" for line, _, _ in BAD_LINES))
+    proc.stdin.write(json.dumps(first) + "\n")
+    proc.stdin.flush()
+    answers: list[Any] = []
+    while not answers or answers[-1].get("id") != first["id"]:
+        answers.append(json.loads(proc.stdout.readline()))
+    proc.stdin.close()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    return answers
+
+
+def test_a_bad_line_is_answered_and_the_server_goes_on(tmp_path: Path) -> None:
+    """JSON-RPC 2.0: a parse error is -32700 and an invalid request -32600, `id: null` when the
+    line has no usable id; the connection survives them (a client's stray line must not make the
+    server vanish), and a later request is served."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    answers = answers_to_bad_lines("mcp", tmp_path, initialize)
+    errors = [(a["error"]["code"], a["id"]) for a in answers[:-1]]
+    assert errors == [(code, ident) for _, code, ident in BAD_LINES]
+    assert answers[-1]["result"]["serverInfo"]["name"] == "subagent-runtime"
+
+
+def test_an_over_long_line_is_skipped_to_its_end_and_answered(tmp_path: Path) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": "after",
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+    }
+    too_long = '{"jsonrpc": "2.0", "id": 9, "method": "x", "params": "' + "a" * (16 << 20) + '"}\n'
+    answers = answers_to_bad_lines("mcp", tmp_path, initialize, extra=too_long)
+    first = answers[0]
+    assert first["id"] is None and first["error"]["code"] == -32600
+    assert "exceeds" in first["error"]["message"]
+    assert answers[-1]["id"] == "after" and "result" in answers[-1]
 
 
 # -- configuration --------------------------------------------------------------------------

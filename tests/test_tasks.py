@@ -320,8 +320,18 @@ def test_task_is_a_snapshot_with_a_json_listing(tasks: TaskService) -> None:
         "detail": None,
         "created_at": t.created_at,
         "ended_at": data["ended_at"],
+        "subject": None,
     }
     assert isinstance(data["ended_at"], float)
+
+
+def test_an_adopted_task_names_the_agent_doing_the_work(tasks: TaskService) -> None:
+    t = tasks.adopt("child run", "alice", kill=lambda r: None, subject="child-1")
+    assert (t.subject, tasks.get(t.id).to_json()["subject"]) == ("child-1", "child-1")
+    with pytest.raises(TypeError):
+        tasks.adopt("x", "alice", kill=lambda r: None, subject=7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        tasks.adopt("x", "alice", kill=lambda r: None, subject="")
 
 
 def test_clock_is_injectable() -> None:

@@ -136,3 +136,13 @@ def test_the_final_tree_under_a_write_failure_shows_no_child_running(tmp_path: P
     assert any("worker-04" in line for line in tree), proc.stdout
     assert not [line for line in tree if " running " in line or " unknown " in line], proc.stdout
     assert "coordinator error" in proc.stdout
+
+
+def test_the_coordinator_line_names_the_write_failure_not_a_cancel(tmp_path: Path) -> None:
+    """Nobody cancelled anything: the coordinator has no summary because its log failed."""
+    proc = demo(tmp_path, limit_bytes=6 * 1024)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("coordinator:")]
+    assert len(lines) == 1, proc.stdout
+    assert lines[0].startswith("coordinator: (no summary: its log could not be written: "), lines
+    assert "[Errno 27] File too large" in lines[0]

@@ -2,7 +2,8 @@
 
 The CLI never monkey-patches: everything it does is cooperative already (gevent-native HTTP,
 `gevent.subprocess`, the store's thread pool). Errors are one line on stderr and a non-zero
-exit; `--debug` adds the traceback and library logging. Ctrl-C cancels the whole tree and
+exit; `--debug` adds the traceback and library logging (the servers, `subagent mcp` and
+`subagent acp`, log warnings to stderr without it). Ctrl-C cancels the whole tree and
 reports what it stopped; a second Ctrl-C, or SIGTERM, kills the ACP agents' process groups and
 exits at once.
 """
@@ -66,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+        _log_to_stderr(logging.DEBUG)
+    elif getattr(args, "logs_warnings", False):
+        # A server's stdout is the protocol and it has no view to tear: its warnings (a client
+        # option it ignores, a child that failed to dispose, dropped spans) go to stderr.
+        _log_to_stderr(logging.WARNING)
     else:
         # Library logging would tear the live view; a NullHandler also silences lastResort.
         logging.getLogger().addHandler(logging.NullHandler())
@@ -101,6 +106,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if terminate is not None:
             terminate.cancel()
         telemetry.flush()
+
+
+class _DataFormatter(logging.Formatter):
+    """Log lines as data: a message may quote a model, an agent or a client (names, stderr
+    tails), so control characters reach the terminal escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return shown(super().format(record))
+
+
+def _log_to_stderr(level: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_DataFormatter(logging.BASIC_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _one_line(message: str) -> str:

@@ -61,10 +61,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             console.print(demo.tree.render())
             console.print(demo.tree.summary())
             counts = ", ".join(f"{n} {s}" for s, n in demo.tree.counts().items())
-            console.print(f"coordinator: {demo.final_text or '(cancelled before its summary)'}")
+            failure = write_failure(outcome, demo.tree.faults)
+            console.print(f"coordinator: {demo.final_text or no_summary(outcome, stopped)}")
             console.print(f"agents: {counts}")
             report_stopped(console, stopped)
-            failure = write_failure(outcome, demo.tree.faults)
         finally:
             demo.close()
     finally:
@@ -78,6 +78,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if failure is not None:
         raise CliError(failure)
     return 0
+
+
+def no_summary(outcome: TurnOutcome | None, stopped: object) -> str:
+    """Why the coordinator printed no summary, in its own words: an interrupt, a log that could
+    not be written (not a cancel, although its turn was stopped), or how its turn ended."""
+    if stopped is not None:
+        return "(cancelled before its summary)"
+    fault = getattr(outcome, "fault", None)
+    if fault is not None:
+        return f"(no summary: its log could not be written: {fault})"
+    reason = getattr(outcome, "reason", None)
+    return f"(no summary: its turn ended {reason})" if reason else "(no summary)"
 
 
 def write_failure(outcome: TurnOutcome | None, faults: list[str]) -> str | None:

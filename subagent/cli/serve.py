@@ -62,7 +62,8 @@ def _add(sub: Subcommands, name: str, help_text: str) -> None:
         "--max-depth", type=non_negative_int, metavar="D", help="the delegation depth cap (3)"
     )
     # The server stops gracefully on SIGTERM (children cancelled, logs closed), then exits 143.
-    serve.set_defaults(fn=cmd_serve, handles_sigterm=True)
+    # Stdout is the protocol's, so warnings go to stderr even without --debug.
+    serve.set_defaults(fn=cmd_serve, handles_sigterm=True, logs_warnings=True)
 
 
 def register(sub: Subcommands) -> None:

@@ -291,6 +291,7 @@ class AcpAgentServer:
             on_notification=self._on_notification,
             max_line_bytes=MAX_LINE_BYTES,
             name="acp-server",
+            answer_bad_lines=True,
         )
 
     def serve(self) -> None:

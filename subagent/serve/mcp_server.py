@@ -102,6 +102,7 @@ class McpServer:
             on_notification=self._on_notification,
             max_line_bytes=MAX_LINE_BYTES,
             name="mcp",
+            answer_bad_lines=True,
         )
 
     # -- life ------------------------------------------------------------------------------
@@ -179,12 +180,22 @@ class McpServer:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, Mapping) else None
         rid = self.conn.request_id
-        controller = AbortController()
-        self._calls[rid] = controller
+        if isinstance(rid, bool) or not isinstance(rid, (str, int, float)):
+            raise RpcFault(INVALID_REQUEST, "a tools/call request id must be a string or a number")
+        if rid in self._calls:
+            # Its cancel and its answer could not be told apart from the running call's.
+            raise RpcFault(INVALID_REQUEST, "a call with this request id is still running")
         call = ToolCall(f"mcp-{rid}", name, arguments)
-        greenlet: gevent.Greenlet = self._group.spawn(
-            self._run_call, root, rid, call, controller, token
-        )
+        controller = AbortController()
+        # Registered last, and only with its greenlet: `_run_call` removes it when it ends.
+        self._calls[rid] = controller
+        try:
+            greenlet: gevent.Greenlet = self._group.spawn(
+                self._run_call, root, rid, call, controller, token
+            )
+        except BaseException:
+            del self._calls[rid]
+            raise
         return greenlet
 
     def _run_call(

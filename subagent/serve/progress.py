@@ -63,7 +63,8 @@ class CallFeed:
         self._closed = False
 
     def claim(self, child_id: str) -> None:
-        """`child_id` (a child of the feed's root) is this call's: its events come here."""
+        """`child_id` (a child of the feed's root) is this call's: its events come here, until
+        the call ends (to every open call that claimed it)."""
         self._feed.claim(self, child_id)
 
     def close(self) -> None:
@@ -96,7 +97,8 @@ class ChildFeed:
         self._root = root_id
         self._parents: dict[str, str] = {}  # agents below the root whose start was delivered
         self._sinks: list[Callable[[Mapping[str, Any]], None]] = []
-        self._owners: dict[str, CallFeed] = {}  # a child of the root -> the call that has it
+        # A child of the root -> the open calls that claimed it (started, woke or wait on it).
+        self._owners: dict[str, list[CallFeed]] = {}
         self._claimed: set[str] = set()  # children of the root some call claimed at least once
         self._waiting: dict[str, list[Mapping[str, Any]]] = {}  # unclaimed children's events
         self._open_calls = 0  # events wait for a claim only while some call could make it
@@ -121,16 +123,22 @@ class ChildFeed:
         return CallFeed(self, sink)
 
     def claim(self, call: CallFeed, child_id: str) -> None:
-        """Route `child_id`'s events (and its descendants') to `call`, the waiting ones first."""
-        self._owners[child_id] = call
+        """Route `child_id`'s events (and its descendants') to `call` too, the waiting ones
+        first."""
+        owners = self._owners.setdefault(child_id, [])
+        if call not in owners:
+            owners.append(call)
         self._claimed.add(child_id)
         for event in self._waiting.pop(child_id, ()):
             call.sink(event)
 
     def release(self, call: CallFeed) -> None:
         """The children `call` claimed belong to no call any more."""
-        for child_id in [c for c, owner in self._owners.items() if owner is call]:
-            del self._owners[child_id]
+        for child_id, owners in list(self._owners.items()):
+            if call in owners:
+                owners.remove(call)
+                if not owners:
+                    del self._owners[child_id]
         self._open_calls -= 1
         if not self._open_calls:
             self._waiting.clear()  # no call open: none of them will be claimed
@@ -138,9 +146,10 @@ class ChildFeed:
     def _deliver(self, top: str, event: Mapping[str, Any]) -> None:
         for sink in list(self._sinks):
             sink(event)
-        owner = self._owners.get(top)
-        if owner is not None:
-            owner.sink(event)
+        owners = self._owners.get(top)
+        if owners:
+            for owner in list(owners):
+                owner.sink(event)
         elif self._open_calls and top not in self._claimed:
             waiting = self._waiting.get(top)
             if waiting is None:

@@ -328,7 +328,12 @@ class _Delegate:
         task: Task | None = None
         try:
             _tell_caller(ctx, handle.id)
-            task = tasks.adopt(description, agent.id, kill=lambda reason: controller.abort(reason))
+            task = tasks.adopt(
+                description,
+                agent.id,
+                kill=lambda reason: controller.abort(reason),
+                subject=handle.id,
+            )
             tasks.watch(self._watch, agent, tasks, handle, task.id, description)
         except BaseException as exc:
             # Nothing owns the started child yet: it must not be left running or undisposed.

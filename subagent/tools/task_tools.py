@@ -64,6 +64,9 @@ def task_output_tool(tasks: TaskService) -> Tool:
         task_id = str(arguments["task_id"])
         task = _own_task(tasks, task_id, calling_agent(ctx))
         if arguments.get("wait") and not task.settled:
+            if task.subject is not None and ctx.on_child is not None:
+                # The waiting call follows the child's progress until the task settles.
+                ctx.on_child(task.subject)
             # Cooperative wait; the turn's signal ends it (the loop abandons the call).
             task = tasks.wait(task_id)
         text = format_task(task)

@@ -1,0 +1,181 @@
+"""`McpServer` over real pipes, driven line by line in this process: what the SDK client of
+`test_serve_mcp.py` cannot send (a reused request id) or cannot see (which call a progress
+notification came with, a fault inside the server)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+from gevent.fileobject import FileObjectPosix
+from gevent.queue import Queue
+
+from subagent.serve import mcp_server
+from subagent.serve.mcp_server import McpServer
+from subagent.serve.stdio import ProtocolPipes
+from subagent.serve.wiring import ServeConfig, build_served
+
+INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
+
+
+class Wire:
+    """A raw MCP client: writes JSON-RPC lines, collects every message the server writes."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        to_server_r, to_server_w = os.pipe()
+        to_client_r, to_client_w = os.pipe()
+        served = build_served(
+            ServeConfig(store_dir=str(tmp_path / "sessions")), fork=False, child_options=True
+        )
+        pipes = ProtocolPipes(
+            FileObjectPosix(to_server_r, "rb"), FileObjectPosix(to_client_w, "wb")
+        )
+        self.server = McpServer(served, pipes, cwd=str(tmp_path))
+        self._out = FileObjectPosix(to_server_w, "wb")
+        self._in = FileObjectPosix(to_client_r, "rb")
+        self.answers: dict[str, Queue[dict[str, Any]]] = {}
+        self.notes: Queue[dict[str, Any]] = Queue()
+        self.seen: list[dict[str, Any]] = []  # every message, in arrival order
+        self._serving = gevent.spawn(self.server.serve)
+        self._reading = gevent.spawn(self._read)
+        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {}})
+        assert "result" in self.answer("init")
+
+    def _read(self) -> None:
+        while line := self._in.readline():
+            message = json.loads(line)
+            self.seen.append(message)
+            if "id" in message and "method" not in message:
+                self.answers.setdefault(json.dumps(message["id"]), Queue()).put(message)
+            else:
+                self.notes.put(message)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._out.write(json.dumps(message).encode() + b"\n")
+        self._out.flush()
+
+    def answer(self, rid: Any, timeout: float = 30) -> dict[str, Any]:
+        """The next answer to request id `rid`."""
+        got: dict[str, Any] = self.answers.setdefault(json.dumps(rid), Queue()).get(timeout=timeout)
+        return got
+
+    def call(self, rid: Any, name: str, arguments: dict[str, Any], **meta: Any) -> None:
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if meta:
+            params["_meta"] = meta
+        self.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params})
+
+    def close(self) -> None:
+        self._out.close()  # the client hangs up: the server shuts down
+        self._serving.get(timeout=30)
+        self._reading.get(timeout=30)
+        self._in.close()
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Iterator[Wire]:
+    w = Wire(tmp_path)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def hang(rid: Any, wire: Wire) -> str:
+    """A foreground child that runs until interrupted (a call that stays in flight); its id."""
+    wire.call(rid, "subagent", {"description": "hang", "prompt": "/hang"}, progressToken=rid)
+    started = wire.notes.get(timeout=30)["params"]
+    assert started["progressToken"] == rid
+    child: str = started["message"].split()[0]
+    return child
+
+
+def test_a_request_id_still_in_flight_is_refused(wire: Wire) -> None:
+    """Two running calls under one id could not be cancelled or answered apart."""
+    child = hang(7, wire)
+    wire.call(7, "list_agents", {})
+    assert wire.answer(7)["error"]["code"] == INVALID_REQUEST
+    wire.call(8, "interrupt_agent", {"agent_id": child})
+    assert wire.answer(8)["result"]["isError"] is False
+    assert "result" in wire.answer(7)  # the first call, ended by the interrupt
+    # Once it is over, its id may be used again.
+    wire.call(7, "list_agents", {})
+    assert wire.answer(7)["result"]["isError"] is False
+
+
+@pytest.mark.parametrize("rid", [{"an": "object"}, [1], None, True])
+def test_a_call_id_must_be_a_string_or_a_number(wire: Wire, rid: Any) -> None:
+    wire.call(rid, "list_agents", {})
+    assert wire.answer(rid)["error"]["code"] == INVALID_REQUEST
+
+
+def test_a_call_that_fails_before_it_runs_leaves_nothing_behind(
+    wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault while the call is being set up (here: building its `ToolCall`) answers an internal
+    error, and the id is free again: no running call is left registered under it."""
+
+    def broken(*_args: object, **_kwargs: object) -> object:
+        raise RuntimeError("simulated fault while setting up the call")
+
+    monkeypatch.setattr(mcp_server, "ToolCall", broken)
+    wire.call(5, "list_agents", {})
+    assert wire.answer(5)["error"]["code"] == INTERNAL_ERROR
+    monkeypatch.undo()
+    wire.call(5, "list_agents", {})
+    assert wire.answer(5)["result"]["isError"] is False
+
+
+def progress_of(wire: Wire, token: Any) -> list[str]:
+    return [
+        m["params"]["message"]
+        for m in wire.seen
+        if m.get("method") == "notifications/progress" and m["params"]["progressToken"] == token
+    ]
+
+
+def test_a_background_childs_progress_goes_to_the_call_waiting_on_it(wire: Wire) -> None:
+    """Progress belongs to a request: once the call that started a background child returned,
+    the child's later events go to the call that waits for it (`task_output` with wait)."""
+    wire.call(1, "subagent", {"description": "bg", "prompt": "/hang", "run_in_background": True})
+    started = wire.answer(1)["result"]["content"][0]["text"]
+    child, task = started.split()[3], started.split()[5].rstrip(").")
+    wire.call(2, "task_output", {"task_id": task, "wait": True}, progressToken="wait")
+    # Calls start in order, and task_output claims the child before it first waits: call 2 is
+    # waiting by the time call 3 is answered.
+    wire.call(3, "list_agents", {})
+    assert "result" in wire.answer(3)
+    wire.call(4, "interrupt_agent", {"agent_id": child})
+    assert wire.answer(4)["result"]["isError"] is False
+    waited = wire.answer(2)
+    assert task in waited["result"]["content"][0]["text"]
+    seen = progress_of(wire, "wait")
+    assert seen, "the waiting call heard nothing of the child"
+    assert all(line.startswith(f"{child} (bg): ") for line in seen)
+    # Progress only while the request is active: all of it before the answer.
+    answer_at = wire.seen.index(waited)
+    assert all(
+        i < answer_at
+        for i, m in enumerate(wire.seen)
+        if m.get("method") == "notifications/progress" and m["params"]["progressToken"] == "wait"
+    )
+
+
+def test_every_call_waiting_on_a_child_hears_its_progress(wire: Wire) -> None:
+    wire.call(1, "subagent", {"description": "bg", "prompt": "/hang", "run_in_background": True})
+    started = wire.answer(1)["result"]["content"][0]["text"]
+    child, task = started.split()[3], started.split()[5].rstrip(").")
+    wire.call(2, "task_output", {"task_id": task, "wait": True}, progressToken="first")
+    wire.call(3, "task_output", {"task_id": task, "wait": True}, progressToken="second")
+    wire.call(4, "list_agents", {})  # calls start in order: both wait by the time this answers
+    assert "result" in wire.answer(4)
+    wire.call(5, "interrupt_agent", {"agent_id": child})
+    assert wire.answer(5)["result"]["isError"] is False
+    assert "result" in wire.answer(2) and "result" in wire.answer(3)
+    assert progress_of(wire, "first") == progress_of(wire, "second") != []
