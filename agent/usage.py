@@ -107,11 +107,11 @@ def check_usage(usage: Mapping[str, Any]) -> CheckedUsage | None:
 
 class Usage(Mapping[str, int]):
     """One model response's token usage, checked and packed where the adapter made it
-    (`check_usage`), so the agent loop logs and charges it without checking it again: the
+    (`checked_usage`), so the agent loop logs and charges it without checking it again: the
     usage path of every step is then two attribute reads and one charge.
 
     A read-only mapping of its counts. `counts` is the exact dict the log records and
-    `checked` what `check_usage` made of it: both are shared by every response that reports
+    `checked` what `check_usage` made of it: both may be shared by every response that reports
     the same `Usage` (a scripted model's fixed usage), so neither is ever mutated.
     """
 
@@ -127,8 +127,8 @@ class Usage(Mapping[str, int]):
             raise ValueError(
                 f"a usage takes int counts 0..2**64-1 of {', '.join(USAGE_KEYS)}, got {counts!r}"
             )
-        object.__setattr__(self, "counts", own)
-        object.__setattr__(self, "checked", checked)
+        _set_counts(self, own)
+        _set_checked(self, checked)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Usage is read-only (tried to set {name!r})")
@@ -149,16 +149,29 @@ class Usage(Mapping[str, int]):
         return f"Usage({self.counts!r})"
 
 
+# The slots' own setters (the class refuses `setattr`), for `__init__` and `checked_usage`.
+_set_counts: Final = Usage.counts.__set__  # type: ignore[attr-defined]
+_set_checked: Final = Usage.checked.__set__  # type: ignore[attr-defined]
+_new_usage: Final = Usage.__new__
+
+
 def checked_usage(counts: Mapping[str, int]) -> Mapping[str, int]:
     """What an adapter hands over as a response's usage: a `Usage` when the log can carry it
     as is, else `counts` unchanged, so the loop's own check refuses it by name as it always
-    has (a count beyond 64 bits, a float, an unknown key)."""
+    has (a count beyond 64 bits, a float, an unknown key).
+
+    Takes `counts` over (no copy): the adapter's own dict, made for this response, which it
+    does not touch afterwards.
+    """
     if type(counts) is Usage:
         return counts
-    try:
-        return Usage(counts)
-    except ValueError:
+    checked = check_usage(counts)
+    if checked is None:
         return counts
+    usage = _new_usage(Usage)
+    _set_counts(usage, counts)
+    _set_checked(usage, checked)
+    return usage
 
 
 def pack_usage(usage: Mapping[str, Any]) -> CheckedUsage:

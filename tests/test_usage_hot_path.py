@@ -152,6 +152,10 @@ def test_a_checked_usage_is_a_read_only_mapping_of_its_counts() -> None:
     assert pickle.loads(pickle.dumps(usage)) == usage
     assert checked_usage(usage) is usage
     assert not Usage({})
+    # An adapter's own dict, made for the response, is taken over: no copy.
+    fresh = {"input_tokens": 1}
+    adopted = checked_usage(fresh)
+    assert type(adopted) is Usage and adopted.counts is fresh and adopted.checked[0] == 1
 
 
 def test_a_checked_usage_charges_as_its_counts_do_zero_counts_included() -> None:
