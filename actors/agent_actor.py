@@ -72,33 +72,37 @@ class AgentActor(GeventActor):
 
     lazy_loop = True
 
+    # Start values shared by every instance until first assigned (a child is started per
+    # `start()`: what most children never change is not built per child). The waiter and
+    # listener collections are an empty tuple until something is added (`_added`).
+    # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
+    _worker: object | None = None
+    _turn_abort: AbortController | None = None
+    _idle_waiters: list[Deferred[Any]] | tuple[()] = ()
+    _last_outcome: TurnOutcome | None = None
+    _closing = False
+    _close_waiters: list[Deferred[Any]] | tuple[()] = ()
+    # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
+    _held = False
+    _turn_listeners: list[Callable[[TurnOutcome], None]] | tuple[()] = ()
+    _steer_listeners: list[Callable[[str], None]] | tuple[()] = ()
+    turn_running = False
+    _before_first_request: Callable[[], None] | None = None
+    # The run whose activation prompt this agent answers (a child's run), if any.
+    run: LocalRun | None = None
+    _close_cause: object = None
+    _dispose_reply: Deferred[None] | None = None
+    # The disposer runs in a group the actor owns, made only when a dispose starts.
+    _tasks: TaskGroup | None = None
+    _disposer: gevent.Greenlet | None = None
+
     def __init__(self, core: AgentCore, on_closed: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.core = core
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._steers: list[PendingSteer] = []
         self._steer_replies: dict[str, Deferred[Any]] = {}
-        # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
-        self._worker: object | None = None
-        self._turn_abort: AbortController | None = None
-        self._idle_waiters: list[Deferred[Any]] = []
-        self._last_outcome: TurnOutcome | None = None
-        self._closing = False
-        self._close_waiters: list[Deferred[Any]] = []
         self._on_closed = on_closed
-        # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
-        self._held = False
-        self._turn_listeners: list[Callable[[TurnOutcome], None]] = []
-        self._steer_listeners: list[Callable[[str], None]] = []
-        self.turn_running = False
-        self._before_first_request: Callable[[], None] | None = None
-        # The run whose activation prompt this agent answers (a child's run), if any.
-        self.run: LocalRun | None = None
-        self._close_cause: Any = None
-        self._dispose_reply: Deferred[None] | None = None
-        # The disposer runs in a group the actor owns, made only when a dispose starts.
-        self._tasks: TaskGroup | None = None
-        self._disposer: gevent.Greenlet | None = None
 
     def activate(
         self,
@@ -209,10 +213,16 @@ class AgentActor(GeventActor):
     # -- observers (registered by the handle; each returns its remover) ----------------------------
 
     def add_turn_listener(self, fn: Callable[[TurnOutcome], None]) -> Callable[[], None]:
-        return _register(self._turn_listeners, fn)
+        listeners = self._turn_listeners
+        if isinstance(listeners, tuple):
+            listeners = self._turn_listeners = []
+        return _register(listeners, fn)
 
     def add_steer_listener(self, fn: Callable[[str], None]) -> Callable[[], None]:
-        return _register(self._steer_listeners, fn)
+        listeners = self._steer_listeners
+        if isinstance(listeners, tuple):
+            listeners = self._steer_listeners = []
+        return _register(listeners, fn)
 
     def before_first_request(self, fn: Callable[[], None]) -> None:
         """Run `fn` once, in the next turn, before its first model request."""
@@ -270,7 +280,7 @@ class AgentActor(GeventActor):
         if self._worker is None:
             reply.resolve(self._last_outcome)
         else:
-            self._idle_waiters.append(reply)
+            self._idle_waiters = [*self._idle_waiters, reply]
         return reply
 
     def _close(self, message: Close) -> Deferred[Any]:
@@ -278,7 +288,7 @@ class AgentActor(GeventActor):
         if self._closing and self._worker is None and not self._close_waiters:
             reply.resolve(None)
             return reply
-        self._close_waiters.append(reply)
+        self._close_waiters = [*self._close_waiters, reply]
         if self._closing:
             return reply
         self._closing = True
@@ -341,7 +351,7 @@ class AgentActor(GeventActor):
             self._worker = None
             if self._steers:  # accepted for a turn that never started (its prompt was dropped)
                 self._reject_steers("no turn ran to admit it")
-            waiters, self._idle_waiters = self._idle_waiters, []
+            waiters, self._idle_waiters = self._idle_waiters, ()
             for waiter in waiters:
                 waiter.resolve(self._last_outcome)
             if self._closing:
@@ -387,7 +397,7 @@ class AgentActor(GeventActor):
         if run is not None:  # closed before a turn answered its prompt
             cause = self._close_cause
             run.abandon("closed" if cause is None else str(cause))
-        waiters, self._close_waiters = self._close_waiters, []
+        waiters, self._close_waiters = self._close_waiters, ()
         for waiter in waiters:
             waiter.resolve(None)
         if self._on_closed is not None:
@@ -401,8 +411,8 @@ class AgentActor(GeventActor):
         cyclic collection (which, with thousands of live children, is a long hub pause)."""
         self._on_closed = None
         self.run = None
-        self._turn_listeners.clear()
-        self._steer_listeners.clear()
+        self._turn_listeners = ()
+        self._steer_listeners = ()
         self._before_first_request = None
         self.core.agent = None
         self.core.on_progress = None
@@ -429,8 +439,8 @@ class AgentActor(GeventActor):
         self._steers = []
         for reply in replies.values():
             reply.reject(dead)
-        waiters = self._idle_waiters + self._close_waiters
-        self._idle_waiters, self._close_waiters = [], []
+        waiters = [*self._idle_waiters, *self._close_waiters]
+        self._idle_waiters, self._close_waiters = (), ()
         for waiter in waiters:
             waiter.resolve(self._last_outcome)
 

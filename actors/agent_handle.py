@@ -201,7 +201,8 @@ class Agent:
             return
         self.ctx.lifecycle.closing(self)
         try:
-            self.ref.ask(Close(cause), block=False).get()
+            # In place when the actor is idle (a settled child): no mailbox round trip.
+            self._actor.ask_now(Close(cause), block=False).get()
         except Exception as exc:
             from pykka import ActorDeadError
 

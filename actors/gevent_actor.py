@@ -297,15 +297,19 @@ class GeventActor(Actor):
 
     lazy_loop: bool = False
 
-    _greenlet: Any
-    _crash: BaseException | None
-    _killed: ActorKilled | BaseException | None
-    _exited: gevent.event.Event | None
-    _ended: bool
-    _exit_callbacks: list[Callable[[GeventActor], None]] | None
-    _unregistered: bool
-    _in_teardown: bool
-    _in_handler: bool
+    # Start values, shared until first assigned (one actor per child: not stored per start).
+    _greenlet: Any = None
+    _crash: BaseException | None = None
+    _killed: ActorKilled | BaseException | None = None
+    _exited: gevent.event.Event | None = None  # made only if someone joins
+    _ended: bool = False
+    _exit_callbacks: list[Callable[[GeventActor], None]] | None = None
+    _unregistered: bool = False
+    _in_teardown: bool = False
+    _in_handler: bool = False
+    # A lazy actor that never needed its loop, stopping itself from a handler run in place:
+    # it ends right after that handler (`_end_in_place`), without a loop made only to stop.
+    _stop_in_place: bool = False
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
         # Not Actor.__init__: it makes a threading.Event for `actor_stopped`, which would block
@@ -319,15 +323,6 @@ class GeventActor(Actor):
             self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = gevent.event.Event()
         self._actor_ref = ActorRef(self)
-        self._greenlet = None
-        self._crash = None
-        self._killed = None
-        self._exited = None  # made only if someone joins
-        self._ended = False
-        self._exit_callbacks = None
-        self._unregistered = False
-        self._in_teardown = False
-        self._in_handler = False
 
     @classmethod
     def start(cls, *args: object, **kwargs: object) -> ActorRef[Self]:
@@ -364,6 +359,49 @@ class GeventActor(Actor):
             inbox.sleeper = self  # the first queued message spawns the loop
             return
         self._greenlet = gevent.spawn_raw(self._actor_loop)
+
+    def stop(self) -> None:
+        """Pykka's `stop()` (the actor stops after the current message). A lazy actor that
+        never had a loop, stopping itself from a handler run in place (`ask_now`/`tell_now`),
+        ends right after that handler instead: no loop greenlet is made only to stop it."""
+        if self._in_handler and self._greenlet is None and type(self.actor_inbox) is _WakingInbox:
+            self._stop_in_place = True
+            return
+        super().stop()
+
+    def _after_in_place(self) -> None:
+        """After an in-place handler that asked to stop: end now if nothing queued meanwhile
+        (the usual case), else stop through the mailbox as `stop()` would have."""
+        self._stop_in_place = False
+        if self._greenlet is None and self.actor_inbox.empty() and not self.actor_stopped.is_set():
+            self._end_in_place()
+        else:
+            super().stop()
+
+    def _end_in_place(self) -> None:
+        """What the loop does for a stop message and then at its end, in the caller's greenlet
+        (a lazy actor with no loop): `on_stop`, unregister, then the exit callbacks."""
+        try:
+            self._stop()
+        except ActorKilled as exc:
+            self._record_crash(exc)
+        finally:
+            inbox = self.actor_inbox
+            if type(inbox) is _WakingInbox:
+                inbox.sleeper = None  # a late message must not start a loop for a dead actor
+            self._in_teardown = True
+            self._unregister_once()
+            self.actor_stopped.set()
+            _live.pop(self.actor_urn, None)
+            self._ended = True
+            if self._exited is not None:
+                self._exited.set()
+            callbacks, self._exit_callbacks = self._exit_callbacks, None
+            for callback in callbacks or ():
+                try:
+                    callback(self)
+                except Exception:
+                    logger.exception("exit callback of %s failed", self)
 
     def wake_loop(self) -> None:
         """A lazy actor's loop, started by the first message that must wait (or a kill)."""
@@ -563,6 +601,8 @@ class GeventActor(Actor):
             return failed
         finally:
             self._in_handler = False
+            if self._stop_in_place:
+                self._after_in_place()
         if block:
             return response.get() if isinstance(response, Deferred) else response
         if isinstance(response, Deferred):
@@ -587,6 +627,8 @@ class GeventActor(Actor):
             self.request_kill(ActorKilled(f"{self}: a told handler raised"))
         finally:
             self._in_handler = False
+            if self._stop_in_place:
+                self._after_in_place()
 
     def _idle(self) -> bool:
         """Parked on an empty inbox with no handler running (or lazy and never needed yet)."""

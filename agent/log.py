@@ -162,11 +162,47 @@ def _plain_assistant_message(data: dict[str, Any]) -> bool:
     return True
 
 
+def _str_dict(value: object) -> bool:
+    """Whether `value` is a dict of str keys to str values (a message's `source`)."""
+    if type(value) is not dict:
+        return False
+    for key, item in value.items():  # noqa: SIM110 - a loop, not a generator: hot path
+        if type(key) is not str or type(item) is not str:
+            return False
+    return True
+
+
+def _plain_inbox_accepted(data: dict[str, Any]) -> bool:
+    # A child's first prompt and every steer: text blocks from a source the runtime made.
+    return (
+        len(data) == 4
+        and type(data.get("message_id")) is str
+        and type(data.get("kind")) is str
+        and _text_blocks(data.get("content"))
+        and _str_dict(data.get("source"))
+    )
+
+
+def _plain_user_message(data: dict[str, Any]) -> bool:
+    message = data.get("message")
+    return (
+        len(data) == 1
+        and type(message) is dict
+        and len(message) == 4
+        and type(message.get("id")) is str
+        and type(message.get("role")) is str
+        and _text_blocks(message.get("content"))
+        and _str_dict(message.get("source"))
+    )
+
+
 # Shape checks for the events a step writes from parts the walk would only re-traverse: True
 # means the full lossless-JSON walk cannot fail (False only means "walk it").
 _PLAIN: dict[str, Callable[[dict[str, Any]], bool]] = {
     ev.TOOL_RESULT: _plain_tool_result,
     ev.ASSISTANT_MESSAGE: _plain_assistant_message,
+    ev.INBOX_ACCEPTED: _plain_inbox_accepted,
+    ev.USER_MESSAGE: _plain_user_message,
 }
 _OPTIONAL: dict[str, tuple[_Field, ...]] = {
     ev.TURN_END: _fields(message=_STR),

@@ -161,7 +161,7 @@ class _Store:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
         self.durability: Durability = durability
         # system prompt -> [(tools, address)]: the addresses of headers stored or seen here.
-        self._header_refs: dict[str, builtins.list[tuple[builtins.list[Any], str]]] = {}
+        self._header_refs: dict[str, builtins.list[tuple[tuple[Any, ...], str]]] = {}
         self._header_count = 0
 
     # -- backend primitives -----------------------------------------------------------------
@@ -214,10 +214,13 @@ class _Store:
         Siblings share their system prompt and tool objects, so after the first child this is
         a dict look-up and an identity comparison of the tools; the content is walked, encoded
         and hashed once per distinct content and process."""
+        # A tuple both sides: a list never equals a tuple, so comparing the stored copy with the
+        # caller's sequence as given would miss every time.
+        specs = tools if type(tools) is tuple else tuple(tools)
         known = self._header_refs.get(system)
         if known is not None:
             for seen, ref in known:
-                if seen == tools:
+                if seen == specs:
                     # On disk, `subagent gc` may have removed it since: one stat to be sure.
                     if not self.persistent or self._has_shared(ref):
                         return ref
@@ -235,7 +238,7 @@ class _Store:
         if self._header_count >= _HEADER_CACHE:
             self._header_refs.clear()
             self._header_count = 0
-        self._header_refs.setdefault(system, []).append((builtins.list(tools), ref))
+        self._header_refs.setdefault(system, []).append((specs, ref))
         self._header_count += 1
         return ref
 
@@ -287,6 +290,10 @@ class _Store:
 
     def create(self, header: SessionHeader, seed_events: Iterable[Event] = ()) -> SessionLog:
         """Store a new session (atomically) and return its log, positioned after the seed."""
+        if not seed_events and header.seed_length == 0 and type(seed_events) in (tuple, list):
+            # A fresh child (no seed): nothing to copy, check or replay, only the header.
+            handle = self._create_bytes(header.id, encode_header(header))
+            return SessionLog(header, [], handle, self.durability, LogReplay(header), shared=self)
         seed = [dict(e) for e in seed_events]
         if header.seed_length not in (0, len(seed)):
             raise ValueError(

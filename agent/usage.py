@@ -422,7 +422,7 @@ class UsageAccount:
         # (`check_usage`), and the kinds reported only as 0: a charge is one int addition per
         # account on the chain, whatever the kinds; `spent`, `own`, `below` and `subtree` are
         # read from the packed sums.
-        _, self.packed_own, self.zeros_own = pack_usage(own or {})
+        _, self.packed_own, self.zeros_own = pack_usage(own) if own else (0, 0, 0)
         self.packed_below = 0
         self.zeros_below = 0
         self.limit = limit

@@ -11,10 +11,16 @@ fresh process so no mode inherits another's imports, tracer provider or heap:
   what any instrumentation making these spans pays before a processor;
 - `drop`: the SDK's `BatchSpanProcessor` over an exporter that reads each span's name and
   attributes and drops it (the batch queue and its worker thread, no encoding);
-- `on`: what a host gets from `OTEL_TRACES_EXPORTER=otlp`: the `BatchSpanProcessor` over the
-  SDK's OTLP http/protobuf exporter, posting to a local collector this benchmark runs in its own
-  process on 127.0.0.1 (the collector's CPU is not counted, a backend's never is; the encoding
-  and the HTTP client's are);
+- `lean-floor`: the runtime's lean provider (`subagent.lean_tracing`) with a sink that counts
+  each ended span and drops it: the lean spans' own cost, against `floor`;
+- `lean-encode`: the lean provider and its batch exporter thread encoding every batch
+  (`subagent.otlp`), posting nowhere: `on` without the HTTP client;
+- `on`: what a host gets from `OTEL_TRACES_EXPORTER=otlp`: the runtime's lean provider and its
+  batch exporter (`subagent.lean_tracing`, `subagent.otlp`: OTLP/protobuf encoded by hand),
+  posting to a local collector this benchmark runs in its own process on 127.0.0.1 (the
+  collector's CPU is not counted, a backend's never is; the encoding and the HTTP client's are);
+- `on-sdk`: the same set-up with `SUBAGENT_OTEL_SDK=true`: the SDK's provider, its
+  `BatchSpanProcessor` and the SDK's OTLP http/protobuf exporter, to the same collector;
 - `sampled`: as `on` with parent-based 10 % sampling.
 
 The measured window runs from the first start to the last result **and the provider's flush**,
@@ -46,7 +52,8 @@ ROUNDS = 5
 QUICK_ROUNDS = 2
 STEPS = 10
 LATENCY = 0.01
-MODES = ("none", "off", "floor", "drop", "on", "sampled")
+MODES = ("none", "off", "floor", "drop", "lean-floor", "lean-encode", "on", "on-sdk", "sampled")
+EXPORTING = ("on", "on-sdk", "sampled")  # post to the collector
 # Spans per child: its activation's `invoke_agent`, a `chat` per step, an `execute_tool` per
 # tool step.
 SPANS_PER_CHILD = 1 + STEPS + (STEPS - 1)
@@ -64,33 +71,35 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
             for mode in MODES:
                 before = collector.counted()
                 sample = _child(mode, n, collector.endpoint)
-                if mode in ("on", "sampled"):
+                if mode in EXPORTING:
                     sample["spans"] = collector.counted() - before
                 samples[mode].append(sample)
     full = n * SPANS_PER_CHILD
-    for mode in ("drop", "on"):
+    for mode in ("drop", "lean-floor", "lean-encode", "on", "on-sdk"):
         lost = [s["spans"] for s in samples[mode] if s["spans"] != full]
         if lost:
             raise RuntimeError(f"{mode}: spans exported {lost}, expected {full} per run")
     figures: dict[str, Any] = {"n": n, "rounds": rounds, "steps": STEPS}
     for mode in MODES:
+        key = _key(mode)
         for what in ("wall_s", "cpu_s", "gc_s", "full_gcs"):
-            figures[f"{what}_{mode}"] = round(statistics.median(s[what] for s in samples[mode]), 4)
+            figures[f"{what}_{key}"] = round(statistics.median(s[what] for s in samples[mode]), 4)
     figures["spans_per_run_on"] = full
     figures["spans_per_run_sampled"] = statistics.median(s["spans"] for s in samples["sampled"])
     for mode in MODES[1:]:
+        key = _key(mode)
         for what in ("wall", "cpu"):
-            figures[f"{what}_{mode}_over_none"] = round(
-                figures[f"{what}_s_{mode}"] / figures[f"{what}_s_none"], 3
+            figures[f"{what}_{key}_over_none"] = round(
+                figures[f"{what}_s_{key}"] / figures[f"{what}_s_none"], 3
             )
-    for mode in ("drop", "on"):
-        figures[f"cpu_{mode}_over_floor"] = round(
-            figures[f"cpu_s_{mode}"] / figures["cpu_s_floor"], 3
+    for key in ("drop", "lean_floor", "lean_encode", "on", "on_sdk"):
+        figures[f"cpu_{key}_over_floor"] = round(
+            figures[f"cpu_s_{key}"] / figures["cpu_s_floor"], 3
         )
     # CPU per span beyond `none`, for reading against the SDK's own per-span cost.
-    for mode in ("floor", "drop", "on"):
-        figures[f"us_per_span_{mode}"] = round(
-            (figures[f"cpu_s_{mode}"] - figures["cpu_s_none"]) / full * 1e6, 2
+    for key in ("floor", "drop", "lean_floor", "lean_encode", "on", "on_sdk"):
+        figures[f"us_per_span_{key}"] = round(
+            (figures[f"cpu_s_{key}"] - figures["cpu_s_none"]) / full * 1e6, 2
         )
     figures["targets"] = {
         f"{what}_{key}": figures[f"{what}_{key}"] <= limit
@@ -98,6 +107,11 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         for what in ("wall", "cpu")
     }
     return figures
+
+
+def _key(mode: str) -> str:
+    """A mode's name in the figures' keys (`on-sdk` -> `on_sdk`)."""
+    return mode.replace("-", "_")
 
 
 def _child(mode: str, n: int, endpoint: str) -> dict[str, Any]:
@@ -182,11 +196,16 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
     if mode == "none":
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # import now fails
     counted = [0]
+    exporters: list[Any] = []
     provider: Any = None
-    if mode in ("on", "sampled"):
+    if mode in EXPORTING:
         # Exactly what `OTEL_TRACES_EXPORTER=otlp` gets from the CLI (`configure_from_env`):
-        # the SDK provider, a batch processor, the OTLP http/protobuf exporter.
+        # the runtime's lean provider and OTLP exporter (`on`, `sampled`), or with
+        # `SUBAGENT_OTEL_SDK=true` the SDK provider, its batch processor and the SDK's OTLP
+        # http/protobuf exporter (`on-sdk`).
         os.environ["OTEL_TRACES_EXPORTER"] = "otlp"
+        if mode == "on-sdk":
+            os.environ["SUBAGENT_OTEL_SDK"] = "true"
         os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = endpoint
         # A queue that holds the whole job, so the figure counts every span's export: the
         # export thread can fall behind a CPU-bound hub (at the set-up's default queue a loaded
@@ -201,6 +220,39 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
 
         assert telemetry.configure_from_env()
         provider = trace.get_tracer_provider()
+        lean = type(provider).__name__ == "LeanTracerProvider"
+        assert lean == (mode != "on-sdk"), (mode, provider)
+    elif mode in ("lean-floor", "lean-encode"):
+        from opentelemetry import trace
+
+        from subagent import telemetry
+        from subagent.lean_tracing import LeanResource, LeanSpan, LeanTracerProvider
+        from subagent.otlp import BatchExporter
+
+        resource = LeanResource(telemetry.resource_attributes({}))
+
+        class Counting:
+            """Counts each ended span and drops it: the lean spans' own cost."""
+
+            def on_end(self, span: LeanSpan) -> None:
+                counted[0] += 1
+
+            def force_flush(self, timeout_s: float) -> bool:
+                return True
+
+            def shutdown(self, timeout_s: float) -> None:
+                return
+
+        def post(body: bytes) -> None:
+            counted[0] += 1  # batches: the spans are counted from `exported` below
+
+        sink: Any = Counting()
+        if mode == "lean-encode":
+            queue = n * SPANS_PER_CHILD
+            sink = BatchExporter(resource, post, max_queue=queue)
+            exporters.append(sink)
+        provider = LeanTracerProvider(resource, sink)
+        trace.set_tracer_provider(provider)
     elif mode in ("floor", "drop"):
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
@@ -271,7 +323,8 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
     ]
     results = [r.result.get() for r in runs]
     if provider is not None:
-        provider.force_flush()  # every span exported inside the window (the worker's share too)
+        # Every span exported inside the window (the worker's share too).
+        assert provider.force_flush() is not False
     wall = time.perf_counter() - t0
     cpu = sum(os.times()[:2]) - c0
     gc.callbacks.remove(watch)
@@ -279,6 +332,8 @@ def _job(mode: str, n: int, endpoint: str) -> dict[str, Any]:
         r.dispose()
     rt.close()
     assert all(r.stop_reason == "completed" for r in results)
+    if exporters:
+        counted[0] = exporters[0].exported
     if provider is not None:
         provider.shutdown()
     return {

@@ -234,10 +234,25 @@ class ForkProvider(InProcessProvider):
         return list(completed_turn_prefix(log.events))
 
 
+# The default options of a child of a parent on route `model` (frozen, so siblings share one):
+# a start without options of its own builds none. Bounded: one entry per route seen.
+_DEFAULTS: dict[str, AgentOptions] = {}
+_DEFAULTS_MAX = 64
+
+
+def _default_options(model: str) -> AgentOptions:
+    found = _DEFAULTS.get(model)
+    if found is None:
+        if len(_DEFAULTS) >= _DEFAULTS_MAX:
+            _DEFAULTS.clear()
+        found = _DEFAULTS[model] = AgentOptions(model=model)
+    return found
+
+
 def _options_for(
     parent: ParentAgent, options: AgentOptions | None, model: str | None
 ) -> AgentOptions:
-    base = options if options is not None else AgentOptions(model=parent.options.model)
+    base = options if options is not None else _default_options(parent.options.model)
     if model is not None:
         base = base.with_(model=model)
     return base

@@ -30,6 +30,7 @@ from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of
 from actors.local import start_local
+from actors.local_run import LocalRun
 from actors.registry_actor import RegistryActor
 from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
@@ -72,6 +73,8 @@ RUN_SHUTDOWN_GRACE = 60.0
 
 # A start whose registry is idle makes no greenlet switch; one start in this many yields.
 YIELD_EVERY = 8
+# A run's stop message (stateless and frozen: one for every run's supervisor entry).
+_DISPOSE_RUN = DisposeRun()
 
 # A start request's fields but its last, `depth`, which the service sets: copying a request
 # positionally costs about half of `dataclasses.replace` (once per start).
@@ -173,8 +176,16 @@ class RunHandle:
         """Cancel what remains and return at quiescence (the result settled, `subagent/end`
         emitted). Idempotent; the run's actor disposes the run exactly once."""
         self._disposed = True
-        with contextlib.suppress(ActorDeadError):
-            self.ref.ask(DisposeRun())
+        run = self._run
+        if type(run) is LocalRun:
+            # A local run (its actor is the child's own) is disposed in the caller's greenlet,
+            # which waits for it anyway: an idle child's actor handles the close in place, with
+            # no disposer greenlet and no mailbox round trip. The actor still answers a told
+            # DisposeRun (its supervisor's stop) the same way, once.
+            run.dispose()
+        else:
+            with contextlib.suppress(ActorDeadError):
+                self.ref.ask(DisposeRun())
         gevent_actor.join(self.ref)
         # An infrastructure fault is reported through `result`, not by dispose.
         with contextlib.suppress(Exception):
@@ -493,15 +504,11 @@ class SubagentService:
             # A local child's own actor is the run's actor; a remote run gets one.
             ref = getattr(run, "ref", None)
             handle.ref = ref if ref is not None else RunActor.start(run)
-            supervisor.start_child(
-                ChildSpec(
-                    id=run_id,
-                    start=lambda: ActorChild(
-                        handle.ref, name=f"run {run_id}", stop_message=DisposeRun()
-                    ),
-                    restart="temporary",
-                    shutdown=RUN_SHUTDOWN_GRACE,
-                )
+            # A run is a temporary child of its parent's supervisor: adopted as started.
+            supervisor.adopt(
+                run_id,
+                ActorChild(handle.ref, name=f"run {run_id}", stop_message=_DISPOSE_RUN),
+                shutdown=RUN_SHUTDOWN_GRACE,
             )
         except SupervisorClosedError:
             # The parent is being disposed while this child was starting: undo, emit nothing.
@@ -544,7 +551,8 @@ class SubagentService:
     def sync(self) -> None:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
-            self._ref.ask(reg.Providers(), block=True)
+            # In place when the registry is idle: everything told so far is handled already.
+            self._registry.ask_now(reg.Providers())
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 

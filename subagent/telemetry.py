@@ -8,9 +8,12 @@ a tracer provider when its host has not set one (`configure_from_env`).
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import importlib.metadata
 import logging
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -20,9 +23,11 @@ from subagent.types import SubagentResumeRequest, SubagentStartRequest
 from supervision.offload import offload
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from agent.store import MemoryStore, SessionStore
+    from subagent.lean_tracing import LeanTracerProvider
 
 __all__ = ["begin_resume", "begin_start", "configure_from_env", "first_activation", "flush"]
 
@@ -144,12 +149,18 @@ def _child_depth(parent: object) -> int | None:
 
 
 def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Install an SDK tracer provider from the standard `OTEL_*` variables, if asked to.
+    """Install a tracer provider from the standard `OTEL_*` variables, if asked to.
 
     Only when `OTEL_TRACES_EXPORTER` (`console`, `otlp`, or a comma list) or an OTLP endpoint
     is set, `OTEL_SDK_DISABLED` is not true, and no tracer provider is set yet: a host's own
     provider is never replaced. Returns whether this call installed one. Raises `ValueError`
-    for an exporter it does not know, and `RuntimeError` when the `otel` extra is missing.
+    for an exporter or setting it does not know, and `RuntimeError` when the `otel` extra is
+    missing.
+
+    OTLP over http/protobuf with settings the lean pipeline supports (`lean_settings`) gets the
+    runtime's lean provider (`subagent.lean_tracing`, `subagent.otlp`): the SDK's spans and its
+    exporter's encoding cost more than the job they trace (docs/decisions.md). Anything else,
+    or `SUBAGENT_OTEL_SDK=true`, gets the OpenTelemetry SDK's provider and exporters.
     """
     env = os.environ if environ is None else environ
     names_text = env.get("OTEL_TRACES_EXPORTER", "").strip()
@@ -168,13 +179,132 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
         if name not in ("console", "otlp"):
             raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {name!r}")
     try:
+        _import_off_hub("opentelemetry.trace")
+        from opentelemetry import trace
+    except ImportError as exc:
+        raise RuntimeError(
+            "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
+            "pip install 'subagent-runtime[otel]'"
+        ) from exc
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return False  # the host (or an earlier call) set one: never replaced
+    lean = lean_settings(env, names)
+    provider: LeanTracerProvider | SdkTracerProvider = (
+        _lean_provider(lean) if lean is not None else _sdk_provider(env, names)
+    )
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
+        provider.shutdown()
+        return False
+    _installed.append(provider)
+    return True
+
+
+# Settings only the SDK honours: any of them set keeps the SDK's pipeline (span limits, TLS
+# files, id generators, resource detectors, a credential provider).
+_SDK_ONLY_PREFIXES = (
+    "OTEL_SPAN_",
+    "OTEL_ATTRIBUTE_",
+    "OTEL_EVENT_",
+    "OTEL_LINK_",
+    "OTEL_PYTHON_",
+    "OTEL_EXPERIMENTAL_",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_",
+)
+
+
+class LeanSettings:
+    """What the lean pipeline is set up with, read from `OTEL_*` (`lean_settings`)."""
+
+    __slots__ = (
+        "compression",
+        "delay_s",
+        "endpoint",
+        "export_timeout_s",
+        "headers",
+        "max_batch",
+        "max_queue",
+        "ratio",
+        "resource",
+        "sampler",
+        "timeout_s",
+    )
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.endpoint = otlp_endpoint(env)
+        self.headers = otlp_headers(env)
+        self.timeout_s = _number(
+            env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", 10.0
+        )
+        compression = _compression(env)
+        self.compression = None if compression == "none" else compression
+        self.sampler = env.get("OTEL_TRACES_SAMPLER", "").strip() or "parentbased_always_on"
+        ratio = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+        try:
+            self.ratio = float(ratio) if ratio and "traceidratio" in self.sampler else 1.0
+        except ValueError:
+            raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: not a number: {ratio!r}") from None
+        self.max_queue = _queue_size(env)
+        self.max_batch = int(_number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", None, 512))
+        self.delay_s = _number(env, "OTEL_BSP_SCHEDULE_DELAY", None, 5000) / 1000
+        self.export_timeout_s = _number(env, "OTEL_BSP_EXPORT_TIMEOUT", None, 30_000) / 1000
+        self.resource = resource_attributes(env)
+
+
+def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | None:
+    """The lean pipeline's settings, or None when the set-up needs the SDK: another exporter
+    than `otlp`, another protocol than http/protobuf, a sampler other than the standard ones,
+    a compression other than gzip/none, an SDK-only setting, or `SUBAGENT_OTEL_SDK=true`.
+    A bad value of a setting it supports raises `ValueError`."""
+    from subagent.lean_tracing import Sampling
+
+    if env.get("SUBAGENT_OTEL_SDK", "").strip().lower() == "true" or names != ["otlp"]:
+        return None
+    if _protocol(env) != "http/protobuf" or _compression(env) not in ("none", "gzip"):
+        return None
+    if (env.get("OTEL_TRACES_SAMPLER", "").strip() or "parentbased_always_on") not in (
+        Sampling.NAMES
+    ):
+        return None
+    if any(key.startswith(_SDK_ONLY_PREFIXES) for key in env if env.get(key)):
+        return None
+    return LeanSettings(env)
+
+
+def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
+    from subagent.lean_tracing import LeanResource, LeanTracerProvider, Sampling
+    from subagent.otlp import BatchExporter, HttpPoster
+
+    sampling = Sampling(settings.sampler, settings.ratio)
+    resource = LeanResource(settings.resource)
+    poster = HttpPoster(
+        settings.endpoint, settings.headers, settings.timeout_s, settings.compression
+    )
+    exporter = BatchExporter(
+        resource,
+        poster,
+        max_queue=settings.max_queue,
+        max_batch=settings.max_batch,
+        delay_s=settings.delay_s,
+        close=poster.close,
+    )
+    provider = LeanTracerProvider(resource, exporter, sampling)
+    # As the SDK's provider: what is still queued at interpreter exit is exported then (no hub
+    # runs by then, so the wait is the calling thread's).
+    atexit.register(exporter.shutdown, settings.export_timeout_s, False)
+    return provider
+
+
+def _sdk_provider(env: Mapping[str, str], names: list[str]) -> SdkTracerProvider:
+    try:
         _import_off_hub(
-            "opentelemetry.trace",
             "opentelemetry.sdk.resources",
             "opentelemetry.sdk.trace",
             "opentelemetry.sdk.trace.export",
         )
-        from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -183,20 +313,103 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
             "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
             "pip install 'subagent-runtime[otel]'"
         ) from exc
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return False  # the host (or an earlier call) set one: never replaced
     queue = _queue_size(env)
+    exporters: list[SpanExporter] = [
+        ConsoleSpanExporter() if name == "console" else _otlp_exporter(env) for name in names
+    ]
     attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": DEFAULT_SERVICE_NAME}
     provider = TracerProvider(resource=Resource.create(attributes))
-    for name in names:
-        exporter: Any = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
+    for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=queue))
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
-        provider.shutdown()
-        return False
-    _installed.append(provider)
-    return True
+    return provider
+
+
+def otlp_endpoint(env: Mapping[str, str]) -> str:
+    """The traces URL: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as given, else
+    `OTEL_EXPORTER_OTLP_ENDPOINT` with `/v1/traces` appended, else the local default."""
+    traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if traces:
+        return traces
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"
+
+
+def otlp_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """`OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`: `key=value` pairs, comma-separated, URL-encoded."""
+    text = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key = urllib.parse.unquote(key.strip()).lower()
+        if not sep or not key:
+            raise ValueError(f"OTEL_EXPORTER_OTLP_HEADERS: not key=value: {item.strip()!r}")
+        out[key] = urllib.parse.unquote(value.strip())
+    return out
+
+
+def resource_attributes(env: Mapping[str, str]) -> dict[str, str]:
+    """The resource: `OTEL_RESOURCE_ATTRIBUTES` (`key=value`, comma-separated, URL-encoded),
+    `service.name` from `OTEL_SERVICE_NAME`, else from those, else `subagent`."""
+    out: dict[str, str] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "subagent-runtime",
+        "telemetry.sdk.version": _version(),
+    }
+    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"OTEL_RESOURCE_ATTRIBUTES: not key=value: {item.strip()!r}")
+        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    service = env.get("OTEL_SERVICE_NAME", "").strip()
+    if service:
+        out["service.name"] = service
+    out.setdefault("service.name", DEFAULT_SERVICE_NAME)
+    return out
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("subagent-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _protocol(env: Mapping[str, str]) -> str:
+    return (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+
+
+def _compression(env: Mapping[str, str]) -> str:
+    return (
+        (
+            env.get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
+            or env.get("OTEL_EXPORTER_OTLP_COMPRESSION")
+            or "none"
+        )
+        .strip()
+        .lower()
+    )
+
+
+def _number(env: Mapping[str, str], name: str, fallback: str | None, default: float) -> float:
+    """A positive number from `name` (or `fallback`), else `default`; a bad one is refused."""
+    text = (env.get(name) or (env.get(fallback) if fallback else None) or "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{name}: not a positive number: {text!r}")
+    return value
 
 
 def _import_off_hub(*modules: str) -> None:
@@ -232,6 +445,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
         or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         or "http/protobuf"
     )
+    protocol = protocol.strip()
     if protocol == "grpc":
         try:
             _import_off_hub("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
@@ -256,7 +470,18 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
         raise RuntimeError(
             "the otlp exporter needs the `otel` extra: pip install 'subagent-runtime[otel]'"
         ) from exc
-    return HttpExporter()
+    # From the mapping given (the SDK's exporter would read only `os.environ` for these);
+    # compression, TLS files and the rest it still reads from `os.environ`.
+    timeout = env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT")
+    return HttpExporter(
+        endpoint=otlp_endpoint(env),
+        headers=otlp_headers(env),
+        timeout=_number(
+            env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", 10.0
+        )
+        if timeout
+        else None,
+    )
 
 
 def flush(timeout_s: float = 30.0) -> None:

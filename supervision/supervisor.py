@@ -94,6 +94,22 @@ class ChildSpec:
         object.__setattr__(self, "shutdown", _check_seconds("shutdown grace", self.shutdown))
 
 
+def _adopted(child_id: str, shutdown: float) -> ChildSpec:
+    """The spec of an adopted child, its fields already checked (no `__post_init__`): a
+    temporary one, so its start function is never called."""
+    spec: ChildSpec = object.__new__(ChildSpec)
+    setattr_ = object.__setattr__
+    setattr_(spec, "id", child_id)
+    setattr_(spec, "start", _never_restarted)
+    setattr_(spec, "restart", "temporary")
+    setattr_(spec, "shutdown", shutdown)
+    return spec
+
+
+def _never_restarted() -> Child:
+    raise RuntimeError("an adopted child is temporary: it is never restarted")
+
+
 class _Wave:
     """One countdown for a whole group of children being stopped: no greenlet per child."""
 
@@ -296,6 +312,27 @@ class Supervisor:
         if spec.id in self._children:
             _stop_one(child, spec.shutdown)
             raise ValueError(f"{self._name}: child id {spec.id!r} is already in use")
+        self._register(spec, child)
+        return child
+
+    def adopt(self, child_id: str, child: Child, *, shutdown: float) -> Child:
+        """Register a child its caller already started, as a `temporary` one: never restarted,
+        its end only forgotten; stopped (with `shutdown` grace) when this supervisor stops.
+
+        For a caller that starts one child per request (a run per child agent): no start
+        function and no `ChildSpec` validated per child. Raises as `start_child` does: the
+        caller then still owns `child` and stops it itself."""
+        if type(child_id) is not str or not child_id:
+            raise ValueError(f"child id must be a non-empty str, got {child_id!r}")
+        kind = type(child)
+        if kind not in _child_types:
+            if not isinstance(child, Child):
+                raise TypeError(f"adopted {child_id!r} is a {kind.__name__}, not a Child")
+            _child_types.add(kind)
+        self._check_open()
+        if child_id in self._children:
+            raise ValueError(f"{self._name}: child id {child_id!r} is already in use")
+        spec = _adopted(child_id, _check_seconds("shutdown grace", shutdown))
         self._register(spec, child)
         return child
 

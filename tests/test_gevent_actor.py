@@ -489,3 +489,54 @@ def test_a_class_with_on_start_is_never_lazy() -> None:
     assert ref.ask("x") == "x"
     assert isinstance(actor, Eager) and actor.seen == ["on_start", "x"]
     ref.stop()
+
+
+class SelfStopping(Lazy):
+    """Stops itself from its handler of "quit" (as a closing agent does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped_in: list[object] = []
+
+    def on_receive(self, message: object) -> object:
+        if message == "quit":
+            self.stop()
+            self.seen.append("after stop()")  # the rest of the handler still runs first
+            return "bye"
+        return super().on_receive(message)
+
+    def on_stop(self) -> None:
+        import greenlet as _greenlet
+
+        self.stopped_in.append(_greenlet.getcurrent())
+
+
+def test_a_lazy_actor_stopping_itself_in_place_ends_without_a_loop() -> None:
+    """A lazy actor that never needed its loop and stops itself from a handler run in place
+    ends right after that handler, in the caller's greenlet: on_stop, unregistering and the
+    exit callbacks, and no loop greenlet made only to stop it. Later messages fail as usual."""
+    import greenlet as _greenlet
+
+    for run_in_place in ("ask_now", "tell_now"):
+        ref = SelfStopping.start()
+        actor = gevent_actor.actor_of(ref)
+        assert isinstance(actor, SelfStopping)
+        exits: list[GeventActor] = []
+        actor.add_exit_callback(exits.append)
+        if run_in_place == "ask_now":
+            assert actor.ask_now("quit") == "bye"
+        else:
+            actor.tell_now("quit")
+        assert actor.seen == ["after stop()"]
+        assert _loop_of(actor) is None
+        assert actor.stopped_in == [_greenlet.getcurrent()]
+        assert exits == [actor] and not ref.is_alive()
+        assert gevent_actor.join(ref, 0)  # ended: nothing left to wait for
+        assert ref not in ActorRegistry.get_all()
+        assert actor.crash is None
+        with pytest.raises(ActorDeadError):
+            ref.tell("late")
+    # Through the mailbox (the loop runs the handler), a self-stop stops as Pykka's does.
+    ref = SelfStopping.start()
+    assert ref.ask("quit") == "bye"
+    assert gevent_actor.join(ref, 5) and not ref.is_alive()

@@ -679,3 +679,49 @@ def test_the_step_shapes_that_skip_the_walk_still_refuse_what_it_refuses(
     deep_enough["tool_calls"] = [{"id": "d", "name": "t", "arguments": _deep(195)}]
     log.append("assistant/message", {"message": deep_enough, "finish": "tool_calls"})
     assert log.events[-1]["data"]["message"]["tool_calls"][0]["arguments"] == _deep(195)
+
+
+_SOURCE = {"kind": "coordinator", "sender_session_id": "s1"}
+
+
+def _accepted(**changes: Any) -> dict[str, Any]:
+    return {"message_id": "m0", "kind": "send", "content": _TEXT, "source": _SOURCE, **changes}
+
+
+def _user_message(**changes: Any) -> dict[str, Any]:
+    return {"message": {"id": "m0", "role": "user", "content": _TEXT, "source": _SOURCE, **changes}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        # A prompt's shapes skip the walk too (a child's first prompt, every steer); each value
+        # differs from the plain shape in one place the walk must still see.
+        ("inbox/accepted", _accepted(content=[{"type": "text", "text": math.nan}])),
+        ("inbox/accepted", _accepted(content=[{"type": "text", "text": "x", 1: "y"}])),
+        ("inbox/accepted", _accepted(source={"kind": "user", "n": math.inf})),
+        ("inbox/accepted", _accepted(source={1: "user"})),
+        ("inbox/accepted", _accepted(extra={"x": math.nan})),
+        ("user/message", _user_message(content=[{"type": "image", "data": math.nan}])),
+        ("user/message", _user_message(source={"kind": "user", "n": math.nan})),
+        ("user/message", _user_message(extra={2: "x"})),
+        ("user/message", {**_user_message(), "extra": math.inf}),
+    ],
+)
+def test_the_prompt_shapes_that_skip_the_walk_still_refuse_what_it_refuses(
+    kind: str, data: dict[str, Any]
+) -> None:
+    from agent.jsoncheck import is_lossless
+
+    assert not is_lossless(data)
+    log = make_log(RecordingSink())
+    if kind == "user/message":
+        log.append("inbox/accepted", _accepted())
+        log.append("inbox/claimed", {"message_id": "m0"})
+        log.append("turn/start", {"turn": 1})
+    with pytest.raises(TypeError, match=rf"{kind}\.data"):
+        log.append(kind, data)
+    before = len(log.events)
+    # The plain shape itself is accepted and logged as given.
+    log.append(kind, _accepted() if kind == "inbox/accepted" else _user_message())
+    assert log.events[before]["data"]["content" if kind == "inbox/accepted" else "message"]

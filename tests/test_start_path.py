@@ -4,12 +4,15 @@ until something has to queue for it, and a steer to an idle child is accepted (l
 
 from __future__ import annotations
 
+from typing import Any
+
 import gevent
 import gevent.event
 import pytest
 from seam_kit import Gate, blocking_tool, kit, wait_until
 
-from actors import registry_actor
+from actors import gevent_actor, registry_actor
+from agent import store as store_module
 from agent.models import scripted as S
 from subagent.service import SteerableRunHandle
 
@@ -102,3 +105,75 @@ def test_a_wide_cancel_lets_the_hub_run_between_batches(monkeypatch: pytest.Monk
         # Six cancels in three batches of two, the hub running between them.
         assert cancels.replace("t", "") == "cccccc"
         assert [len(batch) for batch in cancels.split("t") if batch] == [2, 2, 2]
+
+
+def test_siblings_build_their_shared_request_header_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children sharing a prompt and tools name one shared header, and only the first of them
+    builds, checks and hashes its content: the others find it by prompt and tool identity."""
+    built: list[str] = []
+    real = store_module.request_header_data
+
+    def counting(system: str, tools: Any) -> dict[str, Any]:
+        built.append(system)
+        return real(system, tools)
+
+    monkeypatch.setattr(store_module, "request_header_data", counting)
+    with kit() as k:
+        k.respond = lambda request: S.hang()  # type: ignore[assignment,misc]
+        parent = k.parent()
+        runs = [k.start(parent) for _ in range(5)]
+        wait_until(lambda: all(r.local_agent.turn_running for r in runs))
+        refs = {
+            e["data"]["ref"]
+            for r in runs
+            for e in r.local_agent.log.events
+            if e["type"] == "request/header"
+        }
+        assert len(refs) == 1
+        assert len(built) == 1
+        for run in runs:
+            run.cancel("done")
+            run.result.get(timeout=5)
+
+
+def test_a_parked_child_appends_six_events_and_its_start_one() -> None:
+    """What a start writes: `inbox/accepted` before `start()` returns, then the first turn up to
+    its model call (five more). A new event on this path is a cost per child: this pins it."""
+    with kit() as k:
+        k.respond = lambda request: S.hang()  # type: ignore[assignment,misc]
+        parent = k.parent()
+        k.start(parent)  # a first sibling made the shared header
+        run = k.start(parent)
+        events = run.local_agent.log.events
+        assert [e["type"] for e in events] == ["inbox/accepted"]  # start() has returned
+        wait_until(lambda: run.local_agent.turn_running and len(events) == 6)
+        assert [e["type"] for e in events] == [
+            "inbox/accepted",
+            "inbox/claimed",
+            "turn/start",
+            "user/message",
+            "step/start",
+            "request/header",
+        ]
+        run.cancel("done")
+        run.result.get(timeout=5)
+
+
+def test_disposing_a_settled_child_takes_no_greenlet_and_no_mailbox_hop() -> None:
+    """A settled local child's dispose runs in the caller's greenlet: its actor closes and
+    stops in place (no loop greenlet, no disposer), and dispose still returns at quiescence:
+    the actor ended, the run's supervisor entry gone, `subagent/end` emitted."""
+    with kit() as k:
+        parent = k.parent()
+        run = k.start(parent)
+        assert run.result.get(timeout=5).stop_reason == "completed"
+        actor = run.local_agent.actor
+        agent = run.local_agent
+        run.dispose()
+        assert actor._greenlet is None  # no loop was ever made for this child
+        assert actor._tasks is None  # nor a disposer group
+        assert not run.ref.is_alive() and gevent_actor.join(run.ref, 0)
+        assert agent.log.closed
+        assert [e["run_id"] for e in k.events_of("subagent/end")] == [run.run_id]
+        assert k.service.runs() == []
+        run.dispose()  # idempotent

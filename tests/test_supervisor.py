@@ -867,3 +867,28 @@ def test_a_quiet_supervisor_logs_crashes_and_escalation_at_debug_only(
         levels = {r.levelno for r in caplog.records if r.name == "supervision.supervisor"}
         expected = {logging.DEBUG} if quiet else {logging.WARNING, logging.ERROR}
         assert levels == expected, (quiet, caplog.records)
+
+
+def test_an_adopted_child_is_temporary_and_stopped_with_its_supervisor() -> None:
+    """`adopt` registers a child its caller started: a crash is forgotten (never restarted), a
+    live one is stopped when the supervisor is disposed, and bad uses raise before anything is
+    registered."""
+    crashing, running = ManualChild("crashing"), spawn_child(forever, name="running")
+    sup = Supervisor("s")
+    assert sup.adopt("a", crashing, shutdown=WAIT) is crashing
+    sup.adopt("b", running, shutdown=WAIT)
+    assert list(sup.children()) == ["a", "b"]
+    with pytest.raises(ValueError, match="already in use"):
+        sup.adopt("b", ManualChild("again"), shutdown=WAIT)
+    with pytest.raises(TypeError, match="not a Child"):
+        sup.adopt("c", object(), shutdown=WAIT)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shutdown grace"):
+        sup.adopt("c", ManualChild("c"), shutdown=0)
+    crashing.end(Exit("crashed", "RuntimeError", "boom"))
+    assert list(sup.children()) == ["b"]  # forgotten at once, no restart worker
+    assert sup._worker is None
+    sup.dispose()
+    assert running.exit is not None and running.exit.kind == "cancelled"
+    assert sup.quiescent
+    with pytest.raises(SupervisorClosedError):
+        sup.adopt("late", ManualChild("late"), shutdown=WAIT)

@@ -6,7 +6,6 @@ and leaves the process with none, so the rest of the suite runs with tracing off
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -34,6 +33,7 @@ from providers.acp import AcpConfig, AcpProvider, ResumableAcpProvider
 from providers.inprocess import SpawnProvider
 from subagent import telemetry
 from subagent.demo import Demo
+from subagent.lean_tracing import LeanTracerProvider
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
 from subagent.types import MessageSource, SubagentStartRequest, text_block
@@ -366,7 +366,7 @@ def test_aborted_parallel_children_end_every_span(tmp_path: Path) -> None:
         finally:
             rt.close()
         provider = trace.get_tracer_provider()
-        assert isinstance(provider, TracerProvider)
+        assert isinstance(provider, (TracerProvider, LeanTracerProvider))
         spans = list(exporter.get_finished_spans())
     children = [s for s in named(spans, "invoke_agent") if attr(s, "subagent.depth") == 1]
     assert len(children) == 3
@@ -527,13 +527,6 @@ def test_otel_traces_exporter_console_prints_the_demo_spans(tmp_path: Path) -> N
 # -- set-up from the environment -----------------------------------------------------------------
 
 
-def _has_otlp_exporter() -> bool:
-    try:
-        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
-    except ModuleNotFoundError:  # a parent package is missing too
-        return False
-
-
 def test_configure_from_env_installs_only_when_asked_and_never_over_a_host() -> None:
     with no_provider():
         assert telemetry.configure_from_env({}) is False
@@ -547,17 +540,18 @@ def test_configure_from_env_installs_only_when_asked_and_never_over_a_host() -> 
             telemetry.configure_from_env(
                 {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
             )
-        if not _has_otlp_exporter():
-            # Without the `otel` extra the otlp exporter is refused loud, naming the extra.
-            with pytest.raises(RuntimeError, match=r"subagent-runtime\[otel\]"):
-                telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "otlp"})
-            assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}) is True
-        else:
-            assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "otlp"}) is True
+        # `otlp` gets the runtime's lean provider (it needs only the OpenTelemetry API).
+        assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "otlp"}) is True
         ours = trace.get_tracer_provider()
-        assert isinstance(ours, TracerProvider)
+        assert isinstance(ours, LeanTracerProvider)
         assert ours.resource.attributes["service.name"] == telemetry.DEFAULT_SERVICE_NAME
         ours.shutdown()
+    with no_provider():
+        assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}) is True
+        sdk = trace.get_tracer_provider()
+        assert isinstance(sdk, TracerProvider)
+        assert sdk.resource.attributes["service.name"] == telemetry.DEFAULT_SERVICE_NAME
+        sdk.shutdown()
     host = TracerProvider()
     with installed(host):
         assert telemetry.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}) is False
@@ -703,12 +697,11 @@ class Collector(http.server.BaseHTTPRequestHandler):
 
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
 threading.Thread(target=server.serve_forever, daemon=True).start()
-os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = (
-    f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-)
+endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
 from agent import tracing
 from subagent import telemetry
-env = {"OTEL_TRACES_EXPORTER": "otlp", **dict(a.split("=", 1) for a in sys.argv[2:])}
+env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+       **dict(a.split("=", 1) for a in sys.argv[2:])}
 assert telemetry.configure_from_env(env)
 found = tracing.tracer()
 for _ in range(int(sys.argv[1])):  # a round of replies: 2 spans per stepping child
@@ -738,8 +731,13 @@ def test_the_batch_queue_holds_a_fan_out_round_while_the_collector_is_busy() -> 
     OTEL_BSP_MAX_QUEUE_SIZE still rules."""
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra")
     assert _spans_through_a_slow_collector(6_000) == 6_000
+    assert _spans_through_a_slow_collector(6_000, "SUBAGENT_OTEL_SDK=true") == 6_000
     # At most one batch (512, the SDK's) left the queue before it filled: the rest is dropped.
     assert _spans_through_a_slow_collector(6_000, "OTEL_BSP_MAX_QUEUE_SIZE=1000") <= 1_512
+    sdk = _spans_through_a_slow_collector(
+        6_000, "OTEL_BSP_MAX_QUEUE_SIZE=1000", "SUBAGENT_OTEL_SDK=true"
+    )
+    assert sdk <= 1_512
     with no_provider(), pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
         telemetry.configure_from_env(
             {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_MAX_QUEUE_SIZE": "x"}

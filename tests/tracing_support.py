@@ -17,6 +17,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from subagent.lean_tracing import LeanResource, LeanTracerProvider, MemorySink
+
+# Which provider `installed()` makes when none is given: "sdk", or "lean" (the runtime's own
+# provider for a supported `OTEL_*` set-up), so the same tests run against both.
+FLAVOUR = ["sdk"]
+
 
 def _reset() -> None:
     trace._TRACER_PROVIDER_SET_ONCE = Once()
@@ -24,8 +30,20 @@ def _reset() -> None:
 
 
 @contextmanager
-def installed(provider: Any = None) -> Iterator[InMemorySpanExporter]:
-    """A global SDK provider exporting to memory for the block; none again afterwards."""
+def installed(provider: Any = None) -> Iterator[Any]:
+    """A global provider recording to memory for the block (an SDK one, or the lean one under
+    `flavour("lean")`); none again afterwards. Yields what has `get_finished_spans()`."""
+    if provider is None and FLAVOUR[0] == "lean":
+        sink = MemorySink()
+        lean = LeanTracerProvider(LeanResource({"service.name": "test"}), sink)
+        _reset()
+        trace.set_tracer_provider(lean)
+        try:
+            yield sink
+        finally:
+            lean.shutdown()
+            _reset()
+        return
     exporter = InMemorySpanExporter()
     if provider is None:
         provider = TracerProvider()
@@ -37,6 +55,17 @@ def installed(provider: Any = None) -> Iterator[InMemorySpanExporter]:
     finally:
         provider.shutdown()
         _reset()
+
+
+@contextmanager
+def flavour(name: str) -> Iterator[None]:
+    """`installed()` makes `name`'s provider ("sdk" or "lean") for the block."""
+    before = FLAVOUR[0]
+    FLAVOUR[0] = name
+    try:
+        yield
+    finally:
+        FLAVOUR[0] = before
 
 
 @contextmanager

@@ -1,0 +1,533 @@
+"""OTLP/protobuf for lean spans, encoded by hand, and the batch exporter that posts it.
+
+Why by hand: the OpenTelemetry exporter builds a protobuf object per span, attribute and value
+and serialises them (~20 us a span here, more than the span itself); the runtime's spans repeat
+the same names and attribute values (`gen_ai.operation.name=chat`, a model, a tool name), so
+this encoder writes the wire format of `ExportTraceServiceRequest` directly and keeps each
+repeated name and key/value field as ready bytes (docs/decisions.md). Tests decode its output
+with the `opentelemetry-proto` classes and compare it with the SDK exporter's.
+
+The exporter (`BatchExporter`) is a real thread, as the SDK's batch processor: the runtime never
+monkey-patches, so the thread's HTTP post does not run on the hub, and the hub only appends to a
+deque at a span's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import http.client
+import logging
+import struct
+import threading
+import urllib.parse
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from opentelemetry.trace import Link, SpanKind, TraceState
+
+from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent
+from supervision.offload import offload
+
+__all__ = ["BatchExporter", "HttpPoster", "encode_request"]
+
+log = logging.getLogger(__name__)
+
+_pack_head = struct.Struct(">BBQQBBQBBQ").pack  # trace id, span id, parent id: bytes fields
+_pack_root = struct.Struct(">BBQQBBQ").pack  # trace id and span id
+_pack_tail = struct.Struct("<BQBQBBI").pack  # start and end (fixed64), flags (fixed32)
+_LOW = (1 << 64) - 1
+_pack_double = struct.Struct("<d").pack
+_pack_fixed32 = struct.Struct("<I").pack
+_BYTES = [bytes((i,)) for i in range(128)]
+
+# Span flags (field 16, fixed32) as the SDK's exporter writes them: 0x100 "has is-remote", and
+# 0x200 "is remote" when the parent came from another process.
+# The proto's SpanKind is the API's plus one (0 is "unspecified" on the wire).
+# Looked up by the member's id: an Enum member's hash is a Python-level call.
+_KIND = {id(kind): b"\x30" + _BYTES[kind.value + 1] for kind in SpanKind}
+
+_CACHE_LIMIT = 8192  # entries per cache below; emptied when full
+_VALUES_KEPT = 256  # distinct values kept per attribute key; past that its values vary (ids)
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _BYTES[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag byte(s), the payload's length, the payload."""
+    return tag + _varint(len(payload)) + payload
+
+
+def _text(value: str) -> bytes:
+    # A lone surrogate cannot be UTF-8: it becomes "?" rather than failing the whole batch.
+    return value.encode("utf-8", "replace")
+
+
+def _any_value(value: object) -> bytes | None:
+    """An `AnyValue` message, or None for a value OTLP cannot carry."""
+    kind = type(value)
+    if kind is str:
+        return _field(b"\x0a", _text(value))  # type: ignore[arg-type]  # str by the check
+    if kind is bool:
+        return b"\x10\x01" if value else b"\x10\x00"
+    if kind is int:
+        number: int = value  # type: ignore[assignment]  # int by the check
+        return b"\x18" + _varint(number if number >= 0 else number + (1 << 64))
+    if kind is float:
+        return b"\x21" + _pack_double(value)
+    if kind is tuple or kind is list:
+        items = []
+        for item in value:  # type: ignore[attr-defined]  # a sequence by the check
+            encoded = _any_value(item)
+            if encoded is not None:
+                items.append(_field(b"\x0a", encoded))
+        return _field(b"\x2a", b"".join(items))
+    return None
+
+
+def _key_value(key: str, value: object) -> bytes | None:
+    """A `KeyValue` message."""
+    encoded = _any_value(value)
+    if encoded is None:
+        return None
+    return _field(b"\x0a", _text(key)) + _field(b"\x12", encoded)
+
+
+def _all_text(value: object) -> bool:
+    """A string, or a tuple of strings: values equal only to values of the same bytes."""
+    kind = type(value)
+    if kind is str:
+        return True
+    return kind is tuple and all(type(item) is str for item in value)  # type: ignore[attr-defined]
+
+
+def _attribute_field(key: str, value: object) -> bytes:
+    """One `Span.attributes` field (empty for a value OTLP cannot carry)."""
+    encoded = _key_value(key, value)
+    return b"" if encoded is None else _field(b"\x4a", encoded)
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
+    """Repeated `KeyValue` fields under `tag` (uncached: resources, scopes, events, links)."""
+    if not attributes:
+        return b""
+    out = []
+    for key, value in attributes.items():
+        encoded = _key_value(key, value)
+        if encoded is not None:
+            out.append(_field(tag, encoded))
+    return b"".join(out)
+
+
+class Encoder:
+    """Encodes batches of lean spans as `ExportTraceServiceRequest` bytes for one resource.
+
+    Keeps, as ready bytes, each span name's field and each string attribute's whole field
+    (`Span.attributes`, tag included): the runtime's names and most of its attribute values
+    repeat. Used by one thread (the exporter's)."""
+
+    def __init__(self, resource: LeanResource) -> None:
+        self._resource = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
+        self._names: dict[str, bytes] = {}
+        self._attrs: dict[str, dict[object, bytes]] = {}
+        self._varying: dict[str, bytes] = {}  # keys whose values vary: their key field
+        self._shapes: dict[object, bytes] = {}  # (name, kind, attributes) -> their fields
+        self._shapeless: set[str] = set()  # span names whose attributes vary
+        self._scopes: dict[int, tuple[Scope, bytes]] = {}
+
+    def encode(self, spans: Iterable[LeanSpan]) -> bytes:
+        """One request holding `spans`, grouped by instrumentation scope."""
+        return self.request([(span.scope, self.span(span)) for span in spans])
+
+    def request(self, encoded: Iterable[tuple[Scope, bytes]]) -> bytes:
+        """One request from spans encoded by `span`, grouped by instrumentation scope."""
+        by_scope: dict[int, list[bytes]] = {}
+        scopes: dict[int, Scope] = {}
+        for scope, span in encoded:
+            key = id(scope)
+            found = by_scope.get(key)
+            if found is None:
+                found = by_scope[key] = []
+                scopes[key] = scope
+            found.append(span)
+        groups = [
+            _field(b"\x12", self._scope(scopes[key]) + b"".join(spans))
+            for key, spans in by_scope.items()
+        ]
+        return _field(b"\x0a", self._resource + b"".join(groups))
+
+    def _scope(self, scope: Scope) -> bytes:
+        """The `ScopeSpans.scope` (and `schema_url`) fields of `scope`."""
+        found = self._scopes.get(id(scope))
+        if found is not None and found[0] is scope:
+            return found[1]
+        body = _field(b"\x0a", _text(scope.name))
+        if scope.version:
+            body += _field(b"\x12", _text(scope.version))
+        body += _attributes(b"\x1a", scope.attributes)
+        encoded = _field(b"\x0a", body)
+        if scope.schema_url:
+            encoded += _field(b"\x1a", _text(scope.schema_url))
+        if len(self._scopes) >= _CACHE_LIMIT:
+            self._scopes.clear()
+        self._scopes[id(scope)] = (scope, encoded)  # the scope is held: its id stays its own
+        return encoded
+
+    def _name(self, name: str) -> bytes:
+        found = self._names.get(name)
+        if found is None:
+            if len(self._names) >= _CACHE_LIMIT:
+                self._names.clear()
+            found = self._names[name] = _field(b"\x2a", _text(name))
+        return found
+
+    def _attribute(self, key: str, value: object) -> bytes:
+        """The whole `Span.attributes` field for one attribute, kept for the next span with the
+        same value, unless the key's values vary (an id, a run): then encoded each time."""
+        kind = type(value)
+        per_key = self._attrs.get(key)
+        if per_key is None:
+            if key in self._varying:
+                return _attribute_field(key, value)
+            if len(self._attrs) >= _CACHE_LIMIT:
+                self._attrs.clear()
+            per_key = self._attrs[key] = {}
+        # Keyed by type too where values compare equal across types (True == 1 == 1.0).
+        cache_key: object = value if kind is str else (kind, value)
+        try:
+            found = per_key.get(cache_key)
+        except TypeError:  # an unhashable value (a list): not cached
+            return _attribute_field(key, value)
+        if found is None:
+            found = _attribute_field(key, value)
+            if kind is float or (kind is tuple and not _all_text(value)):
+                return found  # (1,) == (True,) == (1.0,): only text tuples are kept
+            if len(per_key) >= _VALUES_KEPT:  # a key whose values vary: stop keeping them
+                del self._attrs[key]
+                if len(self._varying) >= _CACHE_LIMIT:
+                    self._varying.clear()
+                self._varying[key] = _field(b"\x0a", _text(key))
+            else:
+                per_key[cache_key] = found
+        return found
+
+    def _middle(self, span: LeanSpan, shape: object) -> bytes:
+        """The name, kind and attribute fields of `span`, kept under `shape` when every value is
+        a string (or a tuple of strings) that the caches keep."""
+        name = span.span_name
+        found = self._names.get(name)
+        parts = [found if found is not None else self._name(name), _KIND[id(span.kind)]]
+        attrs = span.attrs
+        stable = True
+        if attrs:
+            for key, value in attrs.items():
+                parts.append(self._attribute(key, value))
+                if stable and (key in self._varying or not _all_text(value)):
+                    stable = False
+        middle = b"".join(parts)
+        if shape is not None:
+            if not stable:
+                if len(self._shapeless) >= _CACHE_LIMIT:
+                    self._shapeless.clear()
+                self._shapeless.add(name)  # this name's spans vary: no whole-shape lookups
+            else:
+                if len(self._shapes) >= _CACHE_LIMIT:
+                    self._shapes.clear()
+                self._shapes[shape] = middle
+        return middle
+
+    def span(self, span: LeanSpan) -> bytes:
+        """One span as its `ScopeSpans.spans` field (tag and length included).
+
+        Safe to call from more than one thread: the caches are single dict operations, and the
+        last-id caches are read once as a tuple."""
+        trace_id = span.trace_id
+        parent = span.parent_id
+        # Ids as one packed run of fields: trace_id (1), span_id (2), parent_span_id (4).
+        if parent:
+            head = _pack_head(
+                0x0A, 16, trace_id >> 64, trace_id & _LOW, 0x12, 8, span.span_id, 0x22, 8, parent
+            )
+        else:
+            head = _pack_root(0x0A, 16, trace_id >> 64, trace_id & _LOW, 0x12, 8, span.span_id)
+        # Name, kind and attributes: as a whole from the cache when this name's spans repeat
+        # them (string values only, so equal keys mean equal bytes); else field by field.
+        name = span.span_name
+        attrs = span.attrs
+        middle = None
+        shape: object = None
+        if name not in self._shapeless:
+            shape = (name, id(span.kind), tuple(attrs.items()) if attrs else ())
+            try:
+                middle = self._shapes.get(shape)
+            except TypeError:  # not hashable: encoded field by field
+                shape = None
+        if middle is None:
+            middle = self._middle(span, shape)
+        parts = [head, middle]
+        if span.trace_state:
+            parts.append(_field(b"\x1a", _trace_state(span.trace_state)))
+        if span.event_list:
+            for event in span.event_list:
+                parts.append(_field(b"\x5a", _event(event)))
+        if span.link_list:
+            for link in span.link_list:
+                parts.append(_field(b"\x6a", _link(link)))
+        code = span.status_code
+        if code:
+            message = span.status_message
+            body = _field(b"\x12", _text(message)) if message else b""
+            parts.append(_field(b"\x7a", body + b"\x18" + _BYTES[code]))
+        # start (7) and end (8) times, then the flags (16), as the SDK's exporter sets them.
+        flags = 0x300 if span.parent_remote else 0x100
+        parts.append(_pack_tail(0x39, span.start_time, 0x41, span.end_time, 0x85, 1, flags))
+        body = b"".join(parts)
+        return b"\x12" + _varint(len(body)) + body
+
+
+def _trace_state(state: TraceState) -> bytes:
+    return _text(state.to_header())
+
+
+def _event(event: SpanEvent) -> bytes:
+    return (
+        b"\x09"
+        + struct.pack("<Q", event.timestamp)
+        + _field(b"\x12", _text(event.name))
+        + _attributes(b"\x1a", event.attributes)
+    )
+
+
+def _link(link: Link) -> bytes:
+    context = link.context
+    body = (
+        b"\x0a\x10"
+        + context.trace_id.to_bytes(16, "big")
+        + b"\x12\x08"
+        + context.span_id.to_bytes(8, "big")
+    )
+    if context.trace_state:
+        body += _field(b"\x1a", _trace_state(context.trace_state))
+    body += _attributes(b"\x22", link.attributes)
+    return body + b"\x35" + _pack_fixed32(0x300 if context.is_remote else 0x100)
+
+
+def encode_request(resource: LeanResource, spans: Sequence[LeanSpan]) -> bytes:
+    """One `ExportTraceServiceRequest` for `spans` (a fresh encoder: for tests and one-offs)."""
+    return Encoder(resource).encode(spans)
+
+
+# -- the exporter --------------------------------------------------------------------------------
+
+
+class HttpPoster:
+    """POSTs encoded requests to an OTLP/HTTP endpoint over one kept-alive connection (used by
+    the exporter's thread only). Returns None when the collector took the batch, else why not."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = 10.0,
+        compression: str | None = None,
+    ) -> None:
+        parts = urllib.parse.urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"OTLP endpoint is not an http(s) URL: {endpoint!r}")
+        if compression not in (None, "gzip"):
+            raise ValueError(f"OTLP compression {compression!r}: only gzip or none")
+        self.endpoint = endpoint
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._path = parts.path or "/"
+        if parts.query:
+            self._path += "?" + parts.query
+        self._timeout = timeout_s
+        self._gzip = compression == "gzip"
+        self._headers = {"Content-Type": "application/x-protobuf", **(headers or {})}
+        if self._gzip:
+            self._headers["Content-Encoding"] = "gzip"
+        self._conn: http.client.HTTPConnection | None = None
+
+    def __call__(self, body: bytes) -> str | None:
+        if self._gzip:
+            body = gzip.compress(body, compresslevel=6)
+        for _ in range(2):
+            reused = self._conn is not None
+            conn = self._conn or self._connect()
+            try:
+                conn.request("POST", self._path, body, self._headers)
+                response = conn.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if reused:
+                    continue  # a kept-alive connection the collector had closed: once more
+                return f"{type(exc).__name__}: {exc}"
+            if response.will_close:
+                self.close()
+            if 200 <= response.status < 300:
+                return None
+            return f"HTTP {response.status} {response.reason}"
+        return "the collector closed the connection twice"
+
+    def _connect(self) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        self._conn = kind(self._host, self._port, timeout=self._timeout)
+        return self._conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+class BatchExporter:
+    """The lean provider's sink: each span is encoded as it ends, waits in a bounded queue as
+    bytes, and a real thread groups the bytes into requests and posts them (`post` returns
+    None, or why it failed).
+
+    Encoding at the end, in the thread that ends the span, was measured cheaper than encoding
+    in the export thread (docs/performance.md): the span's fields are still in the CPU's cache,
+    the span object is freed at once (no queued object graphs for the collector to scan), and
+    the export thread holds the GIL only to join bytes and post them. The hub then only
+    appends to a deque (and wakes the thread once a batch is full).
+
+    A full queue or a failed post drops spans: they are counted (`dropped`) and the first loss
+    is logged once, as a warning naming the cause; nothing retries, waits or blocks the hub
+    for it. `force_flush` and `shutdown` wait for the thread cooperatively (`offload`) and
+    for at most their timeout."""
+
+    def __init__(
+        self,
+        resource: LeanResource,
+        post: Callable[[bytes], str | None],
+        *,
+        max_queue: int = 2048,
+        max_batch: int = 512,
+        delay_s: float = 5.0,
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        if max_queue <= 0 or max_batch <= 0 or delay_s < 0:
+            raise ValueError("queue and batch sizes must be positive, the delay not negative")
+        if max_batch > max_queue:
+            raise ValueError(f"max_batch ({max_batch}) must not exceed max_queue ({max_queue})")
+        self._encoder = Encoder(resource)
+        self._post = post
+        self._close_post = close
+        self._max_queue = max_queue
+        self._batch = max_batch
+        self._delay = delay_s
+        self._queue: deque[tuple[Scope, bytes]] = deque()
+        self._wake = threading.Event()
+        self._woken = False
+        self._closed = False
+        self._done = threading.Condition()
+        self._asked = 0  # flush requests made
+        self._served = 0  # flush requests whose spans have been exported (or dropped)
+        self._full = 0  # dropped at the queue (the hub's count)
+        self._failed = 0  # dropped by a failed post (the thread's count)
+        self._warned = False
+        self.exported = 0
+        self._thread = threading.Thread(target=self._run, name="subagent-otlp-export", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Spans lost so far: the queue was full, or their post failed."""
+        return self._full + self._failed
+
+    def on_end(self, span: LeanSpan) -> None:
+        queue = self._queue
+        if self._closed or len(queue) >= self._max_queue:
+            self._full += 1
+            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+            return
+        try:
+            encoded = self._encoder.span(span)
+        except Exception:  # a bug of ours: lose the span, keep tracing
+            log.exception("encoding a span failed")
+            self._full += 1
+            return
+        queue.append((span.scope, encoded))
+        if len(queue) >= self._batch and not self._woken:
+            self._woken = True
+            self._wake.set()
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        """Export every span ended before this call; False if not done within `timeout_s`."""
+        if not self._thread.is_alive():
+            return not self._queue
+        with self._done:
+            self._asked += 1
+            target = self._asked
+        self._wake.set()
+        return offload(self._wait_served, target, timeout_s)
+
+    def shutdown(self, timeout_s: float = 30.0, cooperative: bool = True) -> None:
+        """Export what is queued, stop the thread (within `timeout_s`), close the connection.
+        `cooperative=False` waits in the calling thread (at interpreter exit, no hub running)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        if cooperative:
+            offload(self._thread.join, timeout_s)
+        else:
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("span export did not finish within %.1f s at shutdown", timeout_s)
+            return
+        if self._close_post is not None:
+            self._close_post()
+
+    def _wait_served(self, target: int, timeout_s: float) -> bool:
+        with self._done:
+            return self._done.wait_for(lambda: self._served >= target, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            self._woken = False
+            asked = self._asked
+            closing = self._closed
+            self._drain()
+            with self._done:
+                self._served = max(self._served, asked)
+                self._done.notify_all()
+            if closing:
+                return
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while queue:
+            batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
+            try:
+                body = self._encoder.request(batch)
+            except Exception:  # a bug of ours: lose the batch, keep the thread
+                log.exception("encoding %d spans failed", len(batch))
+                self._failed += len(batch)
+                continue
+            reason = self._post(body)
+            if reason is None:
+                self.exported += len(batch)
+            else:
+                self._failed += len(batch)
+                self._lost(f"the export to the collector failed ({reason})")
+
+    def _lost(self, reason: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("dropping spans: %s; later losses are counted, not logged again", reason)

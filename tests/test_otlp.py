@@ -1,0 +1,309 @@
+"""The lean OTLP encoder and batch exporter (`subagent.otlp`), checked against the real thing:
+what it writes is decoded with the `opentelemetry-proto` classes, and what it posts arrives at
+a collector on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
+from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
+from otlp_collector import Collector, collector
+
+from subagent.lean_tracing import LeanResource, LeanSpan, LeanTracerProvider, MemorySink
+from subagent.otlp import BatchExporter, HttpPoster, encode_request
+from supervision.offload import offload
+
+RESOURCE = LeanResource({"service.name": "svc", "deployment": "test", "replicas": 3})
+
+
+def _value(any_value: object) -> object:
+    kind = any_value.WhichOneof("value")  # type: ignore[attr-defined]
+    found = getattr(any_value, kind)
+    if kind == "array_value":
+        return tuple(_value(v) for v in found.values)
+    return found
+
+
+def _attrs(kvs: object) -> dict[str, object]:
+    return {kv.key: _value(kv.value) for kv in kvs}  # type: ignore[attr-defined]
+
+
+def _record_tree() -> tuple[list[LeanSpan], SpanContext]:
+    sink = MemorySink()
+    provider = LeanTracerProvider(RESOURCE, sink)
+    tracer = provider.get_tracer("subagent-runtime")
+    other = provider.get_tracer("host", "2.1")
+    remote = SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+        trace_state=TraceState([("vendor", "v1")]),
+    )  # fmt: skip
+    root = tracer.start_span(
+        "invoke_agent w\u00e9",
+        context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+        kind=SpanKind.SERVER,
+        attributes={
+            "s": "text",
+            "b": True,
+            "i": -5,
+            "big": 2**62,
+            "f": 1.5,
+            "ss": ["a", "b"],
+            "is": (1, 2),
+            "bs": [False, True],
+            "fs": [0.5],
+            "bad": "lone \ud800 half",
+        },
+    )
+    root.add_event("subagent.steer.admitted", {"subagent.message_id": "m1"}, timestamp=42)
+    root.set_status(StatusCode.ERROR, "it broke")
+    ctx = trace.set_span_in_context(root)
+    child = other.start_span(
+        "chat m", ctx, SpanKind.CLIENT,
+        links=[Link(remote, {"why": "first"})], start_time=1000,
+    )  # fmt: skip
+    child.end(end_time=2000)
+    ok = tracer.start_span("execute_tool t", ctx)
+    ok.set_status(StatusCode.OK)
+    ok.end()
+    root.end()
+    provider.shutdown()
+    return sink.spans, remote
+
+
+def test_the_encoding_decodes_to_every_field_recorded() -> None:
+    spans, remote = _record_tree()
+    chat, tool, root = spans
+    body = encode_request(RESOURCE, spans)
+    request = ExportTraceServiceRequest.FromString(body)
+    (resource_spans,) = request.resource_spans
+    assert _attrs(resource_spans.resource.attributes) == {
+        "service.name": "svc", "deployment": "test", "replicas": 3,
+    }  # fmt: skip
+    scopes = {s.scope.name: s for s in resource_spans.scope_spans}
+    assert set(scopes) == {"subagent-runtime", "host"}
+    assert scopes["host"].scope.version == "2.1"
+    assert [s.name for s in scopes["subagent-runtime"].spans] == [
+        "execute_tool t",
+        "invoke_agent w\u00e9",
+    ]
+    (pb_chat,) = scopes["host"].spans
+    pb_tool, pb_root = scopes["subagent-runtime"].spans
+
+    assert pb_root.trace_id == (0xABC).to_bytes(16, "big")
+    assert pb_root.span_id == root.span_id.to_bytes(8, "big")
+    assert pb_root.parent_span_id == (0xDEF).to_bytes(8, "big")
+    assert pb_root.trace_state == "vendor=v1"
+    assert pb_root.kind == PbSpan.SPAN_KIND_SERVER
+    assert pb_root.start_time_unix_nano == root.start_time
+    assert pb_root.end_time_unix_nano == root.end_time
+    assert _attrs(pb_root.attributes) == {
+        "s": "text", "b": True, "i": -5, "big": 2**62, "f": 1.5, "ss": ("a", "b"),
+        "is": (1, 2), "bs": (False, True), "fs": (0.5,), "bad": "lone ? half",
+    }  # fmt: skip
+    (event,) = pb_root.events
+    assert (event.name, event.time_unix_nano) == ("subagent.steer.admitted", 42)
+    assert _attrs(event.attributes) == {"subagent.message_id": "m1"}
+    assert pb_root.status.code == PbStatus.STATUS_CODE_ERROR
+    assert pb_root.status.message == "it broke"
+    assert pb_root.flags == 0x300  # the parent is remote, as the SDK's exporter says
+
+    assert pb_chat.parent_span_id == pb_root.span_id
+    assert pb_chat.kind == PbSpan.SPAN_KIND_CLIENT
+    assert (pb_chat.start_time_unix_nano, pb_chat.end_time_unix_nano) == (1000, 2000)
+    (link,) = pb_chat.links
+    assert link.trace_id == (0xABC).to_bytes(16, "big")
+    assert link.span_id == (0xDEF).to_bytes(8, "big")
+    assert link.trace_state == "vendor=v1"
+    assert _attrs(link.attributes) == {"why": "first"}
+    assert link.flags == 0x300
+    assert pb_chat.flags == 0x100
+    assert pb_chat.status.code == PbStatus.STATUS_CODE_UNSET
+
+    assert pb_tool.kind == PbSpan.SPAN_KIND_INTERNAL
+    assert pb_tool.status.code == PbStatus.STATUS_CODE_OK
+    assert not pb_tool.attributes and not pb_tool.events and not pb_tool.links
+    # A root span has no parent field at all.
+    assert remote.span_id and chat.parent is not None and tool.parent is not None
+
+
+def test_repeated_values_encode_the_same_from_the_cache() -> None:
+    spans, _ = _record_tree()
+    from subagent.otlp import Encoder
+
+    encoder = Encoder(RESOURCE)
+    first = encoder.encode(spans)
+    assert encoder.encode(spans) == first == encode_request(RESOURCE, spans)
+
+
+# -- the batch exporter --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def local() -> Iterator[Collector]:
+    with collector() as found:
+        yield found
+
+
+def _exporter(endpoint: str, **kwargs: object) -> tuple[BatchExporter, trace.Tracer]:
+    poster = HttpPoster(endpoint, headers={"x-team": "a b"}, timeout_s=5)
+    exporter = BatchExporter(RESOURCE, poster, close=poster.close, **kwargs)  # type: ignore[arg-type]
+    return exporter, LeanTracerProvider(RESOURCE, exporter).get_tracer("t")
+
+
+def test_flush_posts_every_span_in_batches_no_larger_than_asked(local: Collector) -> None:
+    exporter, tracer = _exporter(local.endpoint, max_batch=100, delay_s=60)
+    for i in range(250):
+        tracer.start_span(f"s{i}").end()
+    assert exporter.force_flush(10)
+    assert sorted(s.name for s in local.spans()) == sorted(f"s{i}" for i in range(250))
+    assert max(local.batch_sizes()) <= 100
+    assert local.paths[0] == "/v1/traces"
+    assert local.headers[0]["x-team"] == "a b"
+    assert local.headers[0]["Content-Type"] == "application/x-protobuf"
+    assert exporter.exported == 250 and exporter.dropped == 0
+    exporter.shutdown(5)
+
+
+def test_a_full_batch_goes_out_without_a_flush(local: Collector) -> None:
+    exporter, tracer = _exporter(local.endpoint, max_batch=10, delay_s=60)
+    for i in range(10):
+        tracer.start_span(f"s{i}").end()
+    assert offload(local.arrived.wait, 10)  # the thread woke for a full batch, not a timer
+    exporter.shutdown(5)
+    assert len(local.spans()) == 10
+
+
+def test_shutdown_exports_what_is_queued_and_later_spans_are_dropped(local: Collector) -> None:
+    exporter, tracer = _exporter(local.endpoint, delay_s=60)
+    for i in range(5):
+        tracer.start_span(f"s{i}").end()
+    exporter.shutdown(10)
+    assert len(local.spans()) == 5
+    tracer.start_span("late").end()
+    assert exporter.dropped == 1
+    exporter.shutdown(10)  # twice is fine
+
+
+def test_a_full_queue_drops_and_counts_and_says_so_once(
+    local: Collector, caplog: pytest.LogCaptureFixture
+) -> None:
+    local.hold.clear()  # the collector holds the first batch: the queue fills behind it
+    exporter, tracer = _exporter(local.endpoint, max_queue=20, max_batch=10, delay_s=60)
+    for i in range(10):
+        tracer.start_span(f"first{i}").end()
+    assert offload(local.arrived.wait, 10)  # the first batch is out, held at the collector
+    with caplog.at_level(logging.WARNING, logger="subagent.otlp"):
+        for i in range(50):
+            tracer.start_span(f"then{i}").end()
+    assert exporter.dropped == 30  # 20 fit the queue
+    warnings = [r for r in caplog.records if "dropping spans" in r.getMessage()]
+    assert len(warnings) == 1 and "queue is full" in warnings[0].getMessage()
+    local.hold.set()
+    assert exporter.force_flush(10)
+    assert len(local.spans()) == 30
+    exporter.shutdown(5)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_a_collector_that_is_down_loses_spans_counted_never_hangs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}/v1/traces"
+    exporter, tracer = _exporter(endpoint, max_batch=5, delay_s=60)
+    with caplog.at_level(logging.WARNING, logger="subagent.otlp"):
+        for i in range(12):
+            tracer.start_span(f"s{i}").end()
+        assert exporter.force_flush(10)  # done: the spans are lost, not pending
+        tracer.start_span("more").end()
+        assert exporter.force_flush(10)
+        exporter.shutdown(10)
+    assert exporter.dropped == 13 and exporter.exported == 0
+    warnings = [r.getMessage() for r in caplog.records if "dropping spans" in r.getMessage()]
+    assert len(warnings) == 1 and "ConnectionRefusedError" in warnings[0]
+
+
+def test_an_error_answer_counts_the_batch_as_dropped(local: Collector) -> None:
+    local.status = 503
+    exporter, tracer = _exporter(local.endpoint, delay_s=60)
+    tracer.start_span("s").end()
+    assert exporter.force_flush(10)
+    assert exporter.dropped == 1 and local.spans() == []
+    exporter.shutdown(5)
+
+
+def test_gzip_compression_arrives_decoded(local: Collector) -> None:
+    poster = HttpPoster(local.endpoint, compression="gzip")
+    exporter = BatchExporter(RESOURCE, poster, close=poster.close, delay_s=60)
+    LeanTracerProvider(RESOURCE, exporter).get_tracer("t").start_span("zipped").end()
+    exporter.shutdown(10)
+    assert [s.name for s in local.spans()] == ["zipped"]
+    assert local.headers[0]["Content-Encoding"] == "gzip"
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchExporter(RESOURCE, lambda body: None, max_queue=10, max_batch=20)
+    with pytest.raises(ValueError, match="http"):
+        HttpPoster("ftp://x/v1/traces")
+    with pytest.raises(ValueError, match="compression"):
+        HttpPoster("http://x/v1/traces", compression="zstd")
+
+
+def test_cached_encodings_never_mix_values_that_compare_equal() -> None:
+    """True == 1 == 1.0 and "1" != 1: whatever the caches keep, each span decodes to its own
+    values, and a key whose values vary (an id) still encodes every one."""
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("t")
+    values: list[object] = [True, 1, 1.0, "1", ("a",), (True,), (1,), False, 0]
+    for value in values * 2:
+        tracer.start_span("same", attributes={"v": value}).end()  # type: ignore[dict-item]
+    for i in range(600):
+        tracer.start_span("tool", attributes={"op": "x", "id": f"call-{i}"}).end()
+    from subagent.otlp import Encoder
+
+    encoder = Encoder(RESOURCE)
+    encoded = [encoder.span(span) for span in sink.spans]  # one encoder: its caches fill
+    request = ExportTraceServiceRequest.FromString(
+        encoder.request(
+            [(span.scope, body) for span, body in zip(sink.spans, encoded, strict=True)]
+        )
+    )
+    decoded = [s for r in request.resource_spans for sc in r.scope_spans for s in sc.spans]
+    got = [_attrs(s.attributes)["v"] for s in decoded[: len(values) * 2]]
+
+    def typed(value: object) -> object:
+        if isinstance(value, tuple):
+            return tuple(typed(item) for item in value)
+        return (type(value), value)
+
+    assert [typed(v) for v in got] == [typed(v) for v in values * 2]
+    assert [_attrs(s.attributes) for s in decoded[len(values) * 2 :]] == [
+        {"op": "x", "id": f"call-{i}"} for i in range(600)
+    ]
+
+
+def test_a_collector_that_does_not_answer_bounds_flush_and_shutdown(local: Collector) -> None:
+    """A collector that holds the request: flush and shutdown give up at their timeouts (the
+    post itself at the exporter's), and the spans still go once it answers."""
+    local.hold.clear()
+    exporter, tracer = _exporter(local.endpoint, delay_s=60)
+    tracer.start_span("held").end()
+    assert exporter.force_flush(0.2) is False  # not done in time: said, not waited for
+    assert offload(local.arrived.wait, 10)
+    local.hold.set()
+    assert exporter.force_flush(10) is True
+    assert [s.name for s in local.spans()] == ["held"]
+    exporter.shutdown(5)
