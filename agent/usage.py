@@ -176,7 +176,8 @@ def checked_usage(counts: Mapping[str, int]) -> Mapping[str, int]:
 
 def pack_usage(usage: Mapping[str, Any]) -> CheckedUsage:
     """`usage` normalized (`normalize_usage`) and packed: for sums read from logs and usage
-    reported by remote children. ValueError for a count a lane cannot hold (2**128 tokens)."""
+    reported by remote children. ValueError for a count or a total a lane cannot hold (2**128
+    tokens)."""
     total = packed = zeros = 0
     for key, value in normalize_usage(usage).items():
         if value > _LANE_MASK:
@@ -187,6 +188,8 @@ def pack_usage(usage: Mapping[str, Any]) -> CheckedUsage:
             packed += value << shift
         else:
             zeros |= bit
+    if total > _LANE_MASK:  # the total's lane (0) would carry into the first kind's
+        raise ValueError(f"a token total beyond 2**128: {total}")
     return total, packed + total, zeros
 
 
