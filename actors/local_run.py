@@ -230,7 +230,7 @@ class LocalRun:
         if self.cancel_requested and stop != COMPLETED:
             stop = ABORTED
         account = self._agent.usage
-        usage = dict(account.subtree)  # the child's and its descendants' tokens
+        usage = account.subtree  # the child's and its descendants' tokens (a snapshot)
         extra: dict[str, Any] = {"usage": usage} if usage else {}
         if account.cost_spent:
             extra["cost_usd"] = pico_to_usd(account.cost_spent)

@@ -47,7 +47,9 @@ from agent.options import AgentOptions
 from agent.prompt import SystemPrompt
 from agent.tools import TOOL_FAILED, ToolContext, ToolResult, ToolScope
 from agent.usage import (
+    CheckedUsage,
     Price,
+    Usage,
     UsageAccount,
     check_usage,
     cost_of_events,
@@ -395,16 +397,25 @@ class AgentCore:
         data: dict[str, Any] = {"message": message, "finish": response.finish}
         usage = response.usage
         cost: int | None = None
-        # Checked once here (an adapter's usage is normally clean: known keys, exact ints), so
-        # neither the log's lossless-JSON walk nor the charge looks at it again.
-        checked = check_usage(usage) if usage else None
-        if usage:
+        # Checked once (an adapter hands over a `Usage`, checked where it was made; any other
+        # mapping is checked here), so neither the log's lossless-JSON walk nor the charge looks
+        # at it again.
+        if type(usage) is Usage:
+            counts: Mapping[str, Any] = usage.counts
+            checked: CheckedUsage | None = usage.checked
+        elif usage:
             # The log encodes it at once and keeps no reference: no copy needed for a dict.
-            data["usage"] = usage if type(usage) is dict else dict(usage)
+            counts = usage if type(usage) is dict else dict(usage)
+            checked = check_usage(usage)
+        else:
+            counts = usage
+            checked = None
+        if counts:
+            data["usage"] = counts
             price = self.usage.price
             if price is not None:
                 # Priced when spent: a later change of the price table never rewrites history.
-                cost = price.cost(usage)
+                cost = price.cost(counts)
                 data["cost_usd"] = pico_to_usd(cost)  # a finite float (int / int)
         # The walk covers the message alone: `finish` is a str (the replay checks it), a clean
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
@@ -414,19 +425,21 @@ class AgentCore:
             self.log.append(
                 "assistant/message",
                 data,
-                prechecked=(checked is not None or not usage)
+                prechecked=(checked is not None or not counts)
                 and (is_plain_reply(message) or is_lossless(message, 1)),
             )
         )
-        if usage:
+        if counts:
             if checked is None:
-                self.usage.charge(usage, cost)
+                self.usage.charge(counts, cost)
+            elif cost is None:
+                self.usage.charge_tokens(checked)
             else:
-                self.usage.charge_checked(checked, usage, cost)
+                self.usage.charge_checked(checked, counts, cost)
         if self.on_progress is not None:
             event: dict[str, Any] = {"kind": "assistant/message", "content": content}
-            if usage:
-                event["usage"] = dict(usage)
+            if counts:
+                event["usage"] = dict(counts)
             self._progress(event)
         return tool_calls
 

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -30,9 +30,11 @@ __all__ = [
     "USAGE_KEYS",
     "Price",
     "PriceTable",
+    "Usage",
     "UsageAccount",
     "add_usage",
     "check_usage",
+    "checked_usage",
     "child_budget",
     "child_cost_budget",
     "cost_of_events",
@@ -64,17 +66,19 @@ def normalize_usage(usage: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-# A usage packed into one int: kind i (in `USAGE_KEYS` order) is the lane of bits
-# [i * _LANE, (i + 1) * _LANE), and `kinds` has bit i set when kind i was reported (a count of 0
-# included). A response's counts are at most `MAX_COUNT` (what the session log can carry), so a
-# lane holds 2**64 responses before it could overflow: adding packed usages adds every kind at
-# once.
+# A usage packed into one int: the lane of bits [0, _LANE) holds the total, and kind i (in
+# `USAGE_KEYS` order) the lane [(i + 1) * _LANE, (i + 2) * _LANE). A response's counts are at most
+# `MAX_COUNT` (what the session log can carry), so a lane holds 2**62 responses before it could
+# overflow: adding packed usages adds the total and every kind at once. A kind is listed when
+# its lane is not 0, or when it was reported with a count of 0: only those (`zeros`, bit i for
+# kind i) need a bit of their own, so a charge of non-zero counts (the common case) is one int
+# addition per account and nothing else.
 _LANE: Final = 128
 _LANE_MASK: Final = (1 << _LANE) - 1
-_LANES: Final = {key: (index * _LANE, 1 << index) for index, key in enumerate(USAGE_KEYS)}
+_LANES: Final = {key: ((index + 1) * _LANE, 1 << index) for index, key in enumerate(USAGE_KEYS)}
 MAX_COUNT: Final = 2**64 - 1
 
-# (total tokens, packed counts, kinds reported): a usage checked once.
+# (total tokens, packed counts, kinds reported with a count of 0): a usage checked once.
 CheckedUsage = tuple[int, int, int]
 
 
@@ -88,36 +92,116 @@ def check_usage(usage: Mapping[str, Any]) -> CheckedUsage | None:
     """
     if type(usage) is not dict:
         return None
-    total = packed = kinds = 0
+    total = packed = zeros = 0
     for key, value in usage.items():
         lane = _LANES.get(key)
         if lane is None or type(value) is not int or not 0 <= value <= MAX_COUNT:
             return None
-        total += value
-        packed += value << lane[0]
-        kinds |= lane[1]
-    return total, packed, kinds
+        if value:
+            total += value
+            packed += value << lane[0]
+        else:
+            zeros |= lane[1]
+    return total, packed + total, zeros
+
+
+class Usage(Mapping[str, int]):
+    """One model response's token usage, checked and packed where the adapter made it
+    (`checked_usage`), so the agent loop logs and charges it without checking it again: the
+    usage path of every step is then two attribute reads and one charge.
+
+    A read-only mapping of its counts. `counts` is the exact dict the log records and
+    `checked` what `check_usage` made of it: both may be shared by every response that reports
+    the same `Usage` (a scripted model's fixed usage), so neither is ever mutated.
+    """
+
+    __slots__ = ("checked", "counts")
+
+    counts: dict[str, int]
+    checked: CheckedUsage
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        own = dict(counts)
+        checked = check_usage(own)
+        if checked is None:
+            raise ValueError(
+                f"a usage takes int counts 0..2**64-1 of {', '.join(USAGE_KEYS)}, got {counts!r}"
+            )
+        _set_counts(self, own)
+        _set_checked(self, checked)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Usage is read-only (tried to set {name!r})")
+
+    def __reduce__(self) -> tuple[type[Usage], tuple[dict[str, int]]]:
+        return (Usage, (self.counts,))
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.counts)
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __repr__(self) -> str:
+        return f"Usage({self.counts!r})"
+
+
+# The slots' own setters (the class refuses `setattr`), for `__init__` and `checked_usage`.
+_set_counts: Final = Usage.counts.__set__  # type: ignore[attr-defined]
+_set_checked: Final = Usage.checked.__set__  # type: ignore[attr-defined]
+_new_usage: Final = Usage.__new__
+
+
+def checked_usage(counts: Mapping[str, int]) -> Mapping[str, int]:
+    """What an adapter hands over as a response's usage: a `Usage` when the log can carry it
+    as is, else `counts` unchanged, so the loop's own check refuses it by name as it always
+    has (a count beyond 64 bits, a float, an unknown key).
+
+    Takes `counts` over (no copy): the adapter's own dict, made for this response, which it
+    does not touch afterwards.
+    """
+    if type(counts) is Usage:
+        return counts
+    checked = check_usage(counts)
+    if checked is None:
+        return counts
+    usage = _new_usage(Usage)
+    _set_counts(usage, counts)
+    _set_checked(usage, checked)
+    return usage
 
 
 def pack_usage(usage: Mapping[str, Any]) -> CheckedUsage:
     """`usage` normalized (`normalize_usage`) and packed: for sums read from logs and usage
-    reported by remote children. ValueError for a count a lane cannot hold (2**128 tokens)."""
-    total = packed = kinds = 0
+    reported by remote children. ValueError for a count or a total a lane cannot hold (2**128
+    tokens)."""
+    total = packed = zeros = 0
     for key, value in normalize_usage(usage).items():
         if value > _LANE_MASK:
             raise ValueError(f"a token count of {key} beyond 2**128: {value}")
         shift, bit = _LANES[key]
-        total += value
-        packed += value << shift
-        kinds |= bit
-    return total, packed, kinds
+        if value:
+            total += value
+            packed += value << shift
+        else:
+            zeros |= bit
+    if total > _LANE_MASK:  # the total's lane (0) would carry into the first kind's
+        raise ValueError(f"a token total beyond 2**128: {total}")
+    return total, packed + total, zeros
 
 
-def unpack_usage(packed: int, kinds: int) -> dict[str, int]:
-    """The usage dict of a packed sum (the kinds reported, in `USAGE_KEYS` order)."""
-    return {
-        key: (packed >> shift) & _LANE_MASK for key, (shift, bit) in _LANES.items() if kinds & bit
-    }
+def unpack_usage(packed: int, zeros: int) -> dict[str, int]:
+    """The usage dict of a packed sum: every kind with a count, and those in `zeros` (reported
+    with a count of 0), in `USAGE_KEYS` order."""
+    out: dict[str, int] = {}
+    for key, (shift, bit) in _LANES.items():
+        value = (packed >> shift) & _LANE_MASK
+        if value or zeros & bit:
+            out[key] = value
+    return out
 
 
 def add_usage(into: dict[str, int], usage: Mapping[str, Any]) -> None:
@@ -311,8 +395,6 @@ class UsageAccount:
         "cost_limit",
         "cost_own",
         "cost_spent",
-        "kinds_below",
-        "kinds_own",
         "limit",
         "on_exceeded",
         "owner",
@@ -320,7 +402,8 @@ class UsageAccount:
         "packed_own",
         "parent",
         "price",
-        "spent",
+        "zeros_below",
+        "zeros_own",
     )
 
     def __init__(
@@ -338,12 +421,13 @@ class UsageAccount:
         if cost_limit is not None and (type(cost_limit) is not int or cost_limit < 0):
             raise ValueError(f"a cost budget must be non-negative picodollars, got {cost_limit!r}")
         self.owner = owner
-        # Own spend and what descendants spent (charged up to here), packed (`check_usage`):
-        # a charge is one int addition per account on the chain, whatever the kinds; `own`,
-        # `below` and `subtree` unpack on read.
-        self.spent, self.packed_own, self.kinds_own = pack_usage(own) if own else (0, 0, 0)
+        # Own spend and what descendants spent (charged up to here), packed with their totals
+        # (`check_usage`), and the kinds reported only as 0: a charge is one int addition per
+        # account on the chain, whatever the kinds; `spent`, `own`, `below` and `subtree` are
+        # read from the packed sums.
+        _, self.packed_own, self.zeros_own = pack_usage(own) if own else (0, 0, 0)
         self.packed_below = 0
-        self.kinds_below = 0
+        self.zeros_below = 0
         self.limit = limit
         self.price = price
         self.cost_own = cost_own
@@ -358,23 +442,29 @@ class UsageAccount:
         return f"<UsageAccount {self.owner} spent={self.spent} limit={self.limit}>"
 
     @property
+    def spent(self) -> int:
+        """Tokens this agent and its descendants spent (what a token budget counts)."""
+        return (self.packed_own + self.packed_below) & _LANE_MASK
+
+    @property
     def own(self) -> dict[str, int]:
         """This agent's own spend, by kind (a new dict: a snapshot)."""
-        return unpack_usage(self.packed_own, self.kinds_own)
+        return unpack_usage(self.packed_own, self.zeros_own)
 
     @property
     def below(self) -> dict[str, int]:
         """What its descendants spent, by kind (a snapshot)."""
-        return unpack_usage(self.packed_below, self.kinds_below)
+        return unpack_usage(self.packed_below, self.zeros_below)
 
     @property
     def subtree(self) -> dict[str, int]:
         """This agent's and its descendants' spend, by kind (a snapshot)."""
-        return unpack_usage(self.packed_own + self.packed_below, self.kinds_own | self.kinds_below)
+        return unpack_usage(self.packed_own + self.packed_below, self.zeros_own | self.zeros_below)
 
     def over(self) -> bool:
         """Whether this account's own token or cost budget is used up."""
-        return (self.limit is not None and self.spent >= self.limit) or (
+        limit = self.limit
+        return (limit is not None and self.spent >= limit) or (
             self.cost_limit is not None and self.cost_spent >= self.cost_limit
         )
 
@@ -406,16 +496,19 @@ class UsageAccount:
 
     def add_subtree(self, usage: Mapping[str, Any], cost: int = 0) -> None:
         """Count spend that happened below this account before it was live (a cold resume)."""
-        total, packed, kinds = pack_usage(usage)
+        _, packed, zeros = pack_usage(usage)
         self.packed_below += packed
-        self.kinds_below |= kinds
-        self.spent += total
+        self.zeros_below |= zeros
         self.cost_spent += cost
 
     def charge(self, usage: Mapping[str, Any], cost: int | None = None) -> None:
         """Record one model response's usage (and its cost in picodollars: by default what
         `price` makes of it) here and in every ancestor's subtree."""
-        checked = check_usage(usage)
+        if type(usage) is Usage:
+            checked: CheckedUsage | None = usage.checked
+            usage = usage.counts
+        else:
+            checked = check_usage(usage)
         if checked is None:
             usage = normalize_usage(usage)
             checked = pack_usage(usage)
@@ -425,55 +518,71 @@ class UsageAccount:
     def charge_checked(
         self, checked: CheckedUsage, usage: Mapping[str, int], cost: int | None = None
     ) -> None:
-        """`charge` for a usage `check_usage` accepted (`checked` is what it returned): the hot
-        path of every model response, so no second check, one int addition per account on the
-        chain and one loop up it (O(depth), never a walk of the tree)."""
-        total, packed, kinds = checked
-        self.packed_own += packed
-        self.kinds_own |= kinds
-        if cost is None:
-            cost = 0 if self.price is None else self.price.cost(usage)
-        self.spent += total
+        """`charge` for a usage `check_usage` accepted (`checked` is what it returned): no
+        second check, one int addition per account on the chain and one loop up it (O(depth),
+        never a walk of the tree)."""
+        if cost is None and self.price is not None:
+            cost = self.price.cost(usage)
         if cost:
-            self.cost_own += cost
-            self.cost_spent += cost
-        if self.limit is not None or self.cost_limit is not None:
+            _, packed, zeros = checked
+            self._charge_cost(packed, zeros, cost)
+        else:
+            self.charge_tokens(checked)
+
+    def charge_tokens(self, checked: CheckedUsage) -> None:
+        """`charge_checked` of a response that costs nothing (no price: the common case), the
+        hot path of every model response: per account on the chain, one int addition (the
+        packed counts and their total), the zeros or'ed in only when some kind was reported as
+        0, and the budget checked only where a hook listens (`on_exceeded` is set on accounts
+        with a budget); each account is told it is over its budget before its ancestors count
+        the spend."""
+        _, packed, zeros = checked
+        self.packed_own += packed
+        if zeros:
+            self.zeros_own |= zeros
+        if self.on_exceeded is not None:
             self.check_budget()
-        # `add_to_subtree` up the chain, inlined: each account is told it is over its budget
-        # before its ancestors count the spend.
         acc = self.parent
         while acc is not None:
             acc.packed_below += packed
-            acc.kinds_below |= kinds
-            acc.spent += total
-            if cost:
-                acc.cost_spent += cost
-            if acc.limit is not None or acc.cost_limit is not None:
+            if zeros:
+                acc.zeros_below |= zeros
+            if acc.on_exceeded is not None:
                 acc.check_budget()
             acc = acc.parent
+
+    def _charge_cost(self, packed: int, zeros: int, cost: int) -> None:
+        """`charge_checked` of a response with a cost (a priced route)."""
+        self.packed_own += packed
+        self.zeros_own |= zeros
+        self.cost_own += cost
+        self.cost_spent += cost
+        if self.on_exceeded is not None:
+            self.check_budget()
+        if self.parent is not None:
+            self.parent.add_to_subtree(packed, zeros, cost)
 
     def charge_remote(self, usage: Mapping[str, Any]) -> None:
         """Count what a remote child (ACP) reported spending against this account's subtree and
         its ancestors' (not its own): known only when the child's turn ends, it counts from the
         next step boundary on."""
-        total, packed, kinds = pack_usage(usage)
-        self.add_to_subtree(packed, kinds, total, 0, with_cost_limit=False)
+        _, packed, zeros = pack_usage(usage)
+        self.add_to_subtree(packed, zeros, 0, with_cost_limit=False)
 
     def add_to_subtree(
-        self, packed: int, kinds: int, total: int, cost: int, *, with_cost_limit: bool = True
+        self, packed: int, zeros: int, cost: int, *, with_cost_limit: bool = True
     ) -> None:
-        """Count spend of this account's descendants (a packed usage, `pack_usage`, its token
-        `total`, its `cost`) here, then in every ancestor's; an account over its limit is told
-        once, before its ancestors count the spend."""
+        """Count spend of this account's descendants (a packed usage, `pack_usage`, and its
+        `cost`) here, then in every ancestor's; an account over its limit is told once, before
+        its ancestors count the spend."""
         self.packed_below += packed
-        self.kinds_below |= kinds
-        self.spent += total
+        self.zeros_below |= zeros
         if cost:
             self.cost_spent += cost
         if self.limit is not None or (with_cost_limit and self.cost_limit is not None):
             self.check_budget()
         if self.parent is not None:
-            self.parent.add_to_subtree(packed, kinds, total, cost, with_cost_limit=with_cost_limit)
+            self.parent.add_to_subtree(packed, zeros, cost, with_cost_limit=with_cost_limit)
 
     def check_budget(self) -> None:
         """Tell `on_exceeded`, once, if this account's budget is used up."""
@@ -511,9 +620,9 @@ class UsageAccount:
         while acc is not None:
             limit = acc.limit
             cost_limit = acc.cost_limit
-            if (limit is not None and acc.spent >= limit) or (
-                cost_limit is not None and acc.cost_spent >= cost_limit
-            ):
+            if (
+                limit is not None and (acc.packed_own + acc.packed_below) & _LANE_MASK >= limit
+            ) or (cost_limit is not None and acc.cost_spent >= cost_limit):
                 return acc
             acc = acc.parent
         return None

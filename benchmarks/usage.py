@@ -6,10 +6,12 @@ steps through the full seam) in interleaved pairs, every run in its own fresh in
 alternating which side goes first, so a machine whose load drifts affects both sides alike.
 Both sides are the same job at the same N with the runtime's default GC policy; CPU is the
 process's user + system time, the cyclic GC and the final collection of deferred garbage
-included. "On" means every scripted reply reports
-usage: it is logged on its `assistant/message` event and charged up the child's account chain
-(what a real model adapter costs the runtime). Reports the median CPU per child step and wall
-time of each side and their ratios; the target is on/off within 5 %.
+included. "On" means every scripted reply reports usage: it is logged on its `assistant/message`
+event and charged up the child's account chain (what a real model adapter costs the runtime).
+The scripted model's usage is an `agent.usage.Usage`, checked once when the model is made; a
+real adapter checks each response's once, where it parses the response (`checked_usage`), which
+this does not count. Reports the median CPU per child step and wall time of each side and their
+ratios; the target is on/off within 5 %.
 """
 
 from __future__ import annotations

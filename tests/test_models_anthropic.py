@@ -14,6 +14,7 @@ from anthropic_stub import AnthropicStub
 
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from agent.models.anthropic import ANTHROPIC_VERSION, AnthropicModel, to_messages
+from agent.usage import Usage
 from supervision.errors import Cancelled
 from supervision.signal import AbortController, AbortError, AbortSignal
 
@@ -115,6 +116,7 @@ def test_streams_text_with_progress_and_usage(stub: AnthropicStub) -> None:
         },
     )
     assert got == [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+    assert type(r.usage) is Usage  # checked once here: the loop logs and charges it as is
 
 
 def test_request_json_headers_and_prompt_caching(stub: AnthropicStub) -> None:

@@ -15,6 +15,7 @@ from openai_stub import OpenAIStub
 
 from agent.model import ModelAdapter, ModelError, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from agent.models.openai import OpenAIModel, to_chat_messages
+from agent.usage import Usage
 from supervision.errors import Cancelled
 from supervision.signal import AbortController, AbortError, AbortSignal
 
@@ -352,6 +353,7 @@ def test_cached_prompt_tokens_are_reported_apart(stub: OpenAIStub) -> None:
     stub.enqueue(st.stream_text(["ok"], usage=usage))
     r = make(stub).complete(req())
     assert r.usage == {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 5}
+    assert type(r.usage) is Usage  # checked once here: the loop logs and charges it as is
 
 
 def test_a_server_that_accepts_and_never_answers_fails_after_bounded_attempts(

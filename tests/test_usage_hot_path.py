@@ -8,6 +8,7 @@ still refused by name."""
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,15 @@ from agent.model import ModelRequest, ModelResponse, ProgressSink
 from agent.models import ModelRegistry
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
-from agent.usage import UsageAccount, check_usage, pack_usage, unpack_usage, usage_of_events
+from agent.usage import (
+    Usage,
+    UsageAccount,
+    check_usage,
+    checked_usage,
+    pack_usage,
+    unpack_usage,
+    usage_of_events,
+)
 from subagent.runtime import Runtime
 from subagent.types import text_block
 
@@ -64,6 +73,12 @@ def test_packed_sums_keep_every_kind_apart_and_the_kinds_reported() -> None:
     }
     with pytest.raises(ValueError):
         pack_usage({"input_tokens": 2**128})
+    # The total rides in a lane of its own: it may not carry into the first kind's either.
+    with pytest.raises(ValueError, match="total"):
+        pack_usage({"input_tokens": 2**127, "output_tokens": 2**127})
+    total, packed, _ = pack_usage({"input_tokens": 2**127, "output_tokens": 2**127 - 1})
+    assert total == 2**128 - 1
+    assert unpack_usage(packed, 0) == {"input_tokens": 2**127, "output_tokens": 2**127 - 1}
 
 
 def test_a_charge_counts_only_what_normalize_keeps() -> None:
@@ -110,6 +125,64 @@ def test_a_charge_tells_each_account_over_its_budget_once_nearest_first() -> Non
     assert child.exceeded() is child and root.exceeded() is root
 
 
+UNCLEAN: list[Any] = [
+    {"input_tokens": -1},
+    {"input_tokens": 2**64},
+    {"input_tokens": 1.0},
+    {"input_tokens": True},
+    {"input_tokens": "3"},
+    {"reasoning_tokens": 1},
+    {1: 1},
+]
+
+
+@pytest.mark.parametrize("usage", UNCLEAN, ids=repr)
+def test_a_checked_usage_refuses_what_the_check_refuses(usage: Any) -> None:
+    """The fast path (`Usage`, made by adapters) refuses exactly what `check_usage` refuses,
+    and `checked_usage` then hands the mapping over unchanged, for the loop's slow path."""
+    assert check_usage(usage) is None
+    with pytest.raises(ValueError, match="a usage takes int counts"):
+        Usage(usage)
+    assert checked_usage(usage) is usage
+
+
+def test_a_checked_usage_is_a_read_only_mapping_of_its_counts() -> None:
+    counts = {"input_tokens": 7, "output_tokens": 0}
+    usage = Usage(counts)
+    counts["input_tokens"] = 99  # its own copy: the caller's dict can change
+    assert usage == {"input_tokens": 7, "output_tokens": 0} and dict(usage) == usage.counts
+    assert usage.checked == check_usage({"input_tokens": 7, "output_tokens": 0})
+    assert len(usage) == 2 and usage.get("cache_read_input_tokens") is None
+    with pytest.raises(AttributeError):
+        usage.counts = {}  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(usage)) == usage
+    assert checked_usage(usage) is usage
+    assert not Usage({})
+    # An adapter's own dict, made for the response, is taken over: no copy.
+    fresh = {"input_tokens": 1}
+    adopted = checked_usage(fresh)
+    assert type(adopted) is Usage and adopted.counts is fresh and adopted.checked[0] == 1
+
+
+def test_a_checked_usage_charges_as_its_counts_do_zero_counts_included() -> None:
+    """A kind reported with a count of 0 is still listed, up the chain, whichever path charged
+    it; a kind never reported is not."""
+    accounts = []
+    for usage in (
+        {"input_tokens": 5, "cache_read_input_tokens": 0},
+        Usage({"input_tokens": 5, "cache_read_input_tokens": 0}),
+    ):
+        parent = UsageAccount(owner="parent")
+        child = UsageAccount(owner="child")
+        child.attach(parent)
+        child.charge(usage)
+        child.charge({"output_tokens": 2})
+        accounts.append((child.own, parent.subtree, parent.own, child.spent, parent.spent))
+    expected = {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": 0}
+    assert accounts[0] == accounts[1] == (expected, expected, {}, 7, 7)
+    assert list(accounts[0][0]) == ["input_tokens", "output_tokens", "cache_read_input_tokens"]
+
+
 # -- through the loop and the log --------------------------------------------------------------
 
 
@@ -152,11 +225,12 @@ def assistant_events(rt: Runtime, session_id: str) -> list[Mapping[str, Any]]:
     return [e for e in events if e["type"] == "assistant/message"]
 
 
+@pytest.mark.parametrize("wrap", [dict, Usage], ids=["dict", "Usage"])
 def test_a_clean_usage_is_logged_in_the_same_shape_and_charged(
-    rt: Runtime, models: ModelRegistry
+    rt: Runtime, models: ModelRegistry, wrap: Any
 ) -> None:
     usage = {"input_tokens": 12, "output_tokens": 3, "cache_read_input_tokens": 4}
-    agent, outcome = run_one_turn(rt, models, usage)
+    agent, outcome = run_one_turn(rt, models, wrap(usage))
     assert outcome.reason == "completed"
     [event] = assistant_events(rt, agent.id)
     assert set(event["data"]) == {"message", "finish", "usage"}
@@ -164,11 +238,12 @@ def test_a_clean_usage_is_logged_in_the_same_shape_and_charged(
     assert agent.usage.own == usage and agent.usage.spent == 19
 
 
+@pytest.mark.parametrize("hand_over", [dict, checked_usage], ids=["dict", "checked_usage"])
 def test_a_usage_that_is_not_clean_is_logged_as_given_and_charged_normalized(
-    rt: Runtime, models: ModelRegistry
+    rt: Runtime, models: ModelRegistry, hand_over: Any
 ) -> None:
     usage = {"input_tokens": 10, "output_tokens": 2, "reasoning_tokens": 7}
-    agent, outcome = run_one_turn(rt, models, usage)
+    agent, outcome = run_one_turn(rt, models, hand_over(usage))
     assert outcome.reason == "completed"
     [event] = assistant_events(rt, agent.id)
     assert event["data"]["usage"] == usage  # the adapter's words, as before
@@ -186,10 +261,13 @@ def test_a_usage_that_is_not_clean_is_logged_as_given_and_charged_normalized(
         ({"input_tokens": 1, "reasoning": math.nan}, "not a finite float"),
     ],
 )
+@pytest.mark.parametrize("hand_over", [dict, checked_usage], ids=["dict", "checked_usage"])
 def test_a_usage_the_log_cannot_carry_is_refused_and_not_charged(
-    rt: Runtime, models: ModelRegistry, usage: Mapping[str, Any], why: str
+    rt: Runtime, models: ModelRegistry, usage: Mapping[str, Any], why: str, hand_over: Any
 ) -> None:
-    agent, outcome = run_one_turn(rt, models, usage)
+    # An adapter hands its usage over through `checked_usage`: what the fast path cannot take
+    # reaches the loop as the adapter made it and is refused with the same error as before.
+    agent, outcome = run_one_turn(rt, models, hand_over(usage))
     assert outcome.reason == "error"
     assert why in (outcome.message or "")
     assert assistant_events(rt, agent.id) == []

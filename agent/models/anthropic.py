@@ -40,7 +40,7 @@ from agent.models.http import (
     drain,
     sse_events,
 )
-from agent.usage import normalize_usage
+from agent.usage import checked_usage, normalize_usage
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -260,7 +260,7 @@ class _Answer:
             finish = "tool_calls"
         text = "".join(texts)
         content = ({"type": "text", "text": text},) if text else ()
-        return ModelResponse(content, tuple(calls), finish, dict(self.usage))
+        return ModelResponse(content, tuple(calls), finish, checked_usage(self.usage))
 
 
 # --- the adapter --------------------------------------------------------------------------------

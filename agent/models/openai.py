@@ -33,6 +33,7 @@ from agent.models.http import (
     jsonable,
     sse_events,
 )
+from agent.usage import checked_usage
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -249,7 +250,7 @@ class _Answer:
         else:
             text = "".join(self.text)
         content = ({"type": "text", "text": text},) if text else ()
-        return ModelResponse(content, tuple(calls), finish, self.usage)
+        return ModelResponse(content, tuple(calls), finish, checked_usage(self.usage))
 
 
 # --- the adapter ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from agent.model import (
     ProgressSink,
     ToolCall,
 )
-from agent.usage import USAGE_KEYS, normalize_usage
+from agent.usage import USAGE_KEYS, checked_usage, normalize_usage
 from supervision.signal import AbortError, AbortSignal
 
 __all__ = [
@@ -87,7 +87,8 @@ def _check_usage(usage: Mapping[str, int] | None) -> Mapping[str, int] | None:
     clean = normalize_usage(usage)
     if len(clean) != len(usage):
         raise ValueError(f"usage takes non-negative int counts of {', '.join(USAGE_KEYS)}")
-    return clean
+    # Checked and packed once here: every reply that reports it is logged and charged as is.
+    return checked_usage(clean)
 
 
 def text(value: str, *, latency: float = 0.0, usage: Mapping[str, int] | None = None) -> Step:
