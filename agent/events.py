@@ -106,7 +106,10 @@ TURN_END_REASONS: Final = frozenset(
     }
 )
 
-HEADER_VERSION: Final = 1
+# 2: calls are opened by their assistant/message, and no tool/call or step/end is written
+# (docs/decisions.md, "A step in three events"). Version 1 logs load, replay and resume as
+# they are, and keep being written in their format.
+HEADER_VERSION: Final = 2
 
 # Session ids become file names, so they are restricted to a safe alphabet (no path escapes).
 SESSION_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

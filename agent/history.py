@@ -22,6 +22,7 @@ __all__ = [
     "history_from_events",
     "last_turn_number",
     "message_of",
+    "with_tool_calls",
 ]
 
 # The event types that are conversation messages (the rest of the log is not shown to a model).
@@ -165,3 +166,40 @@ def last_turn_number(events: Iterable[Mapping[str, Any]]) -> int:
         if event["type"] == "turn/start":
             turn = event["data"]["turn"]
     return turn
+
+
+def with_tool_calls(
+    events: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """`(type, data)` of each event, with the tool calls told the same way in both formats.
+
+    Format-2 logs write no `tool/call` event: an assistant/message's `tool_calls` open its
+    calls. For readers that show calls one by one (`subagent log`, the ACP `session/load`
+    replay), this yields a `tool/call` `{call_id, name, arguments}` right after each
+    assistant/message for each call it names, and skips a format-1 log's own `tool/call`
+    event of a call its message already named, so both formats read the same.
+    """
+    named: set[str] = set()
+    for event in events:
+        kind = event["type"]
+        data = event["data"]
+        if kind == "tool/call":
+            if data.get("call_id") in named:
+                continue
+        elif kind == "turn/start":
+            named.clear()
+        yield kind, data
+        if kind == "assistant/message":
+            message = data.get("message")
+            calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+            for call in calls or ():
+                if isinstance(call, Mapping):
+                    named.add(call.get("id"))  # type: ignore[arg-type]
+                    yield (
+                        "tool/call",
+                        {
+                            "call_id": call.get("id"),
+                            "name": call.get("name"),
+                            "arguments": call.get("arguments", {}),
+                        },
+                    )

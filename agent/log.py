@@ -7,12 +7,16 @@ Rules (docs/durability.md repeats them for readers of the file format):
 - seq is contiguous from 0; the envelope is {type: str, seq: int, time: number, data: dict};
 - turns are numbered 1, 2, 3, ... with no gap and no nesting; turn/end names the open turn,
   has a known reason and comes only with no open step;
-- step/start only inside a turn, steps 1..k contiguous within the turn, each closed by a
-  matching step/end before the next step/start or the turn/end;
+- step/start only inside a turn, steps 1..k contiguous within the turn; in format 1 (header
+  version 1) each is closed by a matching step/end before the next step/start or the
+  turn/end; format 2 writes no step/end, and a step ends at the next step/start or turn/end;
 - user/message only inside a turn at a boundary: after turn/start (the prompt) or after
   step/start (a steer), before the step's assistant/message or tool events;
 - assistant/message and tool/call only inside a step; call ids are unique within a turn;
-- tool/result only inside a turn, pairing an earlier tool/call of that turn, once per call;
+- a call is opened by the `tool_calls` of its assistant/message (format 2) or by its tool/call
+  event (format 1, and seeds copied from such logs; a tool/call naming a call its message
+  already opened, with the same name, is that call's format-1 record, not a second call);
+- tool/result only inside a turn, pairing an earlier open call of that turn, once per call;
 - subagent/descriptor only inside a turn; session/end-seed only outside a turn, with
   `length` equal to its own seq (the number of seeded events before it);
 - request/header and inbox/* may appear anywhere; a request/header is `{ref}` (a sha256 hex
@@ -56,6 +60,7 @@ __all__ = [
     "SharedHeaders",
     "ToolLike",
     "completed_turn_prefix",
+    "is_plain_reply",
     "request_header_data",
     "validate_log",
 ]
@@ -132,8 +137,34 @@ def _plain_tool_result(data: dict[str, Any]) -> bool:
     return (size == 4 or (size == 5 and "code" in data)) and _text_blocks(data.get("content"))
 
 
-def _plain_assistant_message(data: dict[str, Any]) -> bool:
-    message = data.get("message")
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+
+def _flat_lossless(arguments: dict[Any, Any]) -> bool:
+    """A tool call's arguments, when flat (the common case), checked without the walk's
+    recursion: str keys and scalar values as `check_json` takes them; False means "walk it"."""
+    for key, value in arguments.items():
+        if type(key) is not str:
+            return False
+        t = type(value)
+        if t is str or t is bool or value is None:
+            continue
+        if t is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                return False
+        elif t is float:
+            if value - value != 0.0:  # NaN, +-inf
+                return False
+        else:
+            return False  # a container (or anything else): the walk decides
+    return True
+
+
+def is_plain_reply(message: object) -> bool:
+    """Whether an assistant `message` of the loop's shape is certainly lossless JSON: exact
+    `{id, role, content, tool_calls}` with plain text blocks and calls `{id, name, arguments}`.
+    False only means "walk it" (nested arguments are walked here; anything else is not)."""
     if (
         type(message) is not dict
         or len(message) != 4
@@ -151,11 +182,20 @@ def _plain_assistant_message(data: dict[str, Any]) -> bool:
             or len(call) != 3
             or type(call.get("id")) is not str
             or type(call.get("name")) is not str
-            or type(call.get("arguments")) is not dict
-            # data > message > tool_calls > call > arguments: depth 4 in the event's data.
-            or not _is_lossless(call["arguments"], 4)
         ):
             return False
+        arguments = call.get("arguments")
+        if type(arguments) is not dict:
+            return False
+        # data > message > tool_calls > call > arguments: depth 4 in the event's data.
+        if not _flat_lossless(arguments) and not _is_lossless(arguments, 4):
+            return False
+    return True
+
+
+def _plain_assistant_message(data: dict[str, Any]) -> bool:
+    if not is_plain_reply(data.get("message")):
+        return False
     for key, value in data.items():
         if key != "message" and (type(key) is not str or not _is_lossless(value, 1)):
             return False
@@ -216,6 +256,7 @@ class LogReplay:
 
     __slots__ = (
         "_accepted",
+        "_announce",
         "_boundary",
         "_calls",
         "_settled",
@@ -235,11 +276,20 @@ class LogReplay:
         self.step = 0  # the last step started in the current turn
         self.step_open = False
         self.seed_length = header.seed_length if header is not None else 0
+        # Format 2 (header version 2): an assistant/message's tool_calls open its calls, and
+        # no tool/call event is written. Format 1 logs keep their rules exactly.
+        self._announce = header is None or header.version >= 2
         self._boundary = False  # a user/message is admissible here
         self._calls: dict[str, str] = {}  # open calls of the current turn: id -> name
         self._settled: set[str] = set()  # call ids of this turn that have a result
         self._accepted: set[str] = set()
         self._settled_inbox: set[str] = set()
+
+    @property
+    def format(self) -> int:
+        """The event format the log is written in: 2 opens calls by their assistant/message
+        and writes neither tool/call nor step/end; 1 writes both (docs/decisions.md)."""
+        return 2 if self._announce else 1
 
     @property
     def open_calls(self) -> dict[str, str]:
@@ -304,18 +354,20 @@ class LogReplay:
             raise InvariantError(seq, "turn/end with no open turn")
         if data["turn"] != self.turn:
             raise InvariantError(seq, f"turn/end names turn {data['turn']}, open is {self.turn}")
-        if self.step_open:
+        if self.step_open and not self._announce:
             raise InvariantError(seq, f"turn/end while step {self.step} is open")
         if data["reason"] not in ev.TURN_END_REASONS:
             raise InvariantError(seq, f"unknown turn/end reason {data['reason']!r}")
         self.turn_open = False
+        self.step_open = False  # ends the last step (format 2 writes no step/end)
         self._boundary = False
 
     def _step_start(self, seq: int, data: dict[str, Any]) -> None:
         if not self.turn_open:
             raise InvariantError(seq, "step/start outside a turn")
-        if self.step_open:
+        if self.step_open and not self._announce:
             raise InvariantError(seq, f"step/start while step {self.step} is open")
+        # (Format 2 writes no step/end: an open step ends here.)
         if data["turn"] != self.turn or data["step"] != self.step + 1:
             raise InvariantError(
                 seq,
@@ -351,14 +403,42 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
-        if "tool_calls" in message and type(message["tool_calls"]) is not list:
-            raise InvariantError(seq, "assistant/message tool_calls must be a list")
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if type(calls) is not list:
+                raise InvariantError(seq, "assistant/message tool_calls must be a list")
+            if calls and self._announce:
+                self._open_announced(seq, calls)
         self._boundary = False
+
+    def _open_announced(self, seq: int, calls: list[Any]) -> None:
+        open_calls = self._calls
+        settled = self._settled
+        for call in calls:
+            if type(call) is not dict:
+                raise InvariantError(seq, "assistant/message tool_calls entries must be dicts")
+            call_id = call.get("id")
+            name = call.get("name")
+            if type(call_id) is not str or type(name) is not str:
+                raise InvariantError(seq, "assistant/message: a tool call needs a str id and name")
+            if call_id in open_calls or call_id in settled:
+                if seq < self.seed_length:
+                    # A seed copied from a format-1 log, where only the tool/call events
+                    # opened calls and a repeated id in a reply was refused there: skip it.
+                    continue
+                raise InvariantError(
+                    seq, f"tool call id {call_id!r} repeats within turn {self.turn}"
+                )
+            open_calls[call_id] = name
 
     def _tool_call(self, seq: int, data: dict[str, Any]) -> None:
         if not self.step_open:
             raise InvariantError(seq, "tool/call outside a step")
         call_id = data["call_id"]
+        if self._announce and self._calls.get(call_id) == data["name"]:
+            # The format-1 record of a call its assistant/message opened (a seed, an old log).
+            self._boundary = False
+            return
         if call_id in self._calls or call_id in self._settled:
             raise InvariantError(seq, f"tool/call id {call_id!r} repeats within turn {self.turn}")
         self._calls[call_id] = data["name"]
@@ -478,7 +558,7 @@ def closing_events(replay: LogReplay) -> list[tuple[str, dict[str, Any]]]:
                 },
             )
         )
-    if replay.step_open:
+    if replay.step_open and replay.format == 1:
         out.append((ev.STEP_END, {"turn": replay.turn, "step": replay.step}))
     out.append(
         (
@@ -635,6 +715,16 @@ class SessionLog:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def format(self) -> int:
+        """The event format this log is written in (`LogReplay.format`, from its header)."""
+        return self._replay.format
+
+    @property
+    def open_calls(self) -> dict[str, str]:
+        """Calls of the open turn with no tool/result yet (id -> name), in call order."""
+        return self._replay.open_calls
 
     def append(self, type: str, data: dict[str, Any], *, prechecked: bool = False) -> Event:
         """Record one event. The log owns `data` afterwards: do not mutate it.

@@ -33,7 +33,7 @@ from agent.context import LiveAgent
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import Conversation, last_turn_number
 from agent.jsoncheck import is_lossless
-from agent.log import SessionLog
+from agent.log import SessionLog, is_plain_reply
 from agent.model import (
     ModelAdapter,
     ModelError,
@@ -183,6 +183,9 @@ class AgentCore:
             cost_limit=cost_limit,
         )
         self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
+        # A format-1 log (an older session resumed) keeps its format: tool/call and step/end
+        # events; format 2 derives both (docs/decisions.md, "A step in three events").
+        self._format1 = log.format == 1
         self._capture: _Conclude | None = None
         # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
         self.trace: tracing.TraceParent | None = None
@@ -270,6 +273,7 @@ class AgentCore:
     ) -> TurnOutcome:
         max_steps = self.options.max_steps
         log_append = self.log.append
+        format1 = self._format1
         sink = self._model_progress(state)
         step = 0
         while True:
@@ -305,7 +309,8 @@ class AgentCore:
                 state.last_output = list(response.content)
             if calls:
                 self._run_tools(calls, logged_calls, signal, capture, state)
-            log_append("step/end", {"turn": turn, "step": step})
+            if format1:
+                log_append("step/end", {"turn": turn, "step": step})
             state.step = 0
             if finish == "max-tokens":
                 return TurnOutcome(turn, "max-tokens")
@@ -331,7 +336,7 @@ class AgentCore:
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
         system = self.prompt.render(self.variables)
-        specs = tuple(self.tools.specs())
+        specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
         last = self._last_header
         if last is None or last[0] is not system or last[1] != specs:
             self._last_header = (system, specs)
@@ -375,7 +380,13 @@ class AgentCore:
     ) -> list[dict[str, Any]]:
         """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
         content = list(response.content)
-        tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls]
+        if len(calls) == 1:  # the common case without a comprehension (a frame each)
+            c = calls[0]
+            tool_calls = [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)}]
+        else:
+            tool_calls = [
+                {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in calls
+            ]
         message = {
             # Unique within the session, also across processes: the event's own seq.
             "id": f"a{len(self.log.events)}",
@@ -414,7 +425,8 @@ class AgentCore:
             self.log.append(
                 "assistant/message",
                 data,
-                prechecked=(checked is not None or not counts) and is_lossless(message, 1),
+                prechecked=(checked is not None or not counts)
+                and (is_plain_reply(message) or is_lossless(message, 1)),
             )
         )
         if counts:
@@ -441,18 +453,24 @@ class AgentCore:
         capture: _Conclude,
         state: _TurnState,
     ) -> None:
-        append = self.log.append
-        open_calls = state.open_calls
-        for call, entry in zip(calls, logged, strict=True):
-            # The id, name and arguments are the very values the assistant/message append just
-            # checked (nothing ran in between that holds them): no second lossless-JSON walk.
-            append(
-                "tool/call",
-                {"call_id": entry["id"], "name": entry["name"], "arguments": entry["arguments"]},
-                prechecked=True,
-            )
-            open_calls[call.id] = call.name
-            if self.on_progress is not None:
+        # The assistant/message just logged opened these calls (the log's replay holds them
+        # open until their results); a format-1 log also records each as a tool/call event.
+        if self._format1:
+            append = self.log.append
+            for entry in logged:
+                # The id, name and arguments are the very values the assistant/message append
+                # just checked (nothing ran in between that holds them): no second walk.
+                append(
+                    "tool/call",
+                    {
+                        "call_id": entry["id"],
+                        "name": entry["name"],
+                        "arguments": entry["arguments"],
+                    },
+                    prechecked=True,
+                )
+        if self.on_progress is not None:
+            for call in calls:
                 self._progress(
                     {
                         "kind": "tool/call",
@@ -495,7 +513,6 @@ class AgentCore:
                 else:
                     result = _synthetic("ABORTED", "not run: the turn was aborted")
             self._log_tool_result(call.id, call.name, result)
-            del open_calls[call.id]
         if crash:
             exc = crash[0]
             raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
@@ -630,11 +647,13 @@ class AgentCore:
 
     def _close_turn(self, turn: int, state: _TurnState, outcome: TurnOutcome) -> None:
         """Balance the log whatever happened, then write `turn/end` and checkpoint."""
-        for call_id, name in list(state.open_calls.items()):
+        # The log's replay knows every call of this turn still without a result, whichever
+        # way the turn got here (even a reply logged just before a fault).
+        for call_id, name in self.log.open_calls.items():
             self._log_tool_result(call_id, name, _synthetic("ABORTED", "not run: the turn ended"))
-        state.open_calls.clear()
         if state.step:
-            self.log.append("step/end", {"turn": turn, "step": state.step})
+            if self._format1:
+                self.log.append("step/end", {"turn": turn, "step": state.step})
             state.step = 0
         data: dict[str, Any] = {"turn": turn, "reason": outcome.reason}
         if outcome.cause is not None:
@@ -675,7 +694,6 @@ class _TurnState:
         "greenlet",
         "in_tool",
         "last_output",
-        "open_calls",
         "partial",
         "step",
     )
@@ -685,7 +703,6 @@ class _TurnState:
         self.step = 0
         self.in_tool = False
         self.batch_done: GEvent | None = None
-        self.open_calls: dict[str, str] = {}
         self.partial: list[str] = []
         self.last_output: list[Mapping[str, Any]] | None = None
 

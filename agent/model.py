@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgpack
 
 from agent.errors import ModelError
+from agent.fastinit import fast_init
 from agent.jsoncheck import check_json, is_lossless, repair_surrogates
 from supervision.signal import AbortSignal
 
@@ -47,6 +48,7 @@ class ToolSpec:
     parameters: Mapping[str, Any]
 
 
+@fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call a model asked for.
@@ -127,6 +129,7 @@ def _json_problem(arguments: dict[Any, Any]) -> str | None:
     return None
 
 
+@fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One model call.
@@ -150,6 +153,7 @@ class ModelRequest:
     step: int = 1
 
 
+@fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
     """One model answer. `usage` is its token usage in `agent.usage`'s shape (`input_tokens`,
@@ -197,7 +201,13 @@ def without_lone_surrogates(response: ModelResponse) -> ModelResponse:
     itself when nothing needs repair (the common case).
     """
     calls = response.tool_calls
-    probe = [response.content, [[c.id, c.name, c.arguments, c.invalid] for c in calls]]
+    if not calls:
+        probe: object = response.content
+    elif len(calls) == 1:  # the common cases without a comprehension (a frame each)
+        c = calls[0]
+        probe = [response.content, c.id, c.name, c.arguments, c.invalid]
+    else:
+        probe = [response.content, [[c.id, c.name, c.arguments, c.invalid] for c in calls]]
     if _encodes(probe):
         return response
     content = repair_surrogates([dict(block) for block in response.content])

@@ -38,6 +38,7 @@ from jsonschema.exceptions import SchemaError
 
 from agent.errors import TOOL_FAILED, ToolError
 from agent.fastcheck import compile_fast_check
+from agent.fastinit import fast_init
 from agent.model import ToolCall, ToolSpec
 from agent.options import AgentOptions
 from subagent.errors import SubagentError
@@ -91,6 +92,7 @@ class ToolCaller(AgentView, Protocol):
     def core(self) -> ToolHost: ...
 
 
+@fast_init  # made on every call: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a running tool may know about its caller."""
@@ -118,6 +120,7 @@ class ToolContext:
 ToolFn = Callable[[Mapping[str, Any], ToolContext], "str | list[dict[str, Any]]"]
 
 
+@fast_init  # made on every call: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """The outcome of one call, always a value: tool failures are reported to the model."""
@@ -242,7 +245,7 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._version = next(_versions)
-        self._specs: tuple[int, list[ToolSpec]] | None = None
+        self._specs: tuple[int, tuple[ToolSpec, ...]] | None = None
 
     @property
     def version(self) -> int:
@@ -252,9 +255,13 @@ class ToolRegistry:
     def specs(self) -> list[ToolSpec]:
         """Every registered tool's spec, in insertion order: what an unrestricted scope shows
         (built once per registration change, shared by every such scope; do not mutate)."""
+        return list(self.spec_tuple())
+
+    def spec_tuple(self) -> tuple[ToolSpec, ...]:
+        """`specs()` as one shared tuple (immutable: no copy for each model request)."""
         cached = self._specs
         if cached is None or cached[0] != self._version:
-            cached = self._specs = (self._version, [t.spec() for t in self._tools.values()])
+            cached = self._specs = (self._version, tuple(t.spec() for t in self._tools.values()))
         return cached[1]
 
     def register(self, tool: Tool) -> Callable[[], None]:
@@ -458,9 +465,14 @@ class ToolScope:
 
     def specs(self) -> list[ToolSpec]:
         """What the model is shown; cached until anything in the chain changes."""
+        return list(self.spec_tuple())
+
+    def spec_tuple(self) -> tuple[ToolSpec, ...]:
+        """`specs()` as the cached tuple itself (immutable, so shared: the loop takes it for
+        every model request without a copy)."""
         if self._parent is None and not self._scoped and not self._restrictions:
-            # The global layer as is (most children): the registry's shared list.
-            return list(self._registry.specs())
+            # The global layer as is (most children): the registry's shared tuple.
+            return self._registry.spec_tuple()
         key = self._key()
         if key != self._specs_key:
             specs = []
@@ -469,7 +481,7 @@ class ToolScope:
                 if tool is not None:
                     specs.append(tool.spec())
             self._specs, self._specs_key = tuple(specs), key
-        return list(self._specs)
+        return self._specs
 
     def is_concurrency_safe(self, name: str) -> bool:
         """Whether a call to `name` may run beside others; False for unknown or hidden names."""

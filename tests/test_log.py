@@ -81,9 +81,15 @@ def one_turn(turn: int = 1) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def rejects(pairs: list[tuple[str, dict[str, Any]]], seq: int, match: str) -> None:
+V1 = SessionHeader(id="s-v1", version=1)  # a log written before format 2
+
+
+def rejects(
+    pairs: list[tuple[str, dict[str, Any]]], seq: int, match: str, version: int = 1
+) -> None:
+    """The rules of a format-1 log by default (these tests predate format 2)."""
     with pytest.raises(InvariantError, match=match) as info:
-        validate_log(log_of(*pairs))
+        validate_log(log_of(*pairs), SessionHeader(id="s", version=version))
     assert info.value.seq == seq
 
 
@@ -331,7 +337,7 @@ def test_completed_turn_prefix() -> None:
 def test_closing_events_close_an_open_turn() -> None:
     pairs = one_turn()[:5]  # tool/call c1 open inside step 1
     events = log_of(*pairs, ("tool/call", call("c2")))
-    replay = validate_log(events)
+    replay = validate_log(events, V1)
     closing = closing_events(replay)
     assert [t for t, _ in closing] == ["tool/result", "tool/result", "step/end", "turn/end"]
     assert [d.get("call_id") for t, d in closing[:2]] == ["c1", "c2"]
@@ -341,7 +347,7 @@ def test_closing_events_close_an_open_turn() -> None:
         {"type": t, "seq": len(events) + i, "time": 0.0, "data": d}
         for i, (t, d) in enumerate(closing)
     ]
-    assert not validate_log(full).turn_open
+    assert not validate_log(full, V1).turn_open
     assert closing_events(validate_log(log_of(*one_turn()))) == []
 
 
@@ -449,7 +455,7 @@ def test_mutations_are_rejected(events: list[Event], data: st.DataObject) -> Non
         index = data.draw(st.integers(0, len(events) - 1))
         mutated[index]["time"] = "later"  # type: ignore[typeddict-item]
     with pytest.raises(InvariantError) as info:
-        validate_log(mutated)
+        validate_log(mutated, V1)  # format-1 events: dropping a tool/call or step/end is a break
     assert 0 <= info.value.seq < len(mutated)
 
 
@@ -652,6 +658,20 @@ _TEXT = [{"type": "text", "text": "ok"}]
                 },
             },
         ),
+        *(
+            (
+                "assistant/message",
+                {
+                    **assistant(["c"]),
+                    "message": {
+                        **assistant(["c"])["message"],
+                        "tool_calls": [{"id": "c", "name": "t", "arguments": bad}],
+                    },
+                },
+            )
+            # Flat arguments are checked without the walk (agent.log.is_plain_reply).
+            for bad in ({"x": math.inf}, {"x": 2**64}, {"x": -(2**63) - 1}, {1: "x"}, {"x": b"y"})
+        ),
         ("assistant/message", {**assistant(), "usage": {"input_tokens": math.inf}}),
         ("assistant/message", {**assistant(), "usage": {1: 2}}),
     ],
@@ -725,3 +745,39 @@ def test_the_prompt_shapes_that_skip_the_walk_still_refuse_what_it_refuses(
     # The plain shape itself is accepted and logged as given.
     log.append(kind, _accepted() if kind == "inbox/accepted" else _user_message())
     assert log.events[before]["data"]["content" if kind == "inbox/accepted" else "message"]
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**65), max_value=2**65)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=3)
+    | st.binary(max_size=2)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=2) | st.integers(0, 3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(max_size=2) | st.integers(0, 2), _VALUES, max_size=4), _VALUES)
+def test_a_plain_reply_is_lossless(arguments: dict[Any, Any], content_text: object) -> None:
+    """`is_plain_reply` answers "certainly lossless" or "walk it", never more permissive."""
+    from agent.jsoncheck import is_lossless
+    from agent.log import is_plain_reply
+
+    gevent.sleep(0)
+    message = {
+        "id": "a1",
+        "role": "assistant",
+        "content": [{"type": "text", "text": content_text}],
+        "tool_calls": [{"id": "c", "name": "t", "arguments": arguments}],
+    }
+    if is_plain_reply(message):
+        assert is_lossless(message, 1)

@@ -54,6 +54,8 @@ def set_raw(store: AnyStore, sid: str, data: bytes) -> None:
 
 
 def header(sid: str = "s1", created_at: float = 1.0, **kw: Any) -> SessionHeader:
+    # Version 1: these tests write format-1 events (tool/call, step/end) by hand.
+    kw.setdefault("version", 1)
     return SessionHeader(id=sid, created_at=created_at, cwd="/work", **kw)
 
 

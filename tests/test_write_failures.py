@@ -57,12 +57,12 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 24 KiB tmpfs: the demo's logs (about 40 KiB in pages) fill it part way through."""
+    """An 8 KiB tmpfs: the demo's logs (about 40 KiB in pages) fill it part way through."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     where = tmp_path / "small"
     where.mkdir()
-    mounted = _run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(where)])
+    mounted = _run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(where)])
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -79,7 +79,7 @@ def test_a_full_disk_fails_the_demo_naming_enospc(small_tmpfs: Path) -> None:
 
 
 def test_a_file_size_limit_fails_the_demo_instead_of_hanging(tmp_path: Path) -> None:
-    proc = demo(tmp_path, limit_bytes=8 * 1024)  # `ulimit -f 8`
+    proc = demo(tmp_path, limit_bytes=5 * 1024)  # `ulimit -f 5`: the coordinator's log is ~7 KiB
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[Errno 27] File too large" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -127,7 +127,7 @@ def test_gc_that_cannot_delete_exits_one_naming_the_cause(read_only_store: Path)
 def test_the_final_tree_under_a_write_failure_shows_no_child_running(tmp_path: Path) -> None:
     """At this limit the coordinator's log fails while the continuable worker-04 still works;
     the demo stops it, and the final tree must show how it ended, not a stale `running`."""
-    proc = demo(tmp_path, limit_bytes=6 * 1024)
+    proc = demo(tmp_path, limit_bytes=4608)  # the coordinator's log fails in its first turn
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[Errno 27] File too large" in proc.stderr
     tree = [
@@ -140,7 +140,7 @@ def test_the_final_tree_under_a_write_failure_shows_no_child_running(tmp_path: P
 
 def test_the_coordinator_line_names_the_write_failure_not_a_cancel(tmp_path: Path) -> None:
     """Nobody cancelled anything: the coordinator has no summary because its log failed."""
-    proc = demo(tmp_path, limit_bytes=6 * 1024)
+    proc = demo(tmp_path, limit_bytes=4608)  # the coordinator's log fails in its first turn
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("coordinator:")]
     assert len(lines) == 1, proc.stdout

@@ -335,10 +335,16 @@ class ScriptedModel:
         content = ({"type": "text", "text": step.text},) if step.text else ()
         usage = self._usage if step.usage is None else step.usage
         if kind == "tool_calls":
+            specs = step.calls
+            if len(specs) == 1:  # the common case, without a generator
+                name, args, cid = specs[0]
+                if cid is None:
+                    cid = f"call_{request.turn}_{request.step}_0"
+                return ModelResponse(content, (ToolCall(cid, name, args),), "tool_calls", usage)
             prefix = f"call_{request.turn}_{request.step}_"
             calls = tuple(
                 ToolCall(cid if cid is not None else prefix + str(n), name, args)
-                for n, (name, args, cid) in enumerate(step.calls)
+                for n, (name, args, cid) in enumerate(specs)
             )
             return ModelResponse(content, calls, "tool_calls", usage)
         return ModelResponse(content, (), _FINISH[kind], usage)

@@ -264,6 +264,7 @@ def _tree_root_row(store: SessionStore, root_id: str, rows: list[ChildRow]) -> C
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    from agent.history import with_tool_calls
     from subagent.descriptor import authoritative_descriptor
 
     store = open_store(args)
@@ -296,8 +297,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             console.print("  descriptor: " + json.dumps(data, sort_keys=True))
     if loaded.needs_repair:
         console.print("  (the tail is open or torn: a resume would repair it)")
-    for event in loaded.events[header.seed_length :]:
-        kind, data = event["type"], event["data"]
+    for kind, data in with_tool_calls(loaded.events[header.seed_length :]):
         line = _log_line(kind, data)
         if line is not None:
             console.print(line)

@@ -27,6 +27,7 @@ from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 
 from agent.events import check_utf8_path
+from agent.history import with_tool_calls
 from agent.options import AgentOptions
 from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
@@ -443,8 +444,8 @@ class AcpAgentServer:
     def _replay(self, session: _Session) -> None:
         """The conversation so far as updates, as `session/load` promises the client."""
         loaded = self.runtime.store.inspect(session.id)
-        for event in loaded.events[loaded.header.seed_length :]:
-            kind, data = event["type"], event["data"]
+        # Tool calls told one by one, whichever format the log is in.
+        for kind, data in with_tool_calls(loaded.events[loaded.header.seed_length :]):
             if kind == "user/message":
                 for block in _text_content(data["message"].get("content")):
                     session.update({"sessionUpdate": "user_message_chunk", **block})
