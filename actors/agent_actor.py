@@ -389,10 +389,17 @@ class AgentActor(GeventActor):
                 run.finish(TurnOutcome(self.core.turn, "aborted", cause=why))
 
     def _finish_close(self) -> None:
+        # Closing the log waits for its fsync. Run in place, this is the closer's greenlet, and
+        # a closer killed there (a cancelled tool disposing its child) must still leave the
+        # agent closed, its waiters answered and the actor stopped: so the rest is a finally.
         try:
             self.core.log.close()
         except Exception:
             log.exception("closing the log of %s failed", self.core.session_id)
+        finally:
+            self._closed_after_log()
+
+    def _closed_after_log(self) -> None:
         run = self.run
         if run is not None:  # closed before a turn answered its prompt
             cause = self._close_cause

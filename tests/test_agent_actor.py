@@ -214,3 +214,38 @@ def test_a_killed_agent_actor_settles_every_reply_it_owed() -> None:
         assert gevent_actor.join(a.ref, 5)
         a.log.close()
         a._forget()
+
+
+def test_a_close_whose_caller_is_killed_mid_sync_still_closes_the_agent(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle agent's Close runs in the caller's greenlet, and closing the log waits for its
+    fsync. A caller killed there (a cancelled tool disposing its child) must not leave the
+    agent half-closed: the next close returns at quiescence instead of waiting forever."""
+    import gevent
+
+    import agent.store as store_module
+    from agent.store import SessionStore
+
+    entered, release = Event(), Event()
+
+    def held_offload(fn: Any, *args: Any) -> Any:
+        entered.set()
+        release.wait()
+        return fn(*args)
+
+    with kit(SessionStore(tmp_path / "sessions")) as k:
+        a: Agent = k.agent()
+        # Something appended since the last durability point, so closing the log syncs it.
+        source = MessageSource.coordinator("parent").to_json()
+        data = {"message_id": "m-late", "kind": "send", "content": [], "source": source}
+        a.log.append("inbox/accepted", data)
+        monkeypatch.setattr(store_module, "offload", held_offload)
+        closer = gevent.spawn(a.close)
+        entered.wait(timeout=5)
+        assert entered.is_set(), "the close never reached the log's sync"
+        closer.kill()
+        release.set()
+        with gevent.Timeout(5, AssertionError("the second close never returned")):
+            a.close()
+        assert not a.ref.is_alive() and a.status == "closed"
