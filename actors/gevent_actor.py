@@ -389,19 +389,7 @@ class GeventActor(Actor):
             inbox = self.actor_inbox
             if type(inbox) is _WakingInbox:
                 inbox.sleeper = None  # a late message must not start a loop for a dead actor
-            self._in_teardown = True
-            self._unregister_once()
-            self.actor_stopped.set()
-            _live.pop(self.actor_urn, None)
-            self._ended = True
-            if self._exited is not None:
-                self._exited.set()
-            callbacks, self._exit_callbacks = self._exit_callbacks, None
-            for callback in callbacks or ():
-                try:
-                    callback(self)
-                except Exception:
-                    logger.exception("exit callback of %s failed", self)
+            self._end()
 
     def wake_loop(self) -> None:
         """A lazy actor's loop, started by the first message that must wait (or a kill)."""
@@ -421,20 +409,26 @@ class GeventActor(Actor):
         except (ActorKilled, gevent.GreenletExit) as exc:
             self._die_killed(exc)
         finally:
-            self._in_teardown = True
-            self._unregister_once()
-            self.actor_stopped.set()
-            self._actor_loop_teardown()
-            _live.pop(self.actor_urn, None)
-            self._ended = True
-            if self._exited is not None:
-                self._exited.set()
-            callbacks, self._exit_callbacks = self._exit_callbacks, None
-            for callback in callbacks or ():
-                try:
-                    callback(self)
-                except Exception:
-                    logger.exception("exit callback of %s failed", self)
+            self._end()
+
+    def _end(self) -> None:
+        """The end of every actor, by its loop or in place: unregister, mark stopped, fail what
+        is still queued (a message that came while an in-place stop switched out would wait
+        forever otherwise), then tell the exit callbacks."""
+        self._in_teardown = True
+        self._unregister_once()
+        self.actor_stopped.set()
+        self._actor_loop_teardown()
+        _live.pop(self.actor_urn, None)
+        self._ended = True
+        if self._exited is not None:
+            self._exited.set()
+        callbacks, self._exit_callbacks = self._exit_callbacks, None
+        for callback in callbacks or ():
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("exit callback of %s failed", self)
 
     def _actor_loop_setup(self) -> None:
         try:
