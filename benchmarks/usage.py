@@ -24,7 +24,7 @@ from benchmarks import _isolated, fanout
 
 DEFAULT_N = 2_000
 QUICK_N = 200
-PAIRS = 6
+PAIRS = 12
 QUICK_PAIRS = 2
 TARGET = 1.05
 
