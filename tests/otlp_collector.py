@@ -41,6 +41,24 @@ class Collector:
             for span in scope.spans
         ]
 
+    def services(self) -> set[str]:
+        """Every `service.name` the requests' resources carried."""
+        return {
+            kv.value.string_value
+            for request in self.requests
+            for resource in request.resource_spans
+            for kv in resource.resource.attributes
+            if kv.key == "service.name"
+        }
+
+    def scopes(self) -> set[str]:
+        return {
+            scope.scope.name
+            for request in self.requests
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+        }
+
     def batch_sizes(self) -> list[int]:
         return [
             sum(len(scope.spans) for r in request.resource_spans for scope in r.scope_spans)

@@ -583,28 +583,11 @@ def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> No
     """The `otlp` exporter, configured by OTEL_EXPORTER_OTLP_ENDPOINT alone, posts the demo's
     trace to a collector (here a real HTTP server on 127.0.0.1 that decodes OTLP/protobuf)."""
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra")
-    from gevent.pywsgi import WSGIServer
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
+    from otlp_collector import collector
 
-    received: list[Any] = []
-
-    def collector(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-        body = environ["wsgi.input"].read(length)
-        if environ["PATH_INFO"] == "/v1/traces":
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            received.append(request)
-        start_response("200 OK", [("Content-Type", "application/x-protobuf")])
-        return [b""]
-
-    server = WSGIServer(("127.0.0.1", 0), collector, log=None)
-    server.start()
-    try:
+    with collector() as local:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{server.server_port}"
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = local.endpoint.removesuffix("/v1/traces")
         proc = gsub.run(
             [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
             cwd=REPO,
@@ -613,22 +596,11 @@ def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> No
             text=True,
             timeout=120,
         )
-    finally:
-        server.stop()
     assert proc.returncode == 0, proc.stderr
-    services = set()
-    scopes = set()
-    spans = []
-    for request in received:
-        for resource_spans in request.resource_spans:
-            for kv in resource_spans.resource.attributes:
-                if kv.key == "service.name":
-                    services.add(kv.value.string_value)
-            for scope in resource_spans.scope_spans:
-                scopes.add(scope.scope.name)
-                spans.extend(scope.spans)
-    assert services == {"subagent"}
-    assert scopes == {tracing.INSTRUMENTATION}
+    assert local.paths and set(local.paths) == {"/v1/traces"}
+    assert local.services() == {"subagent"}
+    assert local.scopes() == {tracing.INSTRUMENTATION}
+    spans = local.spans()
     names = {s.name for s in spans}
     assert {"subagent demo", "invoke_agent coordinator", "execute_tool send_message"} <= names
     assert len({s.trace_id for s in spans}) == 1

@@ -16,7 +16,7 @@ import pytest
 from gevent import subprocess as gsub
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from otlp_collector import collector
+from otlp_collector import Collector, collector
 from test_tracing import (  # noqa: F401  (collected here again, under the lean provider)
     test_a_later_turn_with_no_parent_keeps_the_agents_previous_one,
     test_a_resumed_acp_childs_activation_links_to_its_first,
@@ -169,7 +169,7 @@ _UNSTABLE = ("gen_ai.agent.id", "gen_ai.conversation.id", "subagent.run_id",
              "exception.stacktrace")  # fmt: skip
 
 
-def _demo_on_the_wire(tmp_path: Path, *env: str) -> list[Any]:
+def _demo_on_the_wire(tmp_path: Path, *env: str) -> Collector:
     with collector() as local:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = local.endpoint.removesuffix("/v1/traces")
@@ -179,7 +179,7 @@ def _demo_on_the_wire(tmp_path: Path, *env: str) -> list[Any]:
             cwd=REPO, env=environ, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-        return list(local.requests)
+        return local
 
 
 _ID = re.compile(r"\b[a-z]?[0-9a-f]{12,}\b")
@@ -205,19 +205,10 @@ def _stable(kvs: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(out.items()))
 
 
-def _shape(requests: list[Any]) -> tuple[Counter[Any], set[str], set[str]]:
+def _shape(found: Collector) -> tuple[Counter[Any], set[str], set[str]]:
     """Every span as a comparable value: name, kind, status, its ancestors' names, attributes
     and events (unstable values masked), the names its links point at."""
-    spans, services, scopes = {}, set(), set()
-    for request in requests:
-        for resource_spans in request.resource_spans:
-            for kv in resource_spans.resource.attributes:
-                if kv.key == "service.name":
-                    services.add(kv.value.string_value)
-            for scope_spans in resource_spans.scope_spans:
-                scopes.add(scope_spans.scope.name)
-                for span in scope_spans.spans:
-                    spans[span.span_id] = span
+    spans = {span.span_id: span for span in found.spans()}
     assert len({s.trace_id for s in spans.values()}) == 1
 
     def path(span: Any) -> tuple[str, ...]:
@@ -236,7 +227,7 @@ def _shape(requests: list[Any]) -> tuple[Counter[Any], set[str], set[str]]:
             tuple((e.name, _stable(e.attributes)) for e in span.events),
             tuple(spans[link.span_id].name for link in span.links),
         )] += 1  # fmt: skip
-    return shapes, services, scopes
+    return shapes, found.services(), found.scopes()
 
 
 def test_the_lean_exporter_posts_the_demo_trace_the_sdk_path_posts(tmp_path: Path) -> None:
