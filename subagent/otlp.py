@@ -577,6 +577,8 @@ class BatchExporter:
             self._green_wake.set()
             finished = self._group.join(timeout_s)
         else:  # no hub to run the greenlet: the caller drains (a plain socket, outside one)
+            if self._green is not None:
+                self._green.kill(block=False)  # ends when (if) a hub runs again
             finished = self._draining.acquire(timeout=timeout_s)
             if finished:
                 try:
