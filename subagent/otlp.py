@@ -579,7 +579,11 @@ class BatchExporter:
         else:  # no hub to run the greenlet: the caller drains (a plain socket, outside one)
             if self._green is not None:
                 self._green.kill(block=False)  # ends when (if) a hub runs again
-            finished = self._draining.acquire(timeout=timeout_s)
+            if threading.get_ident() == self._hub_thread:
+                # Only the greenlet can hold it, mid-post, and it cannot run while we wait.
+                finished = self._draining.acquire(blocking=False)
+            else:
+                finished = self._draining.acquire(timeout=timeout_s)
             if finished:
                 try:
                     self._drain()
