@@ -7,9 +7,10 @@ this encoder writes the wire format of `ExportTraceServiceRequest` directly and 
 repeated name and key/value field as ready bytes (docs/decisions.md). Tests decode its output
 with the `opentelemetry-proto` classes and compare it with the SDK exporter's.
 
-The exporter (`BatchExporter`) is a real thread, as the SDK's batch processor: the runtime never
-monkey-patches, so the thread's HTTP post does not run on the hub, and the hub only appends to a
-deque at a span's end.
+The exporter (`BatchExporter`) posts from a greenlet on the hub that ends the spans, over a
+cooperative (gevent) socket: no OS thread, whose GIL hand-offs with the hub cost more CPU than the
+export itself on a multi-core machine (docs/performance.md). Spans ended in another OS thread
+switch that exporter to a real thread, as the SDK's batch processor, posting over plain sockets.
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import gevent
+import gevent.event
+import gevent.socket
+import gevent.ssl
+from gevent import Greenlet
 from opentelemetry.trace import Link, SpanKind, TraceState
 
 from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent
+from supervision.group import TaskGroup
 from supervision.offload import offload
 
 __all__ = ["BatchExporter", "HttpPoster", "encode_request"]
@@ -329,9 +336,33 @@ def encode_request(resource: LeanResource, spans: Sequence[LeanSpan]) -> bytes:
 # -- the exporter --------------------------------------------------------------------------------
 
 
+def _in_greenlet() -> bool:
+    """True in a spawned greenlet (its hub can run others while it waits on a socket); False
+    in a thread's main greenlet (an export thread, or the caller at interpreter exit)."""
+    return gevent.getcurrent().parent is not None
+
+
+class _CooperativeHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection over a gevent socket: waiting on the collector yields to the hub."""
+
+    def __init__(self, host: str, port: int | None, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._create_connection = gevent.socket.create_connection
+
+
+class _CooperativeHTTPSConnection(http.client.HTTPSConnection):
+    """As above, with gevent's TLS (which waits cooperatively too)."""
+
+    def __init__(self, host: str, port: int | None, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=gevent.ssl.create_default_context())
+        self._create_connection = gevent.socket.create_connection
+
+
 class HttpPoster:
-    """POSTs encoded requests to an OTLP/HTTP endpoint over one kept-alive connection (used by
-    the exporter's thread only). Returns None when the collector took the batch, else why not."""
+    """POSTs encoded requests to an OTLP/HTTP endpoint over a kept-alive connection, called by
+    one drainer at a time. In a greenlet the connection is a gevent socket's (cooperative, the
+    wait bounded by the timeout); in a thread's main greenlet a plain socket's.
+    Returns None when the collector took the batch, else why not."""
 
     def __init__(
         self,
@@ -357,57 +388,77 @@ class HttpPoster:
         self._headers = {"Content-Type": "application/x-protobuf", **(headers or {})}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
-        self._conn: http.client.HTTPConnection | None = None
+        self._conns: dict[bool, http.client.HTTPConnection] = {}  # by "cooperative"
 
     def __call__(self, body: bytes) -> str | None:
         if self._gzip:
             body = gzip.compress(body, compresslevel=6)
+        cooperative = _in_greenlet()
         for _ in range(2):
-            reused = self._conn is not None
-            conn = self._conn or self._connect()
+            conn = self._conns.get(cooperative)
+            reused = conn is not None
+            if conn is None:
+                conn = self._conns[cooperative] = self._connect(cooperative)
             try:
                 conn.request("POST", self._path, body, self._headers)
                 response = conn.getresponse()
                 response.read()
             except (OSError, http.client.HTTPException) as exc:
-                self.close()
+                self._close(cooperative)
                 if reused:
                     continue  # a kept-alive connection the collector had closed: once more
                 return f"{type(exc).__name__}: {exc}"
             if response.will_close:
-                self.close()
+                self._close(cooperative)
             if 200 <= response.status < 300:
                 return None
             return f"HTTP {response.status} {response.reason}"
         return "the collector closed the connection twice"
 
-    def _connect(self) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        self._conn = kind(self._host, self._port, timeout=self._timeout)
-        return self._conn
+    def _connect(self, cooperative: bool) -> http.client.HTTPConnection:
+        kind: type[http.client.HTTPConnection]
+        if cooperative:
+            kind = _CooperativeHTTPSConnection if self._https else _CooperativeHTTPConnection
+        else:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return kind(self._host, self._port, timeout=self._timeout)
 
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
+    def _close(self, cooperative: bool) -> None:
+        conn = self._conns.pop(cooperative, None)
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.close()
 
+    def close(self) -> None:
+        for cooperative in list(self._conns):
+            self._close(cooperative)
+
 
 class BatchExporter:
     """The lean provider's sink: each span is encoded as it ends, waits in a bounded queue as
-    bytes, and a real thread groups the bytes into requests and posts them (`post` returns
-    None, or why it failed).
+    bytes, and a drainer groups the bytes into requests and posts them (`post` returns None, or
+    why it failed).
+
+    The drainer is a greenlet owned by the exporter (a `TaskGroup`), on the hub of the thread
+    that made the exporter, woken by `on_end` when a batch is full (or after `delay_s`); its
+    post yields to the hub while it waits on the collector (`HttpPoster` uses a gevent socket
+    in a greenlet), so a stalled collector costs the hub nothing but the timeout's wait in that
+    greenlet. A real thread drains instead once a span ends in another OS thread (a gevent
+    event cannot be set from there): from then on this exporter is the thread's, as before.
+    No thread on the hub's path was measured cheaper: the thread's GIL hand-offs with the hub
+    cost ~0.3 s of CPU per 40,000 spans on two cores (docs/performance.md).
 
     Encoding at the end, in the thread that ends the span, was measured cheaper than encoding
-    in the export thread (docs/performance.md): the span's fields are still in the CPU's cache,
-    the span object is freed at once (no queued object graphs for the collector to scan), and
-    the export thread holds the GIL only to join bytes and post them. The hub then only
-    appends to a deque (and wakes the thread once a batch is full).
+    in the drainer (docs/performance.md): the span's fields are still in the CPU's cache, the
+    span object is freed at once (no queued object graphs for the collector to scan), and the
+    drainer only joins bytes and posts them. The hub then only appends to a deque (and wakes
+    the drainer once a batch is full).
 
     A full queue or a failed post drops spans: they are counted (`dropped`) and the first loss
     is logged once, as a warning naming the cause; nothing retries, waits or blocks the hub
-    for it. `force_flush` and `shutdown` wait for the thread cooperatively (`offload`) and
-    for at most their timeout."""
+    for it. `force_flush` and `shutdown` wait cooperatively on the hub, and for at most their
+    timeout; from a thread with no running hub (`cooperative=False`, interpreter exit) the
+    caller posts what is queued itself."""
 
     def __init__(
         self,
@@ -430,18 +481,26 @@ class BatchExporter:
         self._batch = max_batch
         self._delay = delay_s
         self._queue: deque[tuple[Scope, bytes]] = deque()
-        self._wake = threading.Event()
         self._woken = False
         self._closed = False
-        self._done = threading.Condition()
         self._asked = 0  # flush requests made
         self._served = 0  # flush requests whose spans have been exported (or dropped)
         self._full = 0  # dropped at the queue (the hub's count)
-        self._failed = 0  # dropped by a failed post (the thread's count)
+        self._failed = 0  # dropped by a failed post (the drainer's count)
         self._warned = False
         self.exported = 0
-        self._thread = threading.Thread(target=self._run, name="subagent-otlp-export", daemon=True)
-        self._thread.start()
+        self._draining = threading.Lock()  # one drainer at a time: the greenlet, thread or caller
+        # The hub's drainer: a greenlet, started by the first span ended on this thread's hub.
+        self._hub_thread = threading.get_ident()
+        self._group = TaskGroup("otlp-export")
+        self._green: Greenlet | None = None
+        self._green_wake = gevent.event.Event()
+        self._green_done = gevent.event.Event()  # replaced each time the greenlet serves
+        # The thread's drainer, started only once a span ends (or a flush comes) off the hub.
+        self._starting = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._done = threading.Condition()
 
     @property
     def dropped(self) -> int:
@@ -461,52 +520,134 @@ class BatchExporter:
             self._full += 1
             return
         queue.append((span.scope, encoded))
-        if len(queue) >= self._batch and not self._woken:
-            self._woken = True
-            self._wake.set()
+        if self._thread is None and threading.get_ident() == self._hub_thread:
+            if self._green is None:
+                self._green = self._group.spawn(self._run_green)
+            if len(queue) >= self._batch and not self._woken:
+                self._woken = True
+                self._green_wake.set()
+        else:  # off the hub's thread (or after that): the thread drains
+            wake = self._wake if self._thread is not None else self._threaded()
+            if len(queue) >= self._batch and not self._woken:
+                self._woken = True
+                wake.set()
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """Export every span ended before this call; False if not done within `timeout_s`."""
-        if not self._thread.is_alive():
+        if self._closed:
             return not self._queue
         with self._done:
             self._asked += 1
             target = self._asked
-        self._wake.set()
-        return offload(self._wait_served, target, timeout_s)
+        if self._thread is None and threading.get_ident() == self._hub_thread:
+            if self._green is None:
+                self._green = self._group.spawn(self._run_green)
+            self._green_wake.set()
+            with gevent.Timeout(timeout_s, False):
+                while self._served < target and self._thread is None:
+                    self._green_done.wait()
+                if self._served >= target:
+                    return True
+            if self._thread is None:
+                return False
+        self._threaded().set()
+        if threading.get_ident() == self._hub_thread:
+            return offload(self._wait_served, target, timeout_s)
+        return self._wait_served(target, timeout_s)
 
     def shutdown(self, timeout_s: float = 30.0, cooperative: bool = True) -> None:
-        """Export what is queued, stop the thread (within `timeout_s`), close the connection.
-        `cooperative=False` waits in the calling thread (at interpreter exit, no hub running)."""
+        """Export what is queued, stop the drainer (within `timeout_s`), close the connection.
+        `cooperative=False` waits in the calling thread (at interpreter exit, no hub running):
+        it posts what is queued itself."""
         if self._closed:
             return
         self._closed = True
-        self._wake.set()
-        if cooperative:
-            offload(self._thread.join, timeout_s)
-        else:
-            self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        on_hub = cooperative and threading.get_ident() == self._hub_thread
+        thread = self._thread
+        if thread is not None:
+            self._wake.set()
+            if on_hub:
+                offload(thread.join, timeout_s)
+            else:
+                thread.join(timeout_s)
+            finished = not thread.is_alive()
+        elif on_hub:
+            if self._green is None:
+                self._green = self._group.spawn(self._run_green)
+            self._green_wake.set()
+            finished = self._group.join(timeout_s)
+        else:  # no hub to run the greenlet: the caller drains (a plain socket, outside one)
+            if self._green is not None:
+                self._green.kill(block=False)  # ends when (if) a hub runs again
+            if threading.get_ident() == self._hub_thread:
+                # Only the greenlet can hold it, mid-post, and it cannot run while we wait.
+                finished = self._draining.acquire(blocking=False)
+            else:
+                finished = self._draining.acquire(timeout=timeout_s)
+            if finished:
+                try:
+                    self._drain()
+                finally:
+                    self._draining.release()
+        if on_hub:
+            self._group.close(timeout_s)
+        if not finished:
             log.warning("span export did not finish within %.1f s at shutdown", timeout_s)
             return
         if self._close_post is not None:
             self._close_post()
 
+    def _threaded(self) -> threading.Event:
+        """The thread's wake event, the thread started first if it is not yet."""
+        with self._starting:
+            if self._thread is None:
+                thread = threading.Thread(
+                    target=self._run_thread, name="subagent-otlp-export", daemon=True
+                )
+                thread.start()
+                self._thread = thread
+        return self._wake
+
     def _wait_served(self, target: int, timeout_s: float) -> bool:
         with self._done:
             return self._done.wait_for(lambda: self._served >= target, timeout_s)
 
-    def _run(self) -> None:
+    def _serve(self, asked: int) -> None:
+        with self._done:
+            self._served = max(self._served, asked)
+            self._done.notify_all()
+
+    def _run_green(self) -> None:
+        wake = self._green_wake
+        while self._thread is None:
+            wake.wait(self._delay)
+            wake.clear()
+            self._woken = False
+            asked = self._asked
+            closing = self._closed
+            if not self._draining.acquire(blocking=False):
+                return  # the thread (or a closing caller) drains: this exporter is theirs
+            try:
+                self._drain()
+            finally:
+                self._draining.release()
+            self._serve(asked)
+            done, self._green_done = self._green_done, gevent.event.Event()
+            done.set()
+            if closing:
+                return
+        self._green_done.set()  # a flush waiting on the hub now waits for the thread
+
+    def _run_thread(self) -> None:
         while True:
             self._wake.wait(self._delay)
             self._wake.clear()
             self._woken = False
             asked = self._asked
             closing = self._closed
-            self._drain()
-            with self._done:
-                self._served = max(self._served, asked)
-                self._done.notify_all()
+            with self._draining:
+                self._drain()
+            self._serve(asked)
             if closing:
                 return
 
@@ -516,7 +657,7 @@ class BatchExporter:
             batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
             try:
                 body = self._encoder.request(batch)
-            except Exception:  # a bug of ours: lose the batch, keep the thread
+            except Exception:  # a bug of ours: lose the batch, keep the drainer
                 log.exception("encoding %d spans failed", len(batch))
                 self._failed += len(batch)
                 continue

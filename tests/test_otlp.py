@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 
+import gevent.event
 import pytest
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -18,6 +20,7 @@ from otlp_collector import Collector, collector
 
 from subagent.lean_tracing import LeanResource, LeanSpan, LeanTracerProvider, MemorySink
 from subagent.otlp import BatchExporter, HttpPoster, encode_request
+from supervision.group import TaskGroup
 from supervision.offload import offload
 
 RESOURCE = LeanResource({"service.name": "svc", "deployment": "test", "replicas": 3})
@@ -307,3 +310,69 @@ def test_a_collector_that_does_not_answer_bounds_flush_and_shutdown(local: Colle
     assert exporter.force_flush(10) is True
     assert [s.name for s in local.spans()] == ["held"]
     exporter.shutdown(5)
+
+
+def _export_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "subagent-otlp-export"]
+
+
+def test_the_hub_side_export_makes_no_thread_and_a_silent_collector_never_blocks_the_hub(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Spans ended on the hub are posted by a greenlet over a gevent socket: no OS thread, and
+    a collector that takes the connection but never answers costs the hub nothing (the suite's
+    hub monitor fails a block > 0.1 s) until the post's own timeout drops the batch."""
+    before = _export_threads()
+    with socket.socket() as silent:  # listens, never accepts: connects, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}/v1/traces"
+        poster = HttpPoster(endpoint, timeout_s=1.0)
+        exporter = BatchExporter(RESOURCE, poster, close=poster.close, max_batch=5, delay_s=60)
+        tracer = LeanTracerProvider(RESOURCE, exporter).get_tracer("t")
+        ticks = TaskGroup("ticker")
+        ran = gevent.event.Event()
+        with caplog.at_level(logging.WARNING, logger="subagent.otlp"):
+            for i in range(5):  # a full batch: the greenlet wakes and posts
+                tracer.start_span(f"s{i}").end()
+            ticks.spawn(ran.set)
+            assert exporter.force_flush(10)  # done: the batch timed out and was dropped
+        assert ran.is_set()  # other greenlets ran while the post waited
+        assert exporter.dropped == 5 and exporter.exported == 0
+        warnings = [r.getMessage() for r in caplog.records if "dropping spans" in r.getMessage()]
+        assert len(warnings) == 1 and "timed out" in warnings[0]
+        assert _export_threads() == before == []
+        exporter.shutdown(5)
+        ticks.close(5)
+
+
+def test_spans_ended_in_another_thread_are_exported_by_a_thread(local: Collector) -> None:
+    """A gevent event cannot be set from another OS thread: that exporter's drainer becomes a
+    real thread, and every span still arrives (the hub's too)."""
+    exporter, tracer = _exporter(local.endpoint, max_batch=5, delay_s=60)
+    tracer.start_span("hub").end()
+
+    def elsewhere() -> None:
+        for i in range(7):
+            tracer.start_span(f"thread{i}").end()
+
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    offload(worker.join, 10)
+    assert len(_export_threads()) == 1
+    tracer.start_span("hub again").end()
+    assert exporter.force_flush(10)
+    names = sorted(s.name for s in local.spans())
+    assert names == sorted(["hub", "hub again", *(f"thread{i}" for i in range(7))])
+    exporter.shutdown(5)
+    assert _export_threads() == []
+
+
+def test_shutdown_without_a_hub_posts_in_the_caller(local: Collector) -> None:
+    """`cooperative=False` (interpreter exit): the caller posts what is queued itself."""
+    exporter, tracer = _exporter(local.endpoint, delay_s=60)
+    for i in range(3):
+        tracer.start_span(f"s{i}").end()
+    exporter.shutdown(5, cooperative=False)
+    assert sorted(s.name for s in local.spans()) == ["s0", "s1", "s2"]
+    assert exporter.exported == 3 and _export_threads() == []
