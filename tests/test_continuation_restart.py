@@ -53,6 +53,20 @@ def break_log_of(k: Kit, session_id: str) -> None:
     session_log._sink = FailingSink(session_log._sink)
 
 
+def parent_whose_children_crash(k: Kit) -> Any:
+    """A parent whose every child activation crashes (its log cannot be written), while the
+    parent's own turns answer `done: PROMPT`."""
+    parent = k.parent()
+
+    def respond(request: ModelRequest) -> S.Step:
+        if request.session_id != parent.id:
+            break_log_of(k, request.session_id)
+        return S.text(f"done: {last_user_text(request)}")
+
+    k.respond = respond
+    return parent
+
+
 @pytest.fixture
 def k(tmp_path: Path) -> Iterator[Kit]:
     with kit(store=SessionStore(tmp_path)) as the_kit:
@@ -121,13 +135,7 @@ def test_past_the_restart_intensity_the_child_stays_stored_and_the_parent_is_tol
 ) -> None:
     k.service._continuation.max_restarts = 2
 
-    def respond(request: ModelRequest) -> S.Step:
-        if request.session_id != parent.id:
-            break_log_of(k, request.session_id)  # every activation of the child crashes
-        return S.text(f"done: {last_user_text(request)}")
-
-    k.respond = respond
-    parent = k.parent()
+    parent = parent_whose_children_crash(k)
     started = k.service.start_continuable("spawn", k.request(parent, "first"), label="doomed")
 
     wait_until(lambda: len(inbox(parent, "subagent-report")) >= 1)

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import gevent
 import pytest
 from seam_kit import Gate, Kit, assert_log_valid, kit, last_user_text, wait_until
-from test_continuation_restart import break_log_of, inbox, turn_ends
+from test_continuation_restart import break_log_of, inbox, parent_whose_children_crash, turn_ends
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
@@ -165,13 +165,7 @@ def _running(k: Kit, child_id: str) -> bool:
 def test_past_the_default_intensity_the_child_ends_stored_with_the_documented_report(
     k: Kit,
 ) -> None:
-    def respond(request: ModelRequest) -> S.Step:
-        if request.session_id != parent.id:
-            break_log_of(k, request.session_id)  # every activation of the child crashes
-        return S.text(f"done: {last_user_text(request)}")
-
-    k.respond = respond
-    parent = k.parent()
+    parent = parent_whose_children_crash(k)
     started = start(k, parent, label="doomed")
     wait_until(lambda: len(inbox(parent, "subagent-report")) == 1)
     # The default intensity: 3 restarts within 60 s, so the fourth crash is the last.

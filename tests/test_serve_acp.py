@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 from gevent import subprocess as gsub
-from test_serve_mcp import BAD_LINES, answers_to_bad_lines
+from test_serve_mcp import BAD_LINES, answers_to_bad_lines, start_server
 
 from agent.model import ModelRequest
 from agent.models import scripted as S
@@ -160,14 +159,7 @@ def test_session_load_continues_the_coordinator_and_its_children(tmp_path: Path)
 def test_a_cancel_right_behind_its_prompt_answers_cancelled(tmp_path: Path) -> None:
     """Prompt and cancel in one write: the cancel may find the turn queued but unstarted (the
     message is discarded) or running; either way the prompt is answered `cancelled`."""
-    proc = gsub.Popen(
-        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "acp"],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_server("acp", tmp_path)
     assert proc.stdin is not None and proc.stdout is not None
 
     def send(*messages: dict[str, Any]) -> None:
@@ -273,13 +265,7 @@ class RawClient:
     escape is ASCII on the wire, so anything a client could send can be sent)."""
 
     def __init__(self, home: Path, *flags: str) -> None:
-        self.proc = gsub.Popen(
-            [sys.executable, "-m", "subagent.cli", *flags, "--home", str(home), "acp"],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        self.proc = start_server("acp", home, *flags, text=False)
         self.ask(0, "initialize", {"protocolVersion": 1})
 
     def ask(self, rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:

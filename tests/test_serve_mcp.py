@@ -24,6 +24,18 @@ REPO = Path(__file__).resolve().parent.parent
 CLIENT = REPO / "tests" / "serve_clients" / "mcp_client.py"
 
 
+def start_server(command: str, home: Path, *flags: str, text: bool = True) -> Any:
+    """`subagent [FLAGS] --home HOME COMMAND` (`mcp` or `acp`) as a subprocess on pipes."""
+    return gsub.Popen(
+        [sys.executable, "-m", "subagent.cli", *flags, "--home", str(home), command],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=text,
+    )
+
+
 def drive(scenario: str, home: Path, *server_args: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "SUBAGENT_HOME"}
     proc = gsub.run(
@@ -184,14 +196,7 @@ def test_stdout_carries_only_protocol(tmp_path: Path) -> None:
             "params": {"name": "subagent", "arguments": {"description": "d", "prompt": "hi"}},
         },
     ]
-    proc = gsub.Popen(
-        [sys.executable, "-m", "subagent.cli", "--debug", "--home", str(tmp_path), "mcp"],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_server("mcp", tmp_path, "--debug")
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
     proc.stdin.flush()
@@ -225,14 +230,7 @@ def test_sigterm_cancels_running_children_and_exits_after_a_graceful_stop(tmp_pa
             },
         },
     ]
-    proc = gsub.Popen(
-        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_server("mcp", tmp_path)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
     proc.stdin.flush()
@@ -266,14 +264,7 @@ def answers_to_bad_lines(
     command: str, home: Path, first: dict[str, Any], extra: str = ""
 ) -> list[Any]:
     """Send each bad line, then `first`; return every answer up to the one for `first`."""
-    proc = gsub.Popen(
-        [sys.executable, "-m", "subagent.cli", "--home", str(home), command],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_server(command, home)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(extra + "".join(line + "\n" for line, _, _ in BAD_LINES))
     proc.stdin.write(json.dumps(first) + "\n")
@@ -420,13 +411,7 @@ def test_a_lone_surrogate_from_the_client_reaches_it_back_repaired(tmp_path: Pat
             },
         },
     ]
-    proc = gsub.Popen(
-        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "mcp"],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_server("mcp", tmp_path, text=False)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))  # ASCII escapes
     proc.stdin.flush()
