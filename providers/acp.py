@@ -368,6 +368,14 @@ class AcpRun(RemoteRun):
                     self._crash(diagnostic)
                 else:
                     self._settle(ERROR, diagnostic)
+            if exc.protocol_error:
+                # Nobody reads the agent any more: reap it now rather than at `dispose`, which
+                # a holder of the handle may call late (it still waits for this teardown, and
+                # is the one told if it failed).
+                try:
+                    self._child.teardown(graceful=False)
+                except Exception:
+                    log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
         except Exception as exc:  # a crash here must still resolve the result
             log.debug("acp run %s: turn failed", self._id, exc_info=True)  # a result: debug
             self._settle(ERROR, f"internal error: {exc!r}")

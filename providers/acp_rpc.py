@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -119,6 +120,20 @@ class StderrTail:
     def text(self) -> str:
         """The kept tail, decoded, with terminal escapes stripped."""
         return clean_text(bytes(self._buf[-self._keep :]).decode("utf-8", "replace"))
+
+
+def unparsable(exc: ValueError | RecursionError) -> str:
+    """What is wrong with a line `json.loads` refused, in our words (its own messages name
+    Python functions, or nothing useful)."""
+    if isinstance(exc, RecursionError):
+        return "malformed JSON: nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"malformed JSON: not UTF-8 (byte {exc.start})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON: {exc.msg.lower()} at column {exc.colno}"
+    if "digits" in str(exc):  # the interpreter's limit on int conversion (4,300 by default)
+        return f"a JSON number has more than {sys.get_int_max_str_digits():,} digits"
+    return "malformed JSON"
 
 
 class JsonRpcConnection:
@@ -299,8 +314,8 @@ class JsonRpcConnection:
     def _dispatch(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-            self._bad_line(PARSE_ERROR, "malformed JSON", line, None)
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+            self._bad_line(PARSE_ERROR, unparsable(exc), line, None)
             return
         if not isinstance(message, dict):
             self._bad_line(INVALID_REQUEST, "not a JSON-RPC object", line, None)

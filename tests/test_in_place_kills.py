@@ -23,7 +23,7 @@ from subagent import (
     text_block,
 )
 from subagent import scripted as S
-from subagent.service import RunHandle
+from subagent.service import RunHandle, SteerableRunHandle
 from supervision.signal import AbortSignal
 
 
@@ -142,7 +142,8 @@ def test_a_dispose_whose_caller_is_killed_in_a_closing_listener_still_closes_the
 def test_a_steer_whose_caller_is_killed_in_a_listener_is_still_queued_and_told() -> None:
     """The steer is queued before its listeners are told, and every listener hears of it even
     if the first one switches out and the caller is killed there."""
-    with _child() as (rt, run, _):
+    with _child() as (_rt, run, _):
+        assert isinstance(run, SteerableRunHandle)
         child = run.local_agent
         assert child is not None
         entered, release = Event(), Event()
