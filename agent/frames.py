@@ -57,6 +57,13 @@ _SUSPECT = re.compile(rb"[\xc4-\xc9\xd4-\xd8]|\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7
 _suspect = _SUSPECT.search
 
 
+def _why(exc: Exception) -> str:
+    """msgpack's reason, or its name where it gives none (a `StackError` says nothing)."""
+    if isinstance(exc, msgpack.StackError):
+        return "values nested too deeply"
+    return str(exc) or type(exc).__name__
+
+
 def _not_json(event: object, name: str, offset: int) -> CorruptSessionError:
     """Only JSON-native values are valid in a log: anything else is corruption here."""
     why = explain(event, "event")
@@ -109,7 +116,7 @@ def decode_frames(
                     try:
                         event = unpackb(payload)
                     except Exception as exc:
-                        raise CorruptSessionError(name, offset, f"bad msgpack: {exc}") from None
+                        raise CorruptSessionError(name, offset, f"bad msgpack: {_why(exc)}") from None
                     # The envelope's fields are checked by the invariant replay (by seq).
                     if type(event) is not dict:
                         raise CorruptSessionError(name, offset, "frame is not an event")
@@ -165,7 +172,7 @@ def iter_events(data: bytes | bytearray | memoryview, name: str, start: int = 0)
             try:
                 event = msgpack.unpackb(payload)
             except Exception as exc:
-                raise CorruptSessionError(name, offset, f"bad msgpack: {exc}") from None
+                raise CorruptSessionError(name, offset, f"bad msgpack: {_why(exc)}") from None
             if type(event) is not dict:
                 raise CorruptSessionError(name, offset, "frame is not an event")
             if _suspect(payload) is not None and not is_lossless(event):
@@ -243,7 +250,7 @@ def _decode_header(payload: memoryview, name: str) -> SessionHeader:
     try:
         obj: Any = msgpack.unpackb(payload)
     except Exception as exc:
-        raise CorruptSessionError(name, 0, f"bad header msgpack: {exc}") from None
+        raise CorruptSessionError(name, 0, f"bad header msgpack: {_why(exc)}") from None
     if type(obj) is not dict or obj.get("magic") != MAGIC:
         raise CorruptSessionError(name, 0, "not a session file (bad magic)")
     if not is_lossless(obj):

@@ -160,7 +160,12 @@ def print_json(data: object) -> None:
 
 
 def when(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    """A stored time as local date and time. A stored file is data: a time the platform cannot
+    show (`2**64`, `1e300`: a damaged or crafted header) reads as such, and the listing goes on."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"(time out of range: {epoch!r})"
 
 
 def flat_text(content: str | Iterable[object] | None, limit: int = 200) -> str:

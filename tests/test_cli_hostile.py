@@ -1,0 +1,113 @@
+"""The reading commands on crafted session files: a store is data, and one hostile file must
+neither crash a listing nor reach the terminal as markup or escapes."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from test_cli import cli
+
+ESC = "\x1b[2J\x1b]0;pwned\x07[bold red]BOOM[/]\u202e\x9b31m"
+
+
+def _frame(obj: object = None, raw: bytes | None = None) -> bytes:
+    payload = raw if raw is not None else msgpack.packb(obj, use_bin_type=True)
+    return struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+
+
+def _header(sid: str, **fields: Any) -> bytes:
+    header = {
+        "id": sid,
+        "created_at": 1_796_170_021.9,
+        "cwd": "/tmp",
+        "parent_session": None,
+        "origin": None,
+        "delegation_depth": 0,
+        "seed_length": 0,
+        "version": 2,
+    }
+    header.update(fields)
+    return _frame({"magic": "subagent-session/1", "header": header})
+
+
+def _event(seq: int, kind: str, data: dict[str, Any]) -> bytes:
+    return _frame({"type": kind, "seq": seq, "time": 1_796_170_022.0 + seq, "data": data})
+
+
+def _store(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    for sid, data in files.items():
+        (sessions / f"{sid}.session").write_bytes(data)
+    return tmp_path
+
+
+def _no_raw_controls(text: str) -> None:
+    raw = [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+    assert not raw and "\u202e" not in text, text
+
+
+def test_a_header_time_the_platform_cannot_show_does_not_break_the_listing(
+    tmp_path: Path,
+) -> None:
+    """`created_at` of 2**64-1 or 1e300 is a number, so the header is valid; `ls` used to fail
+    whole (`OverflowError: timestamp out of range`), hiding every good session with it."""
+    home = _store(
+        tmp_path,
+        {
+            "sgood": _header("sgood"),
+            "sbigint": _header("sbigint", created_at=2**64 - 1),
+            "sbigfloat": _header("sbigfloat", created_at=1e300),
+        },
+    )
+    listing = cli("ls", home=home)
+    assert listing.returncode == 0, listing.stderr
+    for sid in ("sgood", "sbigint", "sbigfloat"):
+        assert sid in listing.stdout
+    assert "Traceback" not in listing.stderr
+    log = cli("log", "sbigint", home=home)
+    assert log.returncode == 0, log.stderr
+    assert "time out of range: 18446744073709551615" in log.stdout
+
+
+def test_deeply_nested_msgpack_is_reported_as_corruption_that_says_why(tmp_path: Path) -> None:
+    deep = b"\x84\xa4type" + b"\x91" * 200_000 + b"\xc0"
+    home = _store(tmp_path, {"sdeep": _header("sdeep") + _frame(raw=deep)})
+    log = cli("log", "sdeep", home=home)
+    assert log.returncode == 1
+    assert "Traceback" not in log.stderr
+    assert log.stderr.rstrip().endswith("bad msgpack: values nested too deeply"), log.stderr
+
+
+def test_markup_and_escapes_in_a_stored_session_are_shown_as_text(tmp_path: Path) -> None:
+    """Text in a header or an event is data: escaped, never markup, in every reading command."""
+    accepted = {
+        "message_id": "m0",
+        "kind": "send",
+        "content": [{"type": "text", "text": ESC}],
+        "source": {"kind": "user"},
+    }
+    home = _store(
+        tmp_path,
+        {
+            "smarkup": _header("smarkup", cwd="/tmp/" + ESC)
+            + _event(0, "inbox/accepted", accepted),
+            "stype": _header("stype") + _event(0, ESC, {"x": ESC}),
+        },
+    )
+    for args in (
+        ("ls",),
+        ("log", "smarkup"),
+        ("tree", "smarkup"),
+        ("log", "stype"),
+        ("gc", "--dry-run", "--all"),
+    ):
+        proc = cli(*args, home=home)
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        _no_raw_controls(proc.stdout + proc.stderr)
+    shown = cli("log", "smarkup", home=home).stdout
+    assert "[bold red]BOOM[/]" in shown and "\\x1b[2J" in shown
