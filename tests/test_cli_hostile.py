@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from test_cli import cli
+import pytest
+from test_cli import cli, one_error_line
+
+from subagent.tools import SubagentToolConfig
 
 ESC = "\x1b[2J\x1b]0;pwned\x07[bold red]BOOM[/]\u202e\x9b31m"
 
@@ -111,3 +114,35 @@ def test_markup_and_escapes_in_a_stored_session_are_shown_as_text(tmp_path: Path
         _no_raw_controls(proc.stdout + proc.stderr)
     shown = cli("log", "smarkup", home=home).stdout
     assert "[bold red]BOOM[/]" in shown and "\\x1b[2J" in shown
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # An int too big for the code that uses it: was `OverflowError` (exit 1) for the demo,
+        # and for the retries a run that never ended (backoff between a billion attempts).
+        ("demo", "--children", "99999999999999999999"),
+        ("demo", "--children", "10001"),
+        ("run", "x", "--model", "m", "--max-retries", "99999999999999999999"),
+        ("run", "x", "--model", "m", "--max-retries", "101"),
+        ("run", "x", "--model", "m", "--max-depth", str(2**53)),
+        # A URL urlsplit cannot read, or with no host: was `ValueError: Invalid IPv6 URL`, exit 1.
+        ("run", "x", "--model", "m", "--base-url", "http://[::1"),
+        ("run", "x", "--model", "m", "--base-url", "notaurl"),
+        ("run", "x", "--model", "m", "--base-url", "http://h:99999/v1"),
+        ("send", "s1", "x", "--base-url", "ftp://h/v1"),
+        ("mcp", "--base-url", "http://[::1"),
+    ],
+)
+def test_out_of_range_values_are_bad_arguments(args: tuple[str, ...]) -> None:
+    proc = cli(*args, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc).endswith("(see --help)")
+
+
+def test_a_tool_config_refuses_a_depth_cap_every_start_would_refuse() -> None:
+    """The registry refuses `max_depth` past 2**53-1 at each start; the config said nothing, so
+    every call of the tool failed instead of the install."""
+    with pytest.raises(ValueError, match="max_depth"):
+        SubagentToolConfig(provider="spawn", max_depth=2**53)
+    assert SubagentToolConfig(provider="spawn", max_depth=2**53 - 1).max_depth == 2**53 - 1

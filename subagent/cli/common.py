@@ -50,23 +50,55 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
+# The largest count any option takes: JSON's safe integer (what the runtime's own checks use).
+# A bigger value is a typo or an attack: refused as a bad argument (exit 2), not met later as
+# an `OverflowError` or a retry loop that never ends.
+MAX_COUNT = 2**53 - 1
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an int >= 1 (a bad value exits 2, like any other bad argument)."""
-    return _bounded_int(text, 1)
+    return _bounded_int(text, 1, MAX_COUNT)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
-    return _bounded_int(text, 0)
+    return _bounded_int(text, 0, MAX_COUNT)
 
 
-def _bounded_int(text: str, low: int) -> int:
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high]."""
+
+    def parse(text: str) -> int:
+        return _bounded_int(text, low, high)
+
+    return parse
+
+
+def http_url(text: str) -> str:
+    """An argparse type: an http(s) URL with a host (and a valid port, if any)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  (raises for a bad port)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise argparse.ArgumentTypeError(f"must be an http(s) URL, got {text!r}")
+    return text
+
+
+def _bounded_int(text: str, low: int, high: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < low:
         raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    if value > high:
+        raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {value}")
     return value
 
 

@@ -12,6 +12,8 @@ from subagent.cli.common import (
     CliError,
     UsageError,
     answer_text,
+    http_url,
+    int_between,
     make_console,
     model_registry,
     model_route,
@@ -212,6 +214,10 @@ def _load_prices(path: str | None) -> PriceTable:
         raise CliError(f"--prices: {exc}") from None
 
 
+# More retries than this is a typo: with backoff between attempts, a run would never end.
+MAX_RETRIES = 100
+
+
 def _positive(unit: str) -> Callable[[str], float]:
     """An argparse type: a finite number above 0, its error naming `unit`."""
 
@@ -240,7 +246,9 @@ def register(sub: Subcommands) -> None:
         "--prompt-file", metavar="FILE", help="read the task from FILE (UTF-8; - for stdin)"
     )
     run.add_argument(
-        "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
+        "--base-url",
+        type=http_url,
+        help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)",
     )
     run.add_argument(
         "--model",
@@ -289,7 +297,7 @@ def register(sub: Subcommands) -> None:
     )
     run.add_argument(
         "--max-retries",
-        type=non_negative_int,
+        type=int_between(0, MAX_RETRIES),
         metavar="N",
         help=f"retries of a failed model request (default {DEFAULT_MAX_RETRIES})",
     )
