@@ -146,3 +146,42 @@ def test_a_tool_config_refuses_a_depth_cap_every_start_would_refuse() -> None:
     with pytest.raises(ValueError, match="max_depth"):
         SubagentToolConfig(provider="spawn", max_depth=2**53)
     assert SubagentToolConfig(provider="spawn", max_depth=2**53 - 1).max_depth == 2**53 - 1
+
+
+def test_ls_reads_headers_only_unless_asked_for_usage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table shows no usage, so it must not read every stored log whole (a 300 MB log made
+    `ls` take 6 s and 650 MB); `ls --json`, whose rows carry usage, still does."""
+    from agent.store import SessionStore
+    from subagent.cli import main
+
+    home = _store(tmp_path, {"sone": _header("sone"), "stwo": _header("stwo")})
+    read: list[str] = []
+    real = SessionStore.inspect
+
+    def inspect(self: SessionStore, session_id: str) -> Any:
+        read.append(session_id)
+        return real(self, session_id)
+
+    monkeypatch.setattr(SessionStore, "inspect", inspect)
+    assert main(["--home", str(home), "ls"]) in (0, None)
+    assert "sone" in capsys.readouterr().out
+    assert read == []
+    assert main(["--home", str(home), "ls", "--json"]) in (0, None)
+    assert sorted(read) == ["sone", "stwo"]
+
+
+@pytest.mark.parametrize("at", [None, 0, 7, 63, 64, 65, 70_000, 199_999])
+def test_the_zero_tail_check_agrees_with_any_at_every_chunk_edge(at: int | None) -> None:
+    """The zero-tail check compares chunks in C (`any()` over a memoryview walked a 300 MB tail
+    as Python ints, 6 s); a nonzero byte in the first small chunk, across a chunk edge or in the
+    last still counts, from any start."""
+    from agent.frames import _all_zero
+
+    tail = bytearray(200_000)
+    if at is not None:
+        tail[at] = 1
+    view = memoryview(bytes(tail))
+    for start in (0, 1, 64, 65_600, 199_999, 200_000):
+        assert _all_zero(view, start) == (not any(view[start:])), start
