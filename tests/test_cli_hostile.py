@@ -4,6 +4,7 @@ neither crash a listing nor reach the terminal as markup or escapes."""
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,26 @@ def test_the_zero_tail_check_agrees_with_any_at_every_chunk_edge(at: int | None)
     view = memoryview(bytes(tail))
     for start in (0, 1, 64, 65_600, 199_999, 200_000):
         assert _all_zero(view, start) == (not any(view[start:])), start
+
+
+SDK_AGENT = str(Path(__file__).with_name("acp_peers") / "sdk_agent.py")
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("big_number", "Diagnostic: protocol error: a JSON number has more than 4,300 digits"),
+        ("escape_garbage", "Diagnostic: protocol error: malformed JSON"),
+        ("crash", "Diagnostic: the agent closed its stdout; exit code 3; stderr tail: boom"),
+    ],
+)
+def test_run_acp_says_why_the_agent_failed_in_its_one_error_line(
+    tmp_path: Path, mode: str, why: str
+) -> None:
+    """`run --acp` used to print only the headline (`Subagent failed with an error.`): the
+    diagnostic, escaped, is what tells the user what was wrong."""
+    command = f"{sys.executable} {SDK_AGENT} {mode}"
+    proc = cli("run", "hi", "--no-live", "--acp", command, home=tmp_path)
+    line = one_error_line(proc)
+    assert line.startswith("subagent: error: Subagent failed with an error. " + why), line
+    _no_raw_controls(proc.stdout + proc.stderr)

@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if last.get("role") == "tool":
             text = answer_text(last.get("content", ()))
             if last.get("is_error"):
-                relay_failure.append(text)
+                relay_failure.append(_failure_line(text))
             return S.text(text)
         return S.tool_call("subagent", {"description": "acp task", "prompt": prompt})
 
@@ -168,6 +168,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     finally:
         rt.close()
+
+
+def _failure_line(text: str) -> str:
+    """The relay's failure as the command's one error line: the headline and the diagnostic,
+    which says what went wrong (it used to be cut at the headline, `Subagent failed with an
+    error.`), without the partial output. A diagnostic's own lines (a stderr tail) are joined."""
+    head = text.split("\nPartial output:", 1)[0]
+    return " ".join(line.strip() for line in head.splitlines() if line.strip())
 
 
 def usage_line(usage: Mapping[str, int], budget: int | None = None) -> str:
