@@ -209,3 +209,18 @@ def test_run_acp_says_why_the_agent_failed_in_its_one_error_line(
     line = one_error_line(proc)
     assert line.startswith("subagent: error: Subagent failed with an error. " + why), line
     _no_raw_controls(proc.stdout + proc.stderr)
+
+
+def test_an_endless_or_oversized_prompt_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    """`--prompt-file /dev/zero` used to read until memory ran out; a prompt past what a log
+    frame can hold failed late with `ValueError: inbox/accepted event of ... bytes`."""
+    endless = cli("run", "--prompt-file", "/dev/zero", "--model", "m", home=tmp_path)
+    assert endless.returncode == 2
+    assert (
+        one_error_line(endless)
+        == "subagent run: error: the prompt is larger than 32 MiB (see --help)"
+    )
+    big = "x" * (32 * 1024 * 1024 + 1)
+    piped = cli("send", "s1", "-", home=tmp_path, stdin=big)
+    assert piped.returncode == 2
+    assert "the message is larger than 32 MiB" in one_error_line(piped)

@@ -117,17 +117,30 @@ def read_prompt(value: str | None, file: str | None, what: str = "prompt") -> st
         if value is None and file is None and (sys.stdin is None or sys.stdin.isatty()):
             raise UsageError(f"no {what}: give it inline, as - (stdin), or with --{what}-file")
         if file is None or file == "-":
-            text = _decode(_read_stdin(), f"the {what} on stdin")
+            text = _decode(_bounded(_read_stdin(), what), f"the {what} on stdin")
         else:
             try:
-                raw = Path(file).read_bytes()
+                with Path(file).open("rb") as stream:
+                    raw = stream.read(MAX_PROMPT_BYTES + 1)  # bounded: `/dev/zero` never ends
             except OSError as exc:
                 raise CliError(f"cannot read the {what} file: {exc}") from None
-            text = _decode(raw, f"the {what} file {file}")
+            text = _decode(_bounded(raw, what), f"the {what} file {file}")
         text = text.rstrip("\r\n")
     if not text.strip():
         raise UsageError(f"the {what} is empty")
     return text
+
+
+# A prompt is logged whole in one event, and a session log's frame holds 64 MiB: half of that
+# leaves room for the event around it. Reads stop one byte past it, so endless input
+# (`--prompt-file /dev/zero`, `yes |`) is refused instead of filling memory.
+MAX_PROMPT_BYTES = 32 * 1024 * 1024
+
+
+def _bounded(raw: bytes, what: str) -> bytes:
+    if len(raw) > MAX_PROMPT_BYTES:
+        raise UsageError(f"the {what} is larger than {MAX_PROMPT_BYTES // (1024 * 1024)} MiB")
+    return raw
 
 
 def _read_stdin() -> bytes:
@@ -136,7 +149,7 @@ def _read_stdin() -> bytes:
     if stream is None:
         return b""
     try:
-        return stream.buffer.read()
+        return stream.buffer.read(MAX_PROMPT_BYTES + 1)
     except OSError as exc:
         raise CliError(f"cannot read stdin: {exc}") from None
 
