@@ -10,9 +10,15 @@ Rules (docs/durability.md repeats them for readers of the file format):
 - step/start only inside a turn, steps 1..k contiguous within the turn; in format 1 (header
   version 1) each is closed by a matching step/end before the next step/start or the
   turn/end; format 2 writes no step/end, and a step ends at the next step/start or turn/end;
-- user/message only inside a turn at a boundary: after turn/start (the prompt) or after
-  step/start (a steer), before the step's assistant/message or tool events;
-- assistant/message and tool/call only inside a step; call ids are unique within a turn;
+  format 3 writes no step/start either: a step is opened by its assistant/message (or by a
+  step/start, which older writers and seeds still carry) and is over once all its calls are
+  answered;
+- user/message only inside a turn at a boundary: after turn/start (the prompt), after
+  step/start (a steer), or in format 3 after the result that answers a step's last call (a
+  steer before the next step's reply); never between a reply and its last result;
+- assistant/message and tool/call only inside a step (format 3: inside a turn, where a reply
+  with no open step, or after a complete step, opens the next one); call ids are unique
+  within a turn;
 - a call is opened by the `tool_calls` of its assistant/message (format 2) or by its tool/call
   event (format 1, and seeds copied from such logs; a tool/call naming a call its message
   already opened, with the same name, is that call's format-1 record, not a second call);
@@ -259,6 +265,8 @@ class LogReplay:
         "_announce",
         "_boundary",
         "_calls",
+        "_implicit",
+        "_replied",
         "_settled",
         "_settled_inbox",
         "seed_length",
@@ -279,6 +287,10 @@ class LogReplay:
         # Format 2 (header version 2): an assistant/message's tool_calls open its calls, and
         # no tool/call event is written. Format 1 logs keep their rules exactly.
         self._announce = header is None or header.version >= 2
+        # Format 3 (header version 3): no step/start is written either; a step is opened by
+        # its reply and is over once its calls are answered (docs/decisions.md, "format 3").
+        self._implicit = header is None or header.version >= 3
+        self._replied = False  # the open step has its assistant/message
         self._boundary = False  # a user/message is admissible here
         self._calls: dict[str, str] = {}  # open calls of the current turn: id -> name
         self._settled: set[str] = set()  # call ids of this turn that have a result
@@ -287,8 +299,11 @@ class LogReplay:
 
     @property
     def format(self) -> int:
-        """The event format the log is written in: 2 opens calls by their assistant/message
-        and writes neither tool/call nor step/end; 1 writes both (docs/decisions.md)."""
+        """The event format the log is written in: 3 writes a step as its assistant/message
+        and results; 2 also writes step/start; 1 also tool/call and step/end
+        (docs/decisions.md)."""
+        if self._implicit:
+            return 3
         return 2 if self._announce else 1
 
     @property
@@ -345,6 +360,7 @@ class LogReplay:
         self.turn += 1
         self.turn_open = True
         self.step = 0
+        self._replied = False
         self._boundary = True
         self._calls = {}
         self._settled = set()
@@ -376,6 +392,7 @@ class LogReplay:
             )
         self.step += 1
         self.step_open = True
+        self._replied = False
         self._boundary = True
 
     def _step_end(self, seq: int, data: dict[str, Any]) -> None:
@@ -392,14 +409,25 @@ class LogReplay:
         if not self.turn_open:
             raise InvariantError(seq, "user/message outside a turn")
         if not self._boundary:
-            raise InvariantError(seq, "user/message only right after turn/start or step/start")
+            raise InvariantError(
+                seq,
+                "user/message only right after turn/start or step/start"
+                + (", or once a step's calls are answered" if self._implicit else ""),
+            )
         message = data["message"]
         if message.get("role") != "user" or type(message.get("content")) is not list:
             raise InvariantError(seq, "user/message needs role 'user' and a content list")
 
     def _assistant_message(self, seq: int, data: dict[str, Any]) -> None:
-        if not self.step_open:
+        if self._implicit and (not self.step_open or (self._replied and not self._calls)):
+            # Format 3: the reply opens its step (no step/start is written).
+            if not self.turn_open:
+                raise InvariantError(seq, "assistant/message outside a turn")
+            self.step += 1
+            self.step_open = True
+        elif not self.step_open:
             raise InvariantError(seq, "assistant/message outside a step")
+        self._replied = True
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
@@ -452,9 +480,11 @@ class LogReplay:
             raise InvariantError(seq, f"second tool/result for call {call_id!r}")
         if call_id not in self._calls:
             raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
-        del self._calls[call_id]
+        calls = self._calls
+        del calls[call_id]
         self._settled.add(call_id)
-        self._boundary = False
+        # Format 3: the step's last answer is its end, and a steer may be logged after it.
+        self._boundary = self._implicit and not calls and self._replied
 
     def _request_header(self, seq: int, data: dict[str, Any]) -> None:
         if "ref" in data:

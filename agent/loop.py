@@ -2,8 +2,9 @@
 
 `AgentCore` knows nothing of actors. Whoever hosts it (the `AgentActor`) calls `run_turn` from a
 worker greenlet and feeds steering through `take_steers`, which the core drains at each step
-boundary: a steer is logged as a user message right after `step/start`, so the very next model
-request contains it, and only then is its sender told it was admitted.
+boundary: a steer is logged as a user message before the step's model request (in format 3
+right after the previous step's last result; in older formats right after `step/start`), so the
+very next model request contains it, and only then is its sender told it was admitted.
 
 Every way a turn can end leaves a balanced log: open tool calls get synthetic results, the open
 step is closed, and `turn/end` carries the reason. Only an infrastructure fault (the log itself
@@ -183,9 +184,11 @@ class AgentCore:
             cost_limit=cost_limit,
         )
         self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
-        # A format-1 log (an older session resumed) keeps its format: tool/call and step/end
-        # events; format 2 derives both (docs/decisions.md, "A step in three events").
+        # An older session resumed keeps its log's format: format 1 writes tool/call and
+        # step/end events, formats 1 and 2 step/start; format 3 derives all three
+        # (docs/decisions.md, "A step in three events" and "Log format 3").
         self._format1 = log.format == 1
+        self._step_events = log.format <= 2
         self._capture: _Conclude | None = None
         # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
         self.trace: tracing.TraceParent | None = None
@@ -274,6 +277,7 @@ class AgentCore:
         max_steps = self.options.max_steps
         log_append = self.log.append
         format1 = self._format1
+        step_events = self._step_events
         sink = self._model_progress(state)
         step = 0
         while True:
@@ -286,7 +290,8 @@ class AgentCore:
                 return TurnOutcome(turn, BUDGET_EXCEEDED, message=over.describe_exhausted())
             step += 1
             state.step = step
-            log_append("step/start", {"turn": turn, "step": step})
+            if step_events:
+                log_append("step/start", {"turn": turn, "step": step})
             if self.on_progress is not None:
                 self._progress({"kind": "step/start", "turn": turn, "step": step})
             steers = take_steers()

@@ -26,8 +26,7 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 
 def _step(log: SessionLog, turn: int, step: int) -> None:
     """A typical step: 6 appends (a steer, a reply with three tool calls, their results) and the
-    step checkpoint (log format 2: no tool/call or step/end events)."""
-    log.append("step/start", {"turn": turn, "step": step})
+    step checkpoint (log format 3: no step/start, tool/call or step/end events)."""
     log.append(
         "user/message",
         {
