@@ -146,7 +146,6 @@ def test_a_text_answer_completes_the_turn() -> None:
             "inbox/claimed",
             "turn/start",
             "user/message",
-            "step/start",
             "request/header",
             "assistant/message",
             "turn/end",
@@ -210,7 +209,7 @@ def test_max_steps_ends_the_turn_error_after_exactly_that_many_steps() -> None:
         assert outcome.reason == "error"
         assert outcome.message == "max_steps (3) reached"
         events = k.events(a)
-        assert len(of_type(events, "step/start")) == 3
+        assert len(of_type(events, "assistant/message")) == 3  # a reply a step (format 3)
         assert len(k.model.requests_for(a.id)) == 3
 
 
@@ -257,14 +256,18 @@ def test_steer_is_admitted_at_the_next_step_boundary_and_resolves_at_admission()
         assert a.when_idle().get().reason == "completed"
         assert seen_at_request == [True]  # fulfilled before the request that contains it
         events = k.events(a)
-        starts = [i for i, e in enumerate(events) if e["type"] == "step/start"]
-        after = events[starts[1] + 1]
+        # Format 3: the steer is logged right after the first step's last result, before the
+        # second step's reply (no step/start is written).
+        replies = [i for i, e in enumerate(events) if e["type"] == "assistant/message"]
+        first_result = next(i for i, e in enumerate(events) if e["type"] == "tool/result")
+        after = events[first_result + 1]
+        assert replies[0] < first_result < replies[1]
         assert after["type"] == "user/message"
         assert after["data"]["message"]["content"] == [{"type": "text", "text": "go left"}]
         steer_id = after["data"]["message"]["id"]
         accepted = [e for e in of_type(events, "inbox/accepted") if e["data"]["kind"] == "steer"]
         assert [e["data"]["message_id"] for e in accepted] == [steer_id]
-        assert accepted[0]["seq"] < starts[1]
+        assert accepted[0]["seq"] < first_result
         assert {"message_id": steer_id} in [e["data"] for e in of_type(events, "inbox/claimed")]
         requests = k.model.requests_for(a.id)
         assert requests[1].messages[-1] == {
