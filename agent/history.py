@@ -179,9 +179,9 @@ def with_tool_calls(
     replay), this yields a `tool/call` `{call_id, name, arguments}` right after each
     assistant/message for each call it names, and skips a format-1 log's own `tool/call`
     event of a call its message already named. Format-3 logs write no `step/start` either: a
-    `step/start` `{turn, step}` is yielded where the step began, before its steers and its
-    reply (a step begins after the turn's prompt or after the previous step's last answer), so
-    every format reads the same.
+    `step/start` `{turn, step}` is yielded where the step began, before its steers, its request
+    header and its reply (a step begins after the turn's prompt or after the previous step's
+    last answer), so every format reads the same.
     """
     named: set[str] = set()
     open_calls: set[object] = set()
@@ -206,6 +206,11 @@ def with_tool_calls(
         elif kind == "step/start":
             step = data.get("step") if type(data.get("step")) is int else step + 1
             pending = replied = prompt = False
+        elif kind == "request/header":
+            if pending:  # the step's request header (format 3): the step has begun
+                step += 1
+                pending = False
+                yield "step/start", {"turn": turn, "step": step}
         elif kind == "user/message":
             if prompt:
                 prompt = False
