@@ -261,14 +261,13 @@ class LogReplay:
     """Incremental invariant checker; `feed` raises InvariantError on the first bad event."""
 
     __slots__ = (
-        "_accepted",
         "_announce",
         "_boundary",
         "_calls",
         "_implicit",
+        "_inbox",
+        "_open",
         "_replied",
-        "_settled",
-        "_settled_inbox",
         "seed_length",
         "seq",
         "step",
@@ -292,10 +291,12 @@ class LogReplay:
         self._implicit = header is None or header.version >= 3
         self._replied = False  # the open step has its assistant/message
         self._boundary = False  # a user/message is admissible here
-        self._calls: dict[str, str] = {}  # open calls of the current turn: id -> name
-        self._settled: set[str] = set()  # call ids of this turn that have a result
-        self._accepted: set[str] = set()
-        self._settled_inbox: set[str] = set()
+        # The calls of the current turn: id -> name while open, None once answered (one dict
+        # per child instead of a dict and a set), and how many are open.
+        self._calls: dict[str, str | None] = {}
+        self._open = 0
+        # Inbox ids accepted -> settled (claimed or discarded); made on first use.
+        self._inbox: dict[str, bool] | None = None
 
     @property
     def format(self) -> int:
@@ -309,7 +310,9 @@ class LogReplay:
     @property
     def open_calls(self) -> dict[str, str]:
         """Tool calls of the open turn that have no result yet (id -> name), in call order."""
-        return dict(self._calls)
+        if not self._open:
+            return {}
+        return {k: v for k, v in self._calls.items() if v is not None}
 
     def feed(self, event: Event) -> None:
         seq = self.seq
@@ -363,7 +366,7 @@ class LogReplay:
         self._replied = False
         self._boundary = True
         self._calls = {}
-        self._settled = set()
+        self._open = 0
 
     def _turn_end(self, seq: int, data: dict[str, Any]) -> None:
         if not self.turn_open:
@@ -419,7 +422,7 @@ class LogReplay:
             raise InvariantError(seq, "user/message needs role 'user' and a content list")
 
     def _assistant_message(self, seq: int, data: dict[str, Any]) -> None:
-        if self._implicit and (not self.step_open or (self._replied and not self._calls)):
+        if self._implicit and (not self.step_open or (self._replied and not self._open)):
             # Format 3: the reply opens its step (no step/start is written).
             if not self.turn_open:
                 raise InvariantError(seq, "assistant/message outside a turn")
@@ -440,8 +443,7 @@ class LogReplay:
         self._boundary = False
 
     def _open_announced(self, seq: int, calls: list[Any]) -> None:
-        open_calls = self._calls
-        settled = self._settled
+        turn_calls = self._calls
         for call in calls:
             if type(call) is not dict:
                 raise InvariantError(seq, "assistant/message tool_calls entries must be dicts")
@@ -449,7 +451,7 @@ class LogReplay:
             name = call.get("name")
             if type(call_id) is not str or type(name) is not str:
                 raise InvariantError(seq, "assistant/message: a tool call needs a str id and name")
-            if call_id in open_calls or call_id in settled:
+            if call_id in turn_calls:  # open, or answered earlier in the turn
                 if seq < self.seed_length:
                     # A seed copied from a format-1 log, where only the tool/call events
                     # opened calls and a repeated id in a reply was refused there: skip it.
@@ -457,7 +459,8 @@ class LogReplay:
                 raise InvariantError(
                     seq, f"tool call id {call_id!r} repeats within turn {self.turn}"
                 )
-            open_calls[call_id] = name
+            turn_calls[call_id] = name
+            self._open += 1
 
     def _tool_call(self, seq: int, data: dict[str, Any]) -> None:
         if not self.step_open:
@@ -467,24 +470,25 @@ class LogReplay:
             # The format-1 record of a call its assistant/message opened (a seed, an old log).
             self._boundary = False
             return
-        if call_id in self._calls or call_id in self._settled:
+        if call_id in self._calls:
             raise InvariantError(seq, f"tool/call id {call_id!r} repeats within turn {self.turn}")
         self._calls[call_id] = data["name"]
+        self._open += 1
         self._boundary = False
 
     def _tool_result(self, seq: int, data: dict[str, Any]) -> None:
         if not self.turn_open:
             raise InvariantError(seq, "tool/result outside a turn")
         call_id = data["call_id"]
-        if call_id in self._settled:
-            raise InvariantError(seq, f"second tool/result for call {call_id!r}")
-        if call_id not in self._calls:
-            raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
         calls = self._calls
-        del calls[call_id]
-        self._settled.add(call_id)
+        if call_id not in calls:
+            raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
+        if calls[call_id] is None:
+            raise InvariantError(seq, f"second tool/result for call {call_id!r}")
+        calls[call_id] = None
+        self._open -= 1
         # Format 3: the step's last answer is its end, and a steer may be logged after it.
-        self._boundary = self._implicit and not calls and self._replied
+        self._boundary = self._implicit and not self._open and self._replied
 
     def _request_header(self, seq: int, data: dict[str, Any]) -> None:
         if "ref" in data:
@@ -516,17 +520,21 @@ class LogReplay:
     def _inbox_accepted(self, seq: int, data: dict[str, Any]) -> None:
         if data["kind"] not in ("send", "steer"):
             raise InvariantError(seq, f"inbox/accepted kind {data['kind']!r}")
-        if data["message_id"] in self._accepted:
+        inbox = self._inbox
+        if inbox is None:
+            inbox = self._inbox = {}
+        if data["message_id"] in inbox:
             raise InvariantError(seq, f"inbox message {data['message_id']!r} accepted twice")
-        self._accepted.add(data["message_id"])
+        inbox[data["message_id"]] = False
 
     def _inbox_settle(self, seq: int, data: dict[str, Any], what: str) -> None:
         message_id = data["message_id"]
-        if message_id not in self._accepted:
+        inbox = self._inbox
+        if inbox is None or message_id not in inbox:
             raise InvariantError(seq, f"inbox/{what} of a message never accepted: {message_id!r}")
-        if message_id in self._settled_inbox:
+        if inbox[message_id]:
             raise InvariantError(seq, f"inbox message {message_id!r} settled twice")
-        self._settled_inbox.add(message_id)
+        inbox[message_id] = True
 
     def _inbox_claimed(self, seq: int, data: dict[str, Any]) -> None:
         self._inbox_settle(seq, data, "claimed")
