@@ -12,7 +12,7 @@ model.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 __all__ = [
@@ -72,6 +72,11 @@ class Conversation(Sequence[dict[str, Any]]):
     def note(self, event: Mapping[str, Any]) -> None:
         """Record that `event` (just appended to the log) is the conversation's next message."""
         self._seqs.append(event["seq"])
+
+    @property
+    def note_seq(self) -> Callable[[int], None]:
+        """`note` by seq: the bound append of the positions (the loop's hot path calls it)."""
+        return self._seqs.append
 
     def view(self) -> HistoryView:
         """The conversation as it is now: later messages stay outside the view."""

@@ -172,6 +172,7 @@ class AgentCore:
         self.on_progress: ProgressFn | None = None
         # The conversation, held once: positions of the log's message events.
         self.history = Conversation(log.events)
+        self._note = self.history.note_seq
         self.turn = last_turn_number(log.events)
         # This session's token spend (from its log) and budget; the subagent layer links it to
         # the parent's account so a subtree's spend counts against every ancestor's budget.
@@ -343,7 +344,7 @@ class AgentCore:
         system = self.prompt.render(self.variables)
         specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
         last = self._last_header
-        if last is None or last[0] is not system or last[1] != specs:
+        if last is None or last[0] is not system or (last[1] is not specs and last[1] != specs):
             self._last_header = (system, specs)
             self.log.append_request_header(system, specs)
         return ModelRequest(
@@ -378,7 +379,7 @@ class AgentCore:
             "content": content,
             "source": dict(message["source"]),
         }
-        self.history.note(self.log.append("user/message", {"message": entry}))
+        self._note(self.log.append("user/message", {"message": entry})["seq"])
 
     def _log_assistant(
         self, response: ModelResponse, calls: Sequence[ToolCall]
@@ -426,13 +427,13 @@ class AgentCore:
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
-        self.history.note(
+        self._note(
             self.log.append(
                 "assistant/message",
                 data,
                 prechecked=(checked is not None or not counts)
                 and (is_plain_reply(message) or is_lossless(message, 1)),
-            )
+            )["seq"]
         )
         if counts:
             if checked is None:
@@ -484,6 +485,9 @@ class AgentCore:
                         "arguments": call.arguments,
                     }
                 )
+        if len(calls) == 1:
+            self._run_lone(calls[0], signal, capture, state)
+            return
         results: list[ToolResult | None] = [None] * len(calls)
         started = [False] * len(calls)
         crash: list[BaseException] = []
@@ -518,6 +522,43 @@ class AgentCore:
                 else:
                     result = _synthetic("ABORTED", "not run: the turn was aborted")
             self._log_tool_result(call.id, call.name, result)
+        if crash:
+            exc = crash[0]
+            raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
+
+    def _run_lone(
+        self, call: ToolCall, signal: AbortSignal, capture: _Conclude, state: _TurnState
+    ) -> None:
+        """`_run_tools` for a step's only call (the common case), without its batch lists."""
+        result: ToolResult | None = None
+        started = False
+        crash: list[BaseException] = []
+        if not signal.aborted and not capture.concluded:
+            started = True
+            state.in_tool = True
+            try:
+                tt = self._trace
+                if tt is None:
+                    result = self.tools.execute(call, self._context(call, signal))
+                else:
+                    result = tt.tool(self.tools.execute, call, self._context, signal)
+            except AbortError:
+                pass
+            except _Abandon:
+                pass
+            except Exception as exc:  # execute() must contain tool errors: this is a defect
+                crash.append(exc)
+                result = _synthetic(TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+            finally:
+                state.in_tool = False
+        if result is None:
+            if capture.concluded and not started:
+                result = _synthetic("TURN_CONCLUDED", "not run: the turn concluded")
+            elif started:
+                result = _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
+            else:
+                result = _synthetic("ABORTED", "not run: the turn was aborted")
+        self._log_tool_result(call.id, call.name, result)
         if crash:
             exc = crash[0]
             raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
@@ -635,7 +676,7 @@ class AgentCore:
                 "code": TOOL_FAILED,
             }
             event = self.log.append("tool/result", data)
-        self.history.note(event)
+        self._note(event["seq"])
         if self.on_progress is not None:
             self._progress(
                 {
