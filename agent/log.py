@@ -710,15 +710,6 @@ class EventView(Sequence[Event]):
         """The bound `append` of the frame list (the log's hot path calls it directly)."""
         return self._payloads.append
 
-    def payloads_from(self, index: int) -> list[bytes]:
-        """The payloads appended from position `index` on (a new list; what a flush writes)."""
-        return self._payloads[index:]
-
-    @property
-    def appended(self) -> int:
-        """How many payloads were appended (events given at creation not counted)."""
-        return len(self._payloads)
-
 
 class SessionLog:
     """The live, appendable log of one session.
@@ -746,9 +737,7 @@ class SessionLog:
         self._replay = replay if replay is not None else validate_log(events, header)
         self._shared = shared
         self._payloads_append = self.events.append_payload
-        # Appended payloads before this position are written; the frames of the rest are
-        # built at the next flush (no separate byte buffer per log to touch on every append).
-        self._written = 0
+        self._buffer = bytearray()
         self._unsynced = False  # written to the OS since the last sync
         self._failed: BaseException | None = None
         self._closed = False
@@ -814,6 +803,9 @@ class SessionLog:
             # A refused event may have moved the replay part way: rebuild it (rare, loud path).
             self._replay = validate_log(list(self.events), self.header)
             raise
+        buffer = self._buffer
+        buffer += _pack_prefix(len(payload), _crc32(payload))
+        buffer += payload
         self._payloads_append(payload)
         return event
 
@@ -851,21 +843,10 @@ class SessionLog:
             self._sink.close()
 
     def _flush(self) -> None:
-        events = self.events
-        appended = events.appended
-        if appended == self._written:
+        if not self._buffer:
             return
-        payloads = events.payloads_from(self._written)
-        self._written = appended
-        if len(payloads) == 1:
-            payload = payloads[0]
-            data = _pack_prefix(len(payload), _crc32(payload)) + payload
-        else:
-            parts = []
-            for payload in payloads:
-                parts.append(_pack_prefix(len(payload), _crc32(payload)))
-                parts.append(payload)
-            data = b"".join(parts)
+        data = self._buffer
+        self._buffer = bytearray()
         try:
             self._sink.write(data)
         except BaseException as exc:
