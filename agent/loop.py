@@ -560,8 +560,10 @@ class AgentCore:
                 result = _synthetic("ABORTED", "not run: the turn was aborted")
         self._log_tool_result(call.id, call.name, result)
         if crash:
-            exc = crash[0]
-            raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
+            failure = crash[0]
+            raise ToolCrash(
+                f"the tool layer failed: {type(failure).__name__}: {failure}"
+            ) from failure
 
     def _context(
         self, call: ToolCall, signal: AbortSignal, trace: tracing.TraceParent | None = None

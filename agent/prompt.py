@@ -203,8 +203,8 @@ class SystemPrompt:
         key = []
         scope: SystemPrompt | None = self
         while scope is not None:
-            key.append(scope._version)  # the same class: no property call per level
-            scope = scope._parent
+            key.append(scope.version)
+            scope = scope.parent
         return tuple(key)
 
     def merged_sections(self) -> tuple[_Section, ...]:
