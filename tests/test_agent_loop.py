@@ -704,6 +704,29 @@ def test_a_crashing_tool_layer_ends_the_turn_error_with_a_balanced_log(
         assert of_type(events, "turn/end")[-1]["data"]["reason"] == "error"
 
 
+@pytest.mark.parametrize(
+    ("scope", "needle"),
+    [(_ExplodingScope, "registry corrupted"), (_BrokenExecuteScope, "execute broke")],
+)
+def test_a_crashing_tool_layer_on_a_lone_call_ends_the_turn_error(
+    scope: type[ToolScope], needle: str
+) -> None:
+    """A step's only call runs on its own path (`AgentCore._run_lone`): the same containment."""
+    with kit() as k:
+        k.tool("a", lambda args, ctx: "x")
+        a = k.agent(tools=scope(k.ctx.tools))
+        k.model.script(a.id, [S.tool_call("a", {}), S.text("unreached")])
+        a.send("go").get()
+        outcome = a.when_idle().get()
+        assert outcome.reason == "error" and needle in (outcome.message or "")
+        assert outcome.fault is None
+        events = k.events(a)
+        (result,) = of_type(events, "tool/result")
+        assert result["data"]["is_error"] and result["data"]["code"] == "TOOL_FAILED"
+        assert of_type(events, "turn/end")[-1]["data"]["reason"] == "error"
+        assert len(k.model.requests_for(a.id)) == 1
+
+
 def test_a_crashing_model_adapter_is_contained_as_error() -> None:
     with kit() as k:
         a = k.agent()
