@@ -136,7 +136,7 @@ def test_siblings_build_their_shared_request_header_once(monkeypatch: pytest.Mon
             run.result.get(timeout=5)
 
 
-def test_a_parked_child_appends_six_events_and_its_start_one() -> None:
+def test_a_parked_child_appends_five_events_and_its_start_one() -> None:
     """What a start writes: `inbox/accepted` before `start()` returns, then the first turn up to
     its model call (four more: format 3 writes no step/start). A new event on this path is a
     cost per child: this pins it."""
