@@ -32,7 +32,7 @@ import gevent.ssl
 from gevent import Greenlet
 from opentelemetry.trace import Link, SpanKind, TraceState
 
-from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent
+from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent, SpanTemplate
 from supervision.group import TaskGroup
 from supervision.offload import offload
 
@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 _pack_head = struct.Struct(">BBQQBBQBBQ").pack  # trace id, span id, parent id: bytes fields
 _pack_root = struct.Struct(">BBQQBBQ").pack  # trace id and span id
-_pack_tail = struct.Struct("<BQBQBBI").pack  # start and end (fixed64), flags (fixed32)
+_TAIL_STRUCT = struct.Struct("<BQBQBBI")  # start and end (fixed64), flags (fixed32)
+_pack_tail = _TAIL_STRUCT.pack
+_TAIL = _TAIL_STRUCT.size
 _LOW = (1 << 64) - 1
 _pack_double = struct.Struct("<d").pack
 _pack_fixed32 = struct.Struct("<I").pack
@@ -252,6 +254,34 @@ class Encoder:
                 self._shapes[shape] = middle
         return middle
 
+    def _template(self, template: SpanTemplate) -> bytes:
+        """The name, kind and attribute fields of `template` (kept on it: they never change)."""
+        parts = [self._name(template.name), _KIND[id(template.kind)]]
+        for key, value in template.attributes:
+            parts.append(self._attribute(key, value))
+        encoded = template.wire = b"".join(parts)
+        return encoded
+
+    def _own(self, attrs: Mapping[str, object]) -> bytes:
+        """A templated span's own attribute fields: a string of a key whose values vary (a
+        call id) is written straight out, anything else goes through the caches."""
+        parts = []
+        varying = self._varying
+        for key, value in attrs.items():
+            key_field = varying.get(key)
+            if key_field is None or type(value) is not str:
+                parts.append(self._attribute(key, value))
+                continue
+            text = value.encode("utf-8", "replace")
+            n = len(text)
+            any_value = (b"\x0a" + _BYTES[n] if n < 0x80 else b"\x0a" + _varint(n)) + text
+            n = len(any_value)
+            pair = key_field + (b"\x12" + _BYTES[n] if n < 0x80 else b"\x12" + _varint(n))
+            pair += any_value
+            n = len(pair)
+            parts.append((b"\x4a" + _BYTES[n] if n < 0x80 else b"\x4a" + _varint(n)) + pair)
+        return b"".join(parts)
+
     def span(self, span: LeanSpan) -> bytes:
         """One span as its `ScopeSpans.spans` field (tag and length included).
 
@@ -266,20 +296,44 @@ class Encoder:
             )
         else:
             head = _pack_root(0x0A, 16, trace_id >> 64, trace_id & _LOW, 0x12, 8, span.span_id)
-        # Name, kind and attributes: as a whole from the cache when this name's spans repeat
-        # them (string values only, so equal keys mean equal bytes); else field by field.
-        name = span.span_name
+        # Name, kind and attributes: a template's encoded once, then the span's own; else as a
+        # whole from the cache when this name's spans repeat them (string values only, so equal
+        # keys mean equal bytes); else field by field.
+        template = span.template
         attrs = span.attrs
-        middle = None
-        shape: object = None
-        if name not in self._shapeless:
-            shape = (name, id(span.kind), tuple(attrs.items()) if attrs else ())
-            try:
-                middle = self._shapes.get(shape)
-            except TypeError:  # not hashable: encoded field by field
-                shape = None
-        if middle is None:
-            middle = self._middle(span, shape)
+        if template is not None:
+            middle = template.wire
+            if middle is None:
+                middle = self._template(template)
+            if attrs:
+                middle += self._own(attrs)
+        else:
+            name = span.span_name
+            middle = None
+            shape: object = None
+            if name not in self._shapeless:
+                shape = (name, id(span.kind), tuple(attrs.items()) if attrs else ())
+                try:
+                    middle = self._shapes.get(shape)
+                except TypeError:  # not hashable: encoded field by field
+                    shape = None
+            if middle is None:
+                middle = self._middle(span, shape)
+        # start (7) and end (8) times, then the flags (16), as the SDK's exporter sets them.
+        tail = _pack_tail(
+            0x39,
+            span.start_time,
+            0x41,
+            span.end_time,
+            0x85,
+            1,
+            0x300 if span.parent_remote else 0x100,
+        )
+        if not (span.trace_state or span.event_list or span.link_list or span.status_code):
+            n = len(head) + len(middle) + _TAIL
+            return b"".join(
+                (b"\x12" + _BYTES[n] if n < 0x80 else b"\x12" + _varint(n), head, middle, tail)
+            )
         parts = [head, middle]
         if span.trace_state:
             parts.append(_field(b"\x1a", _trace_state(span.trace_state)))
@@ -294,9 +348,7 @@ class Encoder:
             message = span.status_message
             body = _field(b"\x12", _text(message)) if message else b""
             parts.append(_field(b"\x7a", body + b"\x18" + _BYTES[code]))
-        # start (7) and end (8) times, then the flags (16), as the SDK's exporter sets them.
-        flags = 0x300 if span.parent_remote else 0x100
-        parts.append(_pack_tail(0x39, span.start_time, 0x41, span.end_time, 0x85, 1, flags))
+        parts.append(tail)
         body = b"".join(parts)
         return b"\x12" + _varint(len(body)) + body
 
