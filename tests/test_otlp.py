@@ -376,3 +376,55 @@ def test_shutdown_without_a_hub_posts_in_the_caller(local: Collector) -> None:
     exporter.shutdown(5, cooperative=False)
     assert sorted(s.name for s in local.spans()) == ["s0", "s1", "s2"]
     assert exporter.exported == 3 and _export_threads() == []
+
+
+def test_templated_spans_encode_byte_for_byte_as_spans_made_through_the_api() -> None:
+    """Spans from a template (`LeanTracer.subspans`: the runtime's chat and tool spans) encode
+    as the same spans made with every attribute through `start_span`: the template's fields
+    once, the span's own after them, including the direct path for a key whose values vary
+    (call ids, past the 256 values the cache keeps per key), non-ASCII, long and lone-surrogate
+    values, statuses, and a span that set a template key."""
+    from subagent.otlp import Encoder
+
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("subagent-runtime")
+    parent = tracer.start_span("invoke_agent w")
+    context = trace.set_span_in_context(parent)
+    fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+    base = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t\u00e9"}
+    template = fast.template("execute_tool t\u00e9", SpanKind.INTERNAL, base)
+    ids = [f"call_{i}" for i in range(300)] + ["\u00e9" * 100, "x" * 200, "lone \ud800 half"]
+    encoder = Encoder(RESOURCE)
+    encoded = []
+    for i, call_id in enumerate(ids):
+        own: dict[str, object] = {"gen_ai.tool.call.id": call_id}
+        if i % 7 == 0:
+            own["n"] = i
+        span = fast.start(template, own)
+        if i % 5 == 0:
+            span.set_status(StatusCode.ERROR, "TOOL_FAILED")
+        if i % 11 == 0:
+            span.set_attribute("gen_ai.tool.name", "renamed")
+        span.end()
+        twin = tracer.start_span(
+            span.name, context, SpanKind.INTERNAL, dict(span.attributes),
+            start_time=span.start_time,
+        )  # fmt: skip
+        assert isinstance(twin, LeanSpan)
+        twin.span_id = span.span_id
+        twin.set_status(span.status)
+        twin.end(span.end_time)
+        encoded.append(encoder.span(span))
+        assert encoded[-1] == Encoder(RESOURCE).span(twin), call_id
+    request = ExportTraceServiceRequest.FromString(encoder.request(
+        [(tracer._scope, e) for e in encoded]  # type: ignore[attr-defined]
+    ))  # fmt: skip
+    decoded = request.resource_spans[0].scope_spans[0].spans
+    assert [_attrs(s.attributes)["gen_ai.tool.call.id"] for s in decoded][-3:] == [
+        "\u00e9" * 100, "x" * 200, "lone ? half",
+    ]  # fmt: skip
+    assert _attrs(decoded[0].attributes) == {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "renamed",
+        "gen_ai.tool.call.id": "call_0", "n": 0,
+    }  # fmt: skip
+    assert decoded[0].name == "execute_tool t\u00e9"
