@@ -323,6 +323,10 @@ class Subspans(Protocol):
         self, template: object, start_time: int, attributes: dict[str, Any] | None = None
     ) -> None: ...
 
+    def start_current(
+        self, template: object, attributes: dict[str, Any] | None, context: Context
+    ) -> tuple[Span, Context]: ...
+
 
 class _Templates:
     """The `chat` and `execute_tool` templates of one kind of `Subspans`, kept across turns:
@@ -518,12 +522,12 @@ class TurnTrace:
                     "gen_ai.tool.call.id": call.id,
                 },
             )
+            ctx = _trace.set_span_in_context(span, self.context)
         else:
             template = self._templates.tool.get(call.name)
             if template is None:
                 template = self._tool_template(fast, call.name)
-            span = fast.start(template, {"gen_ai.tool.call.id": call.id})
-        ctx = _trace.set_span_in_context(span, self.context)
+            span, ctx = fast.start_current(template, {"gen_ai.tool.call.id": call.id}, self.context)
         token = _context.attach(ctx)
         try:
             result = execute(call, make_context(call, signal, TraceParent(ctx)))

@@ -220,15 +220,12 @@ class SpanTemplate:
         return f"SpanTemplate({self.name!r}, {self.kind}, {dict(self.attributes)!r})"
 
 
-def _owned(attributes: dict[str, AttributeValue] | None) -> dict[str, AttributeValue] | None:
-    """`attributes` itself, taken over by a span (no copy), when every value is one the API
-    allows, else a cleaned copy."""
-    if not attributes:
-        return None
-    for value in attributes.values():
-        if type(value) not in _SCALARS and not _plain(value):
-            return _cleaned(attributes)
-    return attributes
+def _span_id() -> int:
+    """A span id, never 0 (invalid): for the one draw in 2**64 that is."""
+    span_id = 0
+    while not span_id:
+        span_id = _bits(64)
+    return span_id
 
 
 class LeanSpan(trace.Span):
@@ -631,25 +628,38 @@ class Subspans:
     ) -> LeanSpan:
         """A started span: the template's name, kind and attributes, then `attributes` (taken
         over by the span, not copied)."""
-        span_id = 0
-        while not span_id:
-            span_id = _bits(64)
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
         return LeanSpan(
             template.name,
             self._trace_id,
-            span_id,
+            _bits(64) or _span_id(),
             self._parent_id,
             False,
             self._state,
             template.kind,
             start_time or time.time_ns(),
-            _owned(attributes),
+            attributes or None,
             None,
             self._scope,
             self._sink,
             True,
             template,
         )
+
+    def start_current(
+        self,
+        template: SpanTemplate,
+        attributes: dict[str, AttributeValue] | None,
+        context: Context,
+    ) -> tuple[LeanSpan, Context]:
+        """`start`, and `context` with the span as its current span (as the API's
+        `set_span_in_context`, in one step): for a span that work runs under (a tool call)."""
+        span = self.start(template, attributes)
+        return span, Context({**context, _SPAN_KEY: span})
 
     def record(
         self,
@@ -658,7 +668,29 @@ class Subspans:
         attributes: dict[str, AttributeValue] | None = None,
     ) -> None:
         """A span that started at `start_time` and ends now (a model call, made at its end)."""
-        self.start(template, attributes, start_time).end()
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
+        span = LeanSpan(
+            template.name,
+            self._trace_id,
+            _bits(64) or _span_id(),
+            self._parent_id,
+            False,
+            self._state,
+            template.kind,
+            start_time,
+            attributes or None,
+            None,
+            self._scope,
+            self._sink,
+            True,
+            template,
+        )
+        span.end_time = time.time_ns()
+        self._sink.on_end(span)
 
 
 class LeanTracerProvider(trace.TracerProvider):
