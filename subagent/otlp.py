@@ -60,9 +60,6 @@ _BYTES = [bytes((i,)) for i in range(128)]
 # Looked up by the member's id: an Enum member's hash is a Python-level call.
 _KIND = {id(kind): b"\x30" + _BYTES[kind.value + 1] for kind in SpanKind}
 
-import os
-
-_DEFER = os.environ.get("SUBAGENT_OTLP_DEFER") == "1"
 _get_ident = threading.get_ident
 _CACHE_LIMIT = 8192  # entries per cache below; emptied when full
 _VALUES_KEPT = 256  # distinct values kept per attribute key; past that its values vary (ids)
@@ -314,7 +311,7 @@ class Encoder:
             if key_field is None or type(value) is not str:
                 parts.append(self._attribute(key, value))
                 continue
-            parts.append(_text_attribute(key_field, value))  # type: ignore[arg-type]  # a str
+            parts.append(_text_attribute(key_field, value))  # a str by the check
         return b"".join(parts)
 
     def span(self, span: LeanSpan) -> bytes:
@@ -600,16 +597,13 @@ class BatchExporter:
             self._full += 1
             self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
             return
-        if _DEFER:
-            queue.append(span)  # type: ignore[arg-type]
-        else:
-            try:
-                encoded = self._encoder.span(span)
-            except Exception:  # a bug of ours: lose the span, keep tracing
-                log.exception("encoding a span failed")
-                self._full += 1
-                return
-            queue.append((span.scope, encoded))
+        try:
+            encoded = self._encoder.span(span)
+        except Exception:  # a bug of ours: lose the span, keep tracing
+            log.exception("encoding a span failed")
+            self._full += 1
+            return
+        queue.append((span.scope, encoded))
         if self._thread is None and _get_ident() == self._hub_thread:
             if self._green is None:
                 self._green = self._group.spawn(self._run_green)
@@ -745,9 +739,6 @@ class BatchExporter:
         queue = self._queue
         while queue:
             batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
-            if _DEFER:
-                span = self._encoder.span
-                batch = [(s.scope, span(s)) for s in batch]  # type: ignore[attr-defined]
             try:
                 body = self._encoder.request(batch)
             except Exception:  # a bug of ours: lose the batch, keep the drainer
