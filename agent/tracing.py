@@ -390,7 +390,7 @@ class TurnTrace:
         # (parent-based sampling, the default), so they are not made at all; the context still
         # travels, so the children it starts stay out of the sample with it.
         self.recording = span.is_recording()
-        self._here = TraceParent(context)
+        self._here: TraceParent | None = None  # the parent a tool call gets, if not recording
         fast = _subspans(found, span) if self.recording else None
         self._fast: Subspans | None = None
         self._templates = _Templates()
@@ -505,9 +505,12 @@ class TurnTrace:
 
         `make_context(call, signal, parent)` builds the tool's context (no closure per call)."""
         if not self.recording:
+            here = self._here
+            if here is None:
+                here = self._here = TraceParent(self.context)
             token = _context.attach(self.context)
             try:
-                return execute(call, make_context(call, signal, self._here))
+                return execute(call, make_context(call, signal, here))
             finally:
                 _context.detach(token)
         fast = self._fast

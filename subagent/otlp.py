@@ -51,6 +51,7 @@ _pack_tail = _TAIL_STRUCT.pack
 _TAIL = _TAIL_STRUCT.size
 _LOW = (1 << 64) - 1
 _pack_double = struct.Struct("<d").pack
+_pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _BYTES = [bytes((i,)) for i in range(128)]
 
@@ -181,6 +182,7 @@ class Encoder:
         self._shapes: dict[object, bytes] = {}  # (name, kind, attributes) -> their fields
         self._shapeless: set[str] = set()  # span names whose attributes vary
         self._scopes: dict[int, tuple[Scope, bytes]] = {}
+        self._event_names: dict[str, bytes] = {}
 
     def encode(self, spans: Iterable[LeanSpan]) -> bytes:
         """One request holding `spans`, grouped by instrumentation scope."""
@@ -301,6 +303,27 @@ class Encoder:
         encoded = template.wire = b"".join(parts)
         return encoded
 
+    def _event(self, event: SpanEvent) -> bytes:
+        """An `Event` message. Its name and attributes repeat (`subagent.turn.end` with the
+        turn and reason, a steer's source): they go through the span attributes' caches, whose
+        `KeyValue` is the same, only the field's tag differs."""
+        parts = [b"\x09", _pack_fixed64(event.timestamp), self._event_name(event.name)]
+        attributes = event.attributes
+        if attributes:
+            for key, value in attributes.items():
+                found = self._attribute(key, value)
+                if found:
+                    parts.append(b"\x1a" + found[1:])  # Event.attributes (3), not Span's (9)
+        return b"".join(parts)
+
+    def _event_name(self, name: str) -> bytes:
+        found = self._event_names.get(name)
+        if found is None:
+            if len(self._event_names) >= _CACHE_LIMIT:
+                self._event_names.clear()
+            found = self._event_names[name] = _field(b"\x12", _text(name))
+        return found
+
     def _own(self, attrs: Mapping[str, object]) -> bytes:
         """A templated span's own attribute fields: a string of a key whose values vary (a
         call id) is written straight out, anything else goes through the caches."""
@@ -371,7 +394,7 @@ class Encoder:
             parts.append(_field(b"\x1a", _trace_state(span.trace_state)))
         if span.event_list:
             for event in span.event_list:
-                parts.append(_field(b"\x5a", _event(event)))
+                parts.append(_field(b"\x5a", self._event(event)))
         if span.link_list:
             for link in span.link_list:
                 parts.append(_field(b"\x6a", _link(link)))
@@ -387,15 +410,6 @@ class Encoder:
 
 def _trace_state(state: TraceState) -> bytes:
     return _text(state.to_header())
-
-
-def _event(event: SpanEvent) -> bytes:
-    return (
-        b"\x09"
-        + struct.pack("<Q", event.timestamp)
-        + _field(b"\x12", _text(event.name))
-        + _attributes(b"\x1a", event.attributes)
-    )
 
 
 def _link(link: Link) -> bytes:

@@ -428,3 +428,31 @@ def test_templated_spans_encode_byte_for_byte_as_spans_made_through_the_api() ->
         "gen_ai.tool.call.id": "call_0", "n": 0,
     }  # fmt: skip
     assert decoded[0].name == "execute_tool t\u00e9"
+
+
+def test_event_attributes_from_the_caches_decode_as_recorded() -> None:
+    """Event attributes share the span attributes' caches (only the field's tag differs): a
+    repeated event, and one whose values vary past what the cache keeps per key (a steer's
+    message id), decode to what was recorded, next to span attributes of the same keys."""
+    from subagent.otlp import Encoder
+
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("subagent-runtime")
+    encoder = Encoder(RESOURCE)
+    for i in range(300):
+        span = tracer.start_span("invoke_agent", attributes={"subagent.message_id": f"m{i}"})
+        span.add_event("subagent.steer.admitted", {"subagent.message_id": f"m{i}", "n": i})
+        span.add_event("subagent.turn.end", {"subagent.turn": 1, "ok": True, "x": 0.5})
+        span.end()
+        encoded = encoder.span(span)
+        request = ExportTraceServiceRequest.FromString(encoder.request([(span.scope, encoded)]))  # type: ignore[attr-defined]
+        (pb,) = request.resource_spans[0].scope_spans[0].spans
+        assert _attrs(pb.attributes) == {"subagent.message_id": f"m{i}"}
+        steer, end = pb.events
+        assert (steer.name, _attrs(steer.attributes)) == (
+            "subagent.steer.admitted", {"subagent.message_id": f"m{i}", "n": i},
+        )  # fmt: skip
+        assert (end.name, _attrs(end.attributes)) == (
+            "subagent.turn.end", {"subagent.turn": 1, "ok": True, "x": 0.5},
+        )  # fmt: skip
+        assert encoded == Encoder(RESOURCE).span(span)
