@@ -277,10 +277,11 @@ class Encoder:
         found = self._names.get(name)
         parts = [found if found is not None else self._name(name), _KIND[id(span.kind)]]
         attrs = span.attrs
-        stable = True
+        stable = shape is not None  # whether to keep the whole: only asked with a shape
         if attrs:
+            attribute = self._attribute
             for key, value in attrs.items():
-                parts.append(self._attribute(key, value))
+                parts.append(attribute(key, value))
                 if stable and (key in self._varying or not _all_text(value)):
                     stable = False
         middle = b"".join(parts)
