@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, cast
 
 from opentelemetry import trace
@@ -39,6 +39,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
+    "LeafSink",
     "LeanResource",
     "LeanSpan",
     "LeanTracer",
@@ -114,6 +115,26 @@ class SpanSink(Protocol):
     def force_flush(self, timeout_s: float) -> bool: ...
 
     def shutdown(self, timeout_s: float) -> None: ...
+
+
+class LeafSink(Protocol):
+    """A sink that also takes spans made and ended in one step, without a span object
+    (`Subspans.record`: the runtime's `chat` spans): the batch exporter encodes them at once.
+    `leaf_head` settles what every such span under one parent shares."""
+
+    def leaf_head(
+        self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
+    ) -> object: ...
+
+    def leaf(
+        self,
+        head: object,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: dict[str, AttributeValue] | None,
+    ) -> None: ...
 
 
 class MemorySink:
@@ -606,7 +627,7 @@ class Subspans:
     each span starts from a `SpanTemplate`. For the runtime's `chat` and `execute_tool` spans,
     made by the thousand under each turn's span (agent/tracing.py)."""
 
-    __slots__ = ("_parent_id", "_scope", "_sink", "_state", "_trace_id")
+    __slots__ = ("_head", "_leaf", "_parent_id", "_scope", "_sink", "_state", "_trace_id")
 
     def __init__(self, parent: LeanSpan, scope: Scope, sink: SpanSink) -> None:
         self._trace_id = parent.trace_id
@@ -614,6 +635,14 @@ class Subspans:
         self._state = parent.trace_state
         self._scope = scope
         self._sink = sink
+        # A sink that takes spans without their object (the exporter) gets `record`'s so.
+        self._head: object = None
+        self._leaf: Callable[..., None] | None = None
+        leaf_head = getattr(sink, "leaf_head", None)
+        if leaf_head is not None:
+            leaves = cast("LeafSink", sink)
+            self._head = leaves.leaf_head(scope, parent.trace_id, parent.span_id, self._state)
+            self._leaf = leaves.leaf
 
     @staticmethod
     def template(name: str, kind: SpanKind, attributes: Attributes = None) -> SpanTemplate:
@@ -673,6 +702,17 @@ class Subspans:
                 if type(value) not in _SCALARS and not _plain(value):
                     attributes = _cleaned(attributes)
                     break
+        leaf = self._leaf
+        if leaf is not None:
+            leaf(
+                self._head,
+                template,
+                _bits(64) or _span_id(),
+                start_time,
+                time.time_ns(),
+                attributes or None,
+            )
+            return
         span = LeanSpan(
             template.name,
             self._trace_id,

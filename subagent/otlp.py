@@ -52,6 +52,7 @@ _TAIL = _TAIL_STRUCT.size
 _LOW = (1 << 64) - 1
 _pack_double = struct.Struct("<d").pack
 _pack_fixed64 = struct.Struct("<Q").pack
+_pack_id = struct.Struct(">Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _BYTES = [bytes((i,)) for i in range(128)]
 
@@ -165,6 +166,21 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
         if encoded is not None:
             out.append(_field(tag, encoded))
     return b"".join(out)
+
+
+class LeafHead:
+    """What every leaf span under one parent shares on the wire: the trace id's field and the
+    span id's tag (`before`), the parent id's field (`after`), the trace state's field, and the
+    fixed part of the length."""
+
+    __slots__ = ("after", "before", "scope", "size", "state")
+
+    def __init__(self, scope: Scope, trace_id: int, parent_id: int, state: TraceState | None):
+        self.scope = scope
+        self.before = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
+        self.after = b"\x22\x08" + parent_id.to_bytes(8, "big")
+        self.state = _field(b"\x1a", _trace_state(state)) if state else b""
+        self.size = len(self.before) + 8 + len(self.after) + len(self.state) + _TAIL
 
 
 class Encoder:
@@ -337,6 +353,35 @@ class Encoder:
                 continue
             parts.append(_text_attribute(key_field, value))  # a str by the check
         return b"".join(parts)
+
+    def leaf(
+        self,
+        head: LeafHead,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, object] | None,
+    ) -> bytes:
+        """A span made and ended in one step (`Subspans.record`) under `head`'s parent: the
+        same bytes as `span` writes for it, from the parts its parent's spans share."""
+        middle = template.wire
+        if middle is None:
+            middle = self._template(template)
+        if attributes:
+            middle += self._own(attributes)
+        n = head.size + len(middle)
+        return b"".join(
+            (
+                _SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n),
+                head.before,
+                _pack_id(span_id),
+                head.after,
+                middle,
+                head.state,
+                _pack_tail(0x39, start_time, 0x41, end_time, 0x85, 1, 0x100),
+            )
+        )
 
     def span(self, span: LeanSpan) -> bytes:
         """One span as its `ScopeSpans.spans` field (tag and length included).
@@ -619,6 +664,47 @@ class BatchExporter:
             self._full += 1
             return
         queue.append((span.scope, encoded))
+        if self._thread is None and _get_ident() == self._hub_thread:
+            if self._green is None:
+                self._green = self._group.spawn(self._run_green)
+            if len(queue) >= self._batch and not self._woken:
+                self._woken = True
+                self._green_wake.set()
+        else:  # off the hub's thread (or after that): the thread drains
+            wake = self._wake if self._thread is not None else self._threaded()
+            if len(queue) >= self._batch and not self._woken:
+                self._woken = True
+                wake.set()
+
+    def leaf_head(
+        self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
+    ) -> LeafHead:
+        """What leaf spans under one parent share (`LeafSink`)."""
+        return LeafHead(scope, trace_id, parent_id, trace_state)
+
+    def leaf(
+        self,
+        head: LeafHead,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, object] | None,
+    ) -> None:
+        """A span made and ended in one step (`LeafSink`): encoded and queued as `on_end`
+        does, without its object."""
+        queue = self._queue
+        if self._closed or len(queue) >= self._max_queue:
+            self._full += 1
+            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+            return
+        try:
+            encoded = self._encoder.leaf(head, template, span_id, start_time, end_time, attributes)
+        except Exception:  # a bug of ours: lose the span, keep tracing
+            log.exception("encoding a span failed")
+            self._full += 1
+            return
+        queue.append((head.scope, encoded))
         if self._thread is None and _get_ident() == self._hub_thread:
             if self._green is None:
                 self._green = self._group.spawn(self._run_green)

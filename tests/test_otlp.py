@@ -456,3 +456,60 @@ def test_event_attributes_from_the_caches_decode_as_recorded() -> None:
             "subagent.turn.end", {"subagent.turn": 1, "ok": True, "x": 0.5},
         )  # fmt: skip
         assert encoded == Encoder(RESOURCE).span(span)
+
+
+def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_spans() -> None:
+    """`Subspans.record` (the runtime's chat spans) into the batch exporter: encoded straight
+    from the template and the parent's shared fields (`BatchExporter.leaf`), byte for byte what
+    the span itself encodes to, trace state included, and every one is posted."""
+    from subagent.otlp import Encoder
+
+    posted: list[bytes] = []
+
+    def post(body: bytes) -> None:
+        posted.append(body)
+
+    exporter = BatchExporter(RESOURCE, post, max_queue=1000, max_batch=1000, delay_s=60)
+    group = TaskGroup("test-leaves")
+
+    def run() -> None:
+        tracer = LeanTracerProvider(RESOURCE, exporter).get_tracer("subagent-runtime")
+        remote = SpanContext(
+            0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+            trace_state=TraceState([("vendor", "v1")]),
+        )  # fmt: skip
+        parent = tracer.start_span(
+            "invoke_agent", trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        )
+        fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+        template = fast.template(
+            "chat m", SpanKind.CLIENT,
+            {"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ("stop",)},
+        )  # fmt: skip
+        for i in range(5):
+            fast.record(template, 1000 + i, {"gen_ai.usage.output_tokens": i} if i else None)
+        assert exporter.force_flush(5)
+
+    group.spawn(run).get()
+    group.close(5)
+    (body,) = posted
+    spans = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
+    assert len(spans) == 5 and exporter.exported == 5
+    encoder = Encoder(RESOURCE)
+    for i, pb in enumerate(spans):
+        assert pb.name == "chat m" and pb.kind == PbSpan.SPAN_KIND_CLIENT
+        assert pb.trace_id == (0xABC).to_bytes(16, "big") and pb.trace_state == "vendor=v1"
+        assert pb.start_time_unix_nano == 1000 + i and pb.end_time_unix_nano >= 1000 + i
+        assert pb.flags == 0x100
+        own = {"gen_ai.usage.output_tokens": i} if i else {}
+        assert _attrs(pb.attributes) == {
+            "gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ("stop",), **own,
+        }  # fmt: skip
+        twin = LeanSpan(
+            pb.name, 0xABC, int.from_bytes(pb.span_id, "big"),
+            int.from_bytes(pb.parent_span_id, "big"), False, TraceState([("vendor", "v1")]),
+            SpanKind.CLIENT, pb.start_time_unix_nano, dict(_attrs(pb.attributes)), None,
+            None, MemorySink(), True,  # type: ignore[arg-type]
+        )  # fmt: skip
+        twin.end(pb.end_time_unix_nano)
+        assert encoder.span(twin) in body
