@@ -624,6 +624,28 @@ class GeventActor(Actor):
             if self._stop_in_place:
                 self._after_in_place()
 
+    def handling_in_place(self) -> bool:
+        """Whether the handler running now runs in its caller's greenlet (`ask_now`/`tell_now`
+        on an idle actor), not in this actor's loop."""
+        return self._in_handler and gevent.getcurrent() is not self._greenlet
+
+    def run_open(self, fn: Callable[[], T]) -> tuple[T, bool]:
+        """From a handler running in place: call `fn()` with this actor *open*, as between two
+        messages, so that what reaches it meanwhile (another greenlet's message while `fn`
+        switches out, or `fn`'s own nested asks) is handled in mailbox order instead of waiting
+        for a handler that waits for it. Returns `fn`'s result and whether the handler may go
+        on in place: True when the actor is idle again (it holds its mailbox once more), False
+        when a message is queued or being handled (the handler must then leave what remains
+        to a message of its own, queued behind those)."""
+        if not self.handling_in_place():
+            raise RuntimeError("run_open is for a handler running in its caller's greenlet")
+        self._in_handler = False
+        result = fn()  # raising, the actor stays open: ask_now's own exit expects no handler
+        if self._idle():
+            self._in_handler = True
+            return result, True
+        return result, False
+
     def _idle(self) -> bool:
         """Parked on an empty inbox with no handler running (or lazy and never needed yet)."""
         if self._in_handler or self.actor_stopped.is_set() or not self.actor_inbox.empty():
