@@ -254,3 +254,17 @@ def test_a_childs_turn_worker_carries_no_spawn_tree_record() -> None:
         assert not hasattr(worker, "spawn_tree_locals")
         run.cancel()
         assert run.result.get(timeout=5).stop_reason == "aborted"
+
+
+def test_actor_urns_are_unique_version_4_uuids() -> None:
+    """Numbered under a per-process random prefix: still unique, still uuid4-shaped."""
+    import uuid
+
+    from actors import gevent_actor
+
+    urns = [gevent_actor._new_urn() for _ in range(1000)]
+    assert len(set(urns)) == len(urns)
+    for urn in urns[:3] + urns[-3:]:
+        assert urn.startswith("urn:uuid:")
+        parsed = uuid.UUID(urn.removeprefix("urn:uuid:"))
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
