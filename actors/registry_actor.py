@@ -395,20 +395,15 @@ class RegistryActor(GeventActor):
         provider = self._providers.get(name)
         if provider is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r}")
-        caps = provider.capabilities
-        for wanted, flag, present in (
-            ("output_schema", "output_schema", request.output_schema is not None),
-            ("max_depth", "depth_limit", request.max_depth is not None),
-            ("tool_filter", "tool_filter", request.tool_filter is not None),
-            ("persona", "persona", request.persona is not None),
-            ("token_budget", "token_budget", request.token_budget is not None),
-            ("cost_budget", "token_budget", request.cost_budget is not None),
+        if (  # the usual start asks for no capability: nothing to check against the provider
+            request.output_schema is not None
+            or request.max_depth is not None
+            or request.tool_filter is not None
+            or request.persona is not None
+            or request.token_budget is not None
+            or request.cost_budget is not None
         ):
-            if present and not getattr(caps, flag):
-                raise SubagentError(
-                    "UNSUPPORTED_CAPABILITY",
-                    f"provider {provider.name!r} lacks {flag} (needed for {wanted})",
-                )
+            _check_capabilities(provider, request)
         if require_resume and not isinstance(provider, Resumable):
             raise SubagentError(
                 "UNSUPPORTED_CAPABILITY", f"provider {provider.name!r} cannot resume children"
@@ -600,6 +595,24 @@ class RegistryActor(GeventActor):
                 listener(event)
             except Exception:
                 log.exception("subagent lifecycle listener raised; the others still run")
+
+
+def _check_capabilities(provider: SubagentProvider, request: SubagentStartRequest) -> None:
+    """Each start-time option the request uses needs its capability, in the seed's order."""
+    caps = provider.capabilities
+    for wanted, flag, present in (
+        ("output_schema", "output_schema", request.output_schema is not None),
+        ("max_depth", "depth_limit", request.max_depth is not None),
+        ("tool_filter", "tool_filter", request.tool_filter is not None),
+        ("persona", "persona", request.persona is not None),
+        ("token_budget", "token_budget", request.token_budget is not None),
+        ("cost_budget", "token_budget", request.cost_budget is not None),
+    ):
+        if present and not getattr(caps, flag):
+            raise SubagentError(
+                "UNSUPPORTED_CAPABILITY",
+                f"provider {provider.name!r} lacks {flag} (needed for {wanted})",
+            )
 
 
 def _check_budget(request: SubagentStartRequest) -> None:

@@ -268,3 +268,36 @@ def test_actor_urns_are_unique_version_4_uuids() -> None:
         assert urn.startswith("urn:uuid:")
         parsed = uuid.UUID(urn.removeprefix("urn:uuid:"))
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+def test_the_request_carrying_the_depth_is_a_whole_copy() -> None:
+    """The provider gets the caller's request with the registry's depth, every other field
+    as given (the copy is made slot by slot); the caller's request is left as it was."""
+    from dataclasses import fields, replace
+
+    seen: list[SubagentStartRequest] = []
+
+    class Recording(SpawnProvider):
+        def start(self, request: SubagentStartRequest) -> Any:
+            seen.append(request)
+            return super().start(request)
+
+    with kit() as k:
+        k.service.register(Recording("recording"))
+        parent = k.parent()
+        request = k.request(
+            parent,
+            "go",
+            max_depth=3,
+            persona="terse",
+            token_budget=10_000,
+            tool_filter=None,
+        )
+        run = k.service.start("recording", request)
+        assert run.result.get(timeout=5).stop_reason == "completed"
+        (given,) = seen
+        assert request.depth is None
+        assert given == replace(request, depth=1)
+        for f in fields(SubagentStartRequest):
+            if f.name != "depth":
+                assert getattr(given, f.name) is getattr(request, f.name)
