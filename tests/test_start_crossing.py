@@ -301,3 +301,23 @@ def test_the_request_carrying_the_depth_is_a_whole_copy() -> None:
         for f in fields(SubagentStartRequest):
             if f.name != "depth":
                 assert getattr(given, f.name) is getattr(request, f.name)
+
+
+def test_a_resolved_route_is_remembered_but_its_adapter_is_not() -> None:
+    """Children resolve their parent's route: the split is remembered, the adapter is looked
+    up each time (an unregistered prefix is refused at once, a new one is found)."""
+    from agent import models
+    from agent.models import ModelRegistry
+
+    registry = ModelRegistry()
+    first, second = S.ScriptedModel(lambda r: S.text("1")), S.ScriptedModel(lambda r: S.text("2"))
+    undo = registry.register("remembered", first)
+    assert registry.resolve("remembered:m") == (first, "m")
+    assert models._parsed["remembered:m"] == ("remembered", "m")
+    undo()
+    with pytest.raises(ValueError, match="unknown model prefix 'remembered'"):
+        registry.resolve("remembered:m")
+    registry.register("remembered", second)
+    assert registry.resolve("remembered:m") == (second, "m")
+    with pytest.raises(TypeError, match="must be a str"):
+        registry.resolve(["remembered:m"])  # type: ignore[arg-type]
