@@ -67,6 +67,11 @@ _pykka_logger = logging.getLogger("pykka")
 _REGISTRY_REFS: list[ActorRef[Any]] = ActorRegistry._actor_refs  # noqa: SLF001
 _REGISTRY_LOCK = ActorRegistry._actor_refs_lock  # noqa: SLF001
 _ActorStop: type[messages._ActorStop] = messages._ActorStop  # noqa: SLF001
+# Pykka's own messages, which its `_handle_receive` interprets (stop, proxy calls); any other
+# message goes straight to `on_receive` (`GeventActor._handle_receive`).
+_PYKKA_MESSAGES = frozenset(
+    {_ActorStop, messages.ProxyCall, messages.ProxyGetAttr, messages.ProxySetAttr}
+)
 
 T = TypeVar("T")
 
@@ -544,6 +549,13 @@ class GeventActor(Actor):
             logger.exception("on_failure of killed %s failed", self)
 
     # -- Pykka internals, made idempotent ------------------------------------------------------
+
+    def _handle_receive(self, message: Any) -> Any:
+        """Pykka's dispatch, minus its four `isinstance` tests for a message of our own (every
+        message but a stop or a proxy call): straight to `on_receive`."""
+        if type(message) in _PYKKA_MESSAGES:
+            return super()._handle_receive(message)
+        return self.on_receive(message)
 
     def _stop(self) -> None:
         self._unregister_once()
