@@ -12,12 +12,11 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gevent.event import Event
 from gevent.fileobject import FileObjectPosix
 
-from providers.acp_rpc import JsonRpcConnection
+from providers.acp_rpc import JsonRpcConnection, LinePipe, WritePipe
 
 __all__ = ["ProtocolPipes", "claim_stdio", "serve_until_closed"]
 
@@ -26,8 +25,8 @@ __all__ = ["ProtocolPipes", "claim_stdio", "serve_until_closed"]
 class ProtocolPipes:
     """Where the client's messages come from (`reader`) and where ours go (`writer`)."""
 
-    reader: Any
-    writer: Any
+    reader: LinePipe
+    writer: WritePipe
 
 
 def claim_stdio() -> ProtocolPipes:
