@@ -55,6 +55,7 @@ __all__ = [
     "Runs",
     "Start",
     "Subscribe",
+    "Sync",
     "Unregister",
 ]
 
@@ -217,6 +218,15 @@ class Providers:
 
 
 @dataclass(frozen=True, slots=True)
+class Sync:
+    """Replies None once everything told before it was handled (a dispose waits for its end
+    event with it); stateless, so one instance serves every caller (`SYNC`)."""
+
+
+SYNC = Sync()
+
+
+@dataclass(frozen=True, slots=True)
 class GetProvider:
     name: str
 
@@ -336,6 +346,8 @@ class RegistryActor(GeventActor):
             return None
         if kind is Unsubscribe:
             self._unsubscribe(message)
+            return None
+        if kind is Sync:
             return None
         if kind is Providers:
             return list(self._providers.values())

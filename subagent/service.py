@@ -615,7 +615,7 @@ class SubagentService:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
             # In place when the registry is idle: everything told so far is handled already.
-            self._registry.ask_now(reg.Providers())
+            self._registry.ask_now(reg.SYNC)
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 

@@ -321,3 +321,18 @@ def test_a_resolved_route_is_remembered_but_its_adapter_is_not() -> None:
     assert registry.resolve("remembered:m") == (second, "m")
     with pytest.raises(TypeError, match="must be a str"):
         registry.resolve(["remembered:m"])  # type: ignore[arg-type]
+
+
+def test_dispose_waits_for_the_end_event_with_a_bare_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dispose returns once `subagent/end` was emitted; its wait is a stateless `Sync` (no
+    provider list built per dispose)."""
+    with kit() as k:
+        parent = k.parent()
+        run = k.start(parent)
+        assert run.result.get(timeout=5).stop_reason == "completed"
+        with crossings(monkeypatch) as seen:
+            run.dispose()
+        assert seen[-1] == "Sync" and "Providers" not in seen
+        assert run.run_id in [e["run_id"] for e in k.events_of("subagent/end")]
