@@ -49,7 +49,7 @@ __all__ = [
 
 TURN_START: Final = "turn/start"  # {turn}
 TURN_END: Final = "turn/end"  # {turn, reason, cause?, message?}
-STEP_START: Final = "step/start"  # {turn, step}
+STEP_START: Final = "step/start"  # {turn, step}; written in formats 1 and 2 only
 STEP_END: Final = "step/end"  # {turn, step}
 USER_MESSAGE: Final = "user/message"  # {message: {id, role: "user", content, source}}
 # {message: {...tool_calls}, finish, usage?}: one per model response; `usage` is that response's
@@ -106,10 +106,11 @@ TURN_END_REASONS: Final = frozenset(
     }
 )
 
-# 2: calls are opened by their assistant/message, and no tool/call or step/end is written
-# (docs/decisions.md, "A step in three events"). Version 1 logs load, replay and resume as
-# they are, and keep being written in their format.
-HEADER_VERSION: Final = 2
+# 3: a step is its assistant/message and its tool/results, no step/start is written
+# (docs/decisions.md, "Log format 3"). 2: calls are opened by their assistant/message, and no
+# tool/call or step/end is written ("A step in three events"). Version 1 and 2 logs load,
+# replay and resume as they are, and keep being written in their format.
+HEADER_VERSION: Final = 3
 
 # Session ids become file names, so they are restricted to a safe alphabet (no path escapes).
 SESSION_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

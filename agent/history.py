@@ -12,7 +12,7 @@ model.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 __all__ = [
@@ -72,6 +72,11 @@ class Conversation(Sequence[dict[str, Any]]):
     def note(self, event: Mapping[str, Any]) -> None:
         """Record that `event` (just appended to the log) is the conversation's next message."""
         self._seqs.append(event["seq"])
+
+    @property
+    def note_seq(self) -> Callable[[int], None]:
+        """`note` by seq: the bound append of the positions (the loop's hot path calls it)."""
+        return self._seqs.append
 
     def view(self) -> HistoryView:
         """The conversation as it is now: later messages stay outside the view."""
@@ -171,15 +176,25 @@ def last_turn_number(events: Iterable[Mapping[str, Any]]) -> int:
 def with_tool_calls(
     events: Iterable[Mapping[str, Any]],
 ) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """`(type, data)` of each event, with the tool calls told the same way in both formats.
+    """`(type, data)` of each event, with the steps and tool calls told the same way in every
+    log format.
 
-    Format-2 logs write no `tool/call` event: an assistant/message's `tool_calls` open its
+    Format-2 and -3 logs write no `tool/call` event: an assistant/message's `tool_calls` open its
     calls. For readers that show calls one by one (`subagent log`, the ACP `session/load`
     replay), this yields a `tool/call` `{call_id, name, arguments}` right after each
     assistant/message for each call it names, and skips a format-1 log's own `tool/call`
-    event of a call its message already named, so both formats read the same.
+    event of a call its message already named. Format-3 logs write no `step/start` either: a
+    `step/start` `{turn, step}` is yielded where the step began, before its steers, its request
+    header and its reply (a step begins after the turn's prompt or after the previous step's
+    last answer), so every format reads the same.
     """
     named: set[str] = set()
+    open_calls: set[object] = set()
+    turn: object = 0
+    step = 0
+    prompt = False  # the next user/message is the turn's prompt
+    pending = False  # a step begins at the next user/message or reply (format 3)
+    replied = False  # the current step has its reply
     for event in events:
         kind = event["type"]
         data = event["data"]
@@ -188,6 +203,40 @@ def with_tool_calls(
                 continue
         elif kind == "turn/start":
             named.clear()
+            open_calls.clear()
+            turn = data.get("turn")
+            step = 0
+            prompt = True
+            pending = replied = False
+        elif kind == "step/start":
+            step = data.get("step") if type(data.get("step")) is int else step + 1
+            pending = replied = prompt = False
+        elif kind == "request/header":
+            if pending:  # the step's request header (format 3): the step has begun
+                step += 1
+                pending = False
+                yield "step/start", {"turn": turn, "step": step}
+        elif kind == "user/message":
+            if prompt:
+                prompt = False
+                pending = True
+            elif pending:
+                step += 1
+                pending = False
+                yield "step/start", {"turn": turn, "step": step}
+        elif kind == "assistant/message":
+            if pending or replied or prompt:
+                step += 1
+                yield "step/start", {"turn": turn, "step": step}
+            pending = prompt = False
+            replied = True
+        elif kind == "tool/result":
+            open_calls.discard(data.get("call_id"))
+            if replied and not open_calls:
+                pending = True
+                replied = False
+        elif kind == "turn/end":
+            pending = replied = prompt = False
         yield kind, data
         if kind == "assistant/message":
             message = data.get("message")
@@ -195,6 +244,7 @@ def with_tool_calls(
             for call in calls or ():
                 if isinstance(call, Mapping):
                     named.add(call.get("id"))  # type: ignore[arg-type]
+                    open_calls.add(call.get("id"))
                     yield (
                         "tool/call",
                         {

@@ -10,9 +10,15 @@ Rules (docs/durability.md repeats them for readers of the file format):
 - step/start only inside a turn, steps 1..k contiguous within the turn; in format 1 (header
   version 1) each is closed by a matching step/end before the next step/start or the
   turn/end; format 2 writes no step/end, and a step ends at the next step/start or turn/end;
-- user/message only inside a turn at a boundary: after turn/start (the prompt) or after
-  step/start (a steer), before the step's assistant/message or tool events;
-- assistant/message and tool/call only inside a step; call ids are unique within a turn;
+  format 3 writes no step/start either: a step is opened by its assistant/message (or by a
+  step/start, which older writers and seeds still carry) and is over once all its calls are
+  answered;
+- user/message only inside a turn at a boundary: after turn/start (the prompt), after
+  step/start (a steer), or in format 3 after the result that answers a step's last call (a
+  steer before the next step's reply); never between a reply and its last result;
+- assistant/message and tool/call only inside a step (format 3: inside a turn, where a reply
+  with no open step, or after a complete step, opens the next one); call ids are unique
+  within a turn;
 - a call is opened by the `tool_calls` of its assistant/message (format 2) or by its tool/call
   event (format 1, and seeds copied from such logs; a tool/call naming a call its message
   already opened, with the same name, is that call's format-1 record, not a second call);
@@ -255,12 +261,13 @@ class LogReplay:
     """Incremental invariant checker; `feed` raises InvariantError on the first bad event."""
 
     __slots__ = (
-        "_accepted",
         "_announce",
         "_boundary",
         "_calls",
-        "_settled",
-        "_settled_inbox",
+        "_implicit",
+        "_inbox",
+        "_open",
+        "_replied",
         "seed_length",
         "seq",
         "step",
@@ -279,22 +286,33 @@ class LogReplay:
         # Format 2 (header version 2): an assistant/message's tool_calls open its calls, and
         # no tool/call event is written. Format 1 logs keep their rules exactly.
         self._announce = header is None or header.version >= 2
+        # Format 3 (header version 3): no step/start is written either; a step is opened by
+        # its reply and is over once its calls are answered (docs/decisions.md, "format 3").
+        self._implicit = header is None or header.version >= 3
+        self._replied = False  # the open step has its assistant/message
         self._boundary = False  # a user/message is admissible here
-        self._calls: dict[str, str] = {}  # open calls of the current turn: id -> name
-        self._settled: set[str] = set()  # call ids of this turn that have a result
-        self._accepted: set[str] = set()
-        self._settled_inbox: set[str] = set()
+        # The calls of the current turn: id -> name while open, None once answered (one dict
+        # per child instead of a dict and a set), and how many are open.
+        self._calls: dict[str, str | None] = {}
+        self._open = 0
+        # Inbox ids accepted -> settled (claimed or discarded); made on first use.
+        self._inbox: dict[str, bool] | None = None
 
     @property
     def format(self) -> int:
-        """The event format the log is written in: 2 opens calls by their assistant/message
-        and writes neither tool/call nor step/end; 1 writes both (docs/decisions.md)."""
+        """The event format the log is written in: 3 writes a step as its assistant/message
+        and results; 2 also writes step/start; 1 also tool/call and step/end
+        (docs/decisions.md)."""
+        if self._implicit:
+            return 3
         return 2 if self._announce else 1
 
     @property
     def open_calls(self) -> dict[str, str]:
         """Tool calls of the open turn that have no result yet (id -> name), in call order."""
-        return dict(self._calls)
+        if not self._open:
+            return {}
+        return {k: v for k, v in self._calls.items() if v is not None}
 
     def feed(self, event: Event) -> None:
         seq = self.seq
@@ -345,9 +363,10 @@ class LogReplay:
         self.turn += 1
         self.turn_open = True
         self.step = 0
+        self._replied = False
         self._boundary = True
         self._calls = {}
-        self._settled = set()
+        self._open = 0
 
     def _turn_end(self, seq: int, data: dict[str, Any]) -> None:
         if not self.turn_open:
@@ -376,6 +395,7 @@ class LogReplay:
             )
         self.step += 1
         self.step_open = True
+        self._replied = False
         self._boundary = True
 
     def _step_end(self, seq: int, data: dict[str, Any]) -> None:
@@ -392,14 +412,25 @@ class LogReplay:
         if not self.turn_open:
             raise InvariantError(seq, "user/message outside a turn")
         if not self._boundary:
-            raise InvariantError(seq, "user/message only right after turn/start or step/start")
+            raise InvariantError(
+                seq,
+                "user/message only right after turn/start or step/start"
+                + (", or once a step's calls are answered" if self._implicit else ""),
+            )
         message = data["message"]
         if message.get("role") != "user" or type(message.get("content")) is not list:
             raise InvariantError(seq, "user/message needs role 'user' and a content list")
 
     def _assistant_message(self, seq: int, data: dict[str, Any]) -> None:
-        if not self.step_open:
+        if self._implicit and (not self.step_open or (self._replied and not self._open)):
+            # Format 3: the reply opens its step (no step/start is written).
+            if not self.turn_open:
+                raise InvariantError(seq, "assistant/message outside a turn")
+            self.step += 1
+            self.step_open = True
+        elif not self.step_open:
             raise InvariantError(seq, "assistant/message outside a step")
+        self._replied = True
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
@@ -412,8 +443,7 @@ class LogReplay:
         self._boundary = False
 
     def _open_announced(self, seq: int, calls: list[Any]) -> None:
-        open_calls = self._calls
-        settled = self._settled
+        turn_calls = self._calls
         for call in calls:
             if type(call) is not dict:
                 raise InvariantError(seq, "assistant/message tool_calls entries must be dicts")
@@ -421,7 +451,7 @@ class LogReplay:
             name = call.get("name")
             if type(call_id) is not str or type(name) is not str:
                 raise InvariantError(seq, "assistant/message: a tool call needs a str id and name")
-            if call_id in open_calls or call_id in settled:
+            if call_id in turn_calls:  # open, or answered earlier in the turn
                 if seq < self.seed_length:
                     # A seed copied from a format-1 log, where only the tool/call events
                     # opened calls and a repeated id in a reply was refused there: skip it.
@@ -429,7 +459,8 @@ class LogReplay:
                 raise InvariantError(
                     seq, f"tool call id {call_id!r} repeats within turn {self.turn}"
                 )
-            open_calls[call_id] = name
+            turn_calls[call_id] = name
+            self._open += 1
 
     def _tool_call(self, seq: int, data: dict[str, Any]) -> None:
         if not self.step_open:
@@ -439,22 +470,25 @@ class LogReplay:
             # The format-1 record of a call its assistant/message opened (a seed, an old log).
             self._boundary = False
             return
-        if call_id in self._calls or call_id in self._settled:
+        if call_id in self._calls:
             raise InvariantError(seq, f"tool/call id {call_id!r} repeats within turn {self.turn}")
         self._calls[call_id] = data["name"]
+        self._open += 1
         self._boundary = False
 
     def _tool_result(self, seq: int, data: dict[str, Any]) -> None:
         if not self.turn_open:
             raise InvariantError(seq, "tool/result outside a turn")
         call_id = data["call_id"]
-        if call_id in self._settled:
-            raise InvariantError(seq, f"second tool/result for call {call_id!r}")
-        if call_id not in self._calls:
+        calls = self._calls
+        if call_id not in calls:
             raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
-        del self._calls[call_id]
-        self._settled.add(call_id)
-        self._boundary = False
+        if calls[call_id] is None:
+            raise InvariantError(seq, f"second tool/result for call {call_id!r}")
+        calls[call_id] = None
+        self._open -= 1
+        # Format 3: the step's last answer is its end, and a steer may be logged after it.
+        self._boundary = self._implicit and not self._open and self._replied
 
     def _request_header(self, seq: int, data: dict[str, Any]) -> None:
         if "ref" in data:
@@ -486,17 +520,21 @@ class LogReplay:
     def _inbox_accepted(self, seq: int, data: dict[str, Any]) -> None:
         if data["kind"] not in ("send", "steer"):
             raise InvariantError(seq, f"inbox/accepted kind {data['kind']!r}")
-        if data["message_id"] in self._accepted:
+        inbox = self._inbox
+        if inbox is None:
+            inbox = self._inbox = {}
+        if data["message_id"] in inbox:
             raise InvariantError(seq, f"inbox message {data['message_id']!r} accepted twice")
-        self._accepted.add(data["message_id"])
+        inbox[data["message_id"]] = False
 
     def _inbox_settle(self, seq: int, data: dict[str, Any], what: str) -> None:
         message_id = data["message_id"]
-        if message_id not in self._accepted:
+        inbox = self._inbox
+        if inbox is None or message_id not in inbox:
             raise InvariantError(seq, f"inbox/{what} of a message never accepted: {message_id!r}")
-        if message_id in self._settled_inbox:
+        if inbox[message_id]:
             raise InvariantError(seq, f"inbox message {message_id!r} settled twice")
-        self._settled_inbox.add(message_id)
+        inbox[message_id] = True
 
     def _inbox_claimed(self, seq: int, data: dict[str, Any]) -> None:
         self._inbox_settle(seq, data, "claimed")

@@ -2,8 +2,9 @@
 
 `AgentCore` knows nothing of actors. Whoever hosts it (the `AgentActor`) calls `run_turn` from a
 worker greenlet and feeds steering through `take_steers`, which the core drains at each step
-boundary: a steer is logged as a user message right after `step/start`, so the very next model
-request contains it, and only then is its sender told it was admitted.
+boundary: a steer is logged as a user message before the step's model request (in format 3
+right after the previous step's last result; in older formats right after `step/start`), so the
+very next model request contains it, and only then is its sender told it was admitted.
 
 Every way a turn can end leaves a balanced log: open tool calls get synthetic results, the open
 step is closed, and `turn/end` carries the reason. Only an infrastructure fault (the log itself
@@ -171,6 +172,7 @@ class AgentCore:
         self.on_progress: ProgressFn | None = None
         # The conversation, held once: positions of the log's message events.
         self.history = Conversation(log.events)
+        self._note = self.history.note_seq
         self.turn = last_turn_number(log.events)
         # This session's token spend (from its log) and budget; the subagent layer links it to
         # the parent's account so a subtree's spend counts against every ancestor's budget.
@@ -183,9 +185,11 @@ class AgentCore:
             cost_limit=cost_limit,
         )
         self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
-        # A format-1 log (an older session resumed) keeps its format: tool/call and step/end
-        # events; format 2 derives both (docs/decisions.md, "A step in three events").
+        # An older session resumed keeps its log's format: format 1 writes tool/call and
+        # step/end events, formats 1 and 2 step/start; format 3 derives all three
+        # (docs/decisions.md, "A step in three events" and "Log format 3").
         self._format1 = log.format == 1
+        self._step_events = log.format <= 2
         self._capture: _Conclude | None = None
         # Tracing (agent.tracing): the agent's latest trace parent, and the running turn's spans.
         self.trace: tracing.TraceParent | None = None
@@ -274,6 +278,7 @@ class AgentCore:
         max_steps = self.options.max_steps
         log_append = self.log.append
         format1 = self._format1
+        step_events = self._step_events
         sink = self._model_progress(state)
         step = 0
         while True:
@@ -286,7 +291,8 @@ class AgentCore:
                 return TurnOutcome(turn, BUDGET_EXCEEDED, message=over.describe_exhausted())
             step += 1
             state.step = step
-            log_append("step/start", {"turn": turn, "step": step})
+            if step_events:
+                log_append("step/start", {"turn": turn, "step": step})
             if self.on_progress is not None:
                 self._progress({"kind": "step/start", "turn": turn, "step": step})
             steers = take_steers()
@@ -338,7 +344,7 @@ class AgentCore:
         system = self.prompt.render(self.variables)
         specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
         last = self._last_header
-        if last is None or last[0] is not system or last[1] != specs:
+        if last is None or last[0] is not system or (last[1] is not specs and last[1] != specs):
             self._last_header = (system, specs)
             self.log.append_request_header(system, specs)
         return ModelRequest(
@@ -373,7 +379,7 @@ class AgentCore:
             "content": content,
             "source": dict(message["source"]),
         }
-        self.history.note(self.log.append("user/message", {"message": entry}))
+        self._note(self.log.append("user/message", {"message": entry})["seq"])
 
     def _log_assistant(
         self, response: ModelResponse, calls: Sequence[ToolCall]
@@ -421,13 +427,13 @@ class AgentCore:
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
-        self.history.note(
+        self._note(
             self.log.append(
                 "assistant/message",
                 data,
                 prechecked=(checked is not None or not counts)
                 and (is_plain_reply(message) or is_lossless(message, 1)),
-            )
+            )["seq"]
         )
         if counts:
             if checked is None:
@@ -479,6 +485,9 @@ class AgentCore:
                         "arguments": call.arguments,
                     }
                 )
+        if len(calls) == 1:
+            self._run_lone(calls[0], signal, capture, state)
+            return
         results: list[ToolResult | None] = [None] * len(calls)
         started = [False] * len(calls)
         crash: list[BaseException] = []
@@ -516,6 +525,45 @@ class AgentCore:
         if crash:
             exc = crash[0]
             raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
+
+    def _run_lone(
+        self, call: ToolCall, signal: AbortSignal, capture: _Conclude, state: _TurnState
+    ) -> None:
+        """`_run_tools` for a step's only call (the common case), without its batch lists."""
+        result: ToolResult | None = None
+        started = False
+        crash: list[BaseException] = []
+        if not signal.aborted and not capture.concluded:
+            started = True
+            state.in_tool = True
+            try:
+                tt = self._trace
+                if tt is None:
+                    result = self.tools.execute(call, self._context(call, signal))
+                else:
+                    result = tt.tool(self.tools.execute, call, self._context, signal)
+            except AbortError:
+                pass
+            except _Abandon:
+                pass
+            except Exception as exc:  # execute() must contain tool errors: this is a defect
+                crash.append(exc)
+                result = _synthetic(TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+            finally:
+                state.in_tool = False
+        if result is None:
+            if capture.concluded and not started:
+                result = _synthetic("TURN_CONCLUDED", "not run: the turn concluded")
+            elif started:
+                result = _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
+            else:
+                result = _synthetic("ABORTED", "not run: the turn was aborted")
+        self._log_tool_result(call.id, call.name, result)
+        if crash:
+            failure = crash[0]
+            raise ToolCrash(
+                f"the tool layer failed: {type(failure).__name__}: {failure}"
+            ) from failure
 
     def _context(
         self, call: ToolCall, signal: AbortSignal, trace: tracing.TraceParent | None = None
@@ -630,7 +678,7 @@ class AgentCore:
                 "code": TOOL_FAILED,
             }
             event = self.log.append("tool/result", data)
-        self.history.note(event)
+        self._note(event["seq"])
         if self.on_progress is not None:
             self._progress(
                 {

@@ -450,14 +450,19 @@ class ToolScope:
 
         The only visibility decision: `specs()` and `execute()` both go through it.
         """
+        # Without restrictions (most scopes) nothing is hidden: no call per check.
+        restricted = bool(self._restrictions)
         entry = self._scoped.get(name)
         if entry is not None:
-            if entry.exempt or self._admitted(name):
+            if entry.exempt or not restricted or self._admitted(name):
                 return entry.tool
             return None
-        if not self._admitted(name):
+        if restricted and not self._admitted(name):
             return None
-        return self._inherited(name)
+        parent = self._parent
+        if parent is not None:
+            return parent.resolve(name)
+        return self._registry.get(name)
 
     def names(self) -> list[str]:
         """Visible names: inherited order first (global insertion order), then scoped."""

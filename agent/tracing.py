@@ -318,15 +318,71 @@ class TurnEnd(Protocol):
     def message(self) -> str | None: ...
 
 
+class Subspans(Protocol):
+    """A tracer's own cheaper way to make spans under one parent (`subspans(parent)` on the
+    lean tracer, subagent/lean_tracing.py): each span starts from a template of what repeats
+    (name, kind, leading attributes), made once; `attributes` dicts are taken over, not copied.
+    Templates are opaque here."""
+
+    def template(self, name: str, kind: SpanKind, attributes: Mapping[str, str]) -> object: ...
+
+    def start(
+        self,
+        template: object,
+        attributes: dict[str, Any] | None = None,
+        start_time: int | None = None,
+    ) -> Span: ...
+
+    def record(
+        self, template: object, start_time: int, attributes: dict[str, Any] | None = None
+    ) -> None: ...
+
+    def start_current(
+        self, template: object, attributes: dict[str, Any] | None, context: Context
+    ) -> tuple[Span, Context]: ...
+
+
+class _Templates:
+    """The `chat` and `execute_tool` templates of one kind of `Subspans`, kept across turns:
+    by (provider, model) then finish reason, and by tool name."""
+
+    __slots__ = ("chat", "tool")
+
+    def __init__(self) -> None:
+        self.chat: dict[tuple[str, str], dict[str, object]] = {}
+        self.tool: dict[str, object] = {}
+
+
+_TEMPLATES: dict[type, _Templates] = {}
+
+
+def _subspans(found: Tracer, span: Span) -> tuple[Subspans, _Templates] | None:
+    """The tracer's cheaper path for spans under `span`, with its templates, if it has one."""
+    maker: Callable[[Span], Subspans | None] | None = getattr(found, "subspans", None)
+    fast = None if maker is None else maker(span)
+    if fast is None:
+        return None
+    templates = _TEMPLATES.get(type(fast))
+    if templates is None:
+        templates = _TEMPLATES[type(fast)] = _Templates()
+    return fast, templates
+
+
 class TurnTrace:
-    """The spans of one running turn: its `invoke_agent` (own or the activation's) and below."""
+    """The spans of one running turn: its `invoke_agent` (own or the activation's) and below.
+
+    With the lean tracer, `chat` and `execute_tool` spans are made through its `Subspans`
+    (templates of their fixed attributes, no per-span context look-up or attribute copy);
+    with any other tracer through the API (docs/performance.md, h18f)."""
 
     __slots__ = (
         "_chat",
         "_content",
+        "_fast",
         "_here",
         "_own",
         "_provider",
+        "_templates",
         "context",
         "recording",
         "span",
@@ -342,12 +398,18 @@ class TurnTrace:
         self._provider = provider
         # The `chat` span's name and fixed attributes, built once for the model the turn asks
         # (rebuilt only if a request names another): each step copies the dict, builds nothing.
-        self._chat: tuple[str, str, dict[str, Any]] = ("", "", {})
+        # With `Subspans`, the last element holds the model's templates by finish reason.
+        self._chat: tuple[str, str, dict[str, Any], dict[str, object]] = ("", "", {}, {})
         # An agent span the sampler dropped: its model and tool spans would be dropped too
         # (parent-based sampling, the default), so they are not made at all; the context still
         # travels, so the children it starts stay out of the sample with it.
         self.recording = span.is_recording()
-        self._here = TraceParent(context)
+        self._here: TraceParent | None = None  # the parent a tool call gets, if not recording
+        fast = _subspans(found, span) if self.recording else None
+        self._fast: Subspans | None = None
+        self._templates = _Templates()
+        if fast is not None:
+            self._fast, self._templates = fast
 
     def chat(
         self,
@@ -370,20 +432,67 @@ class TurnTrace:
             _fail(self._chat_span(request, None, start), exc)
             raise
         response = repair(response)  # what the loop logs and acts on is what the span records
-        self._chat_span(request, response, start).end()
+        fast = self._fast
+        if fast is None:
+            self._chat_span(request, response, start).end()
+            return response
+        # The lean tracer's path: the name, kind and every attribute up to the finish reason
+        # come from a template per (model, finish reason); only content and usage are the span's.
+        model = request.model
+        chat = self._chat
+        if model != chat[1]:
+            chat = self._chat_for(model)
+        finish = response.finish
+        template = chat[3].get(finish)
+        if template is None:
+            template = self._chat_template(fast, chat, finish)
+        own: dict[str, Any] | None = None
+        if self._content:
+            own = {"gen_ai.output.messages": output_messages(response)}
+        if response.usage:
+            usage = usage_attributes(response.usage)
+            if own is None:
+                own = usage
+            else:
+                own.update(usage)
+        fast.record(template, start, own)
         return response
+
+    def _chat_for(self, model: str) -> tuple[str, str, dict[str, Any], dict[str, object]]:
+        """The `chat` span's name, fixed attributes and templates for `model` (kept)."""
+        base = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": self._provider,
+            "gen_ai.request.model": model,
+        }
+        by_model = self._templates.chat
+        key = (self._provider, model)
+        templates = by_model.get(key)
+        if templates is None:
+            if len(by_model) >= _NAMES_KEPT:
+                by_model.clear()
+            templates = by_model[key] = {}
+        chat = self._chat = (f"chat {model}", model, base, templates)
+        return chat
+
+    @staticmethod
+    def _chat_template(
+        fast: Subspans,
+        chat: tuple[str, str, dict[str, Any], dict[str, object]],
+        finish: str,
+    ) -> object:
+        name, _, base, templates = chat
+        if len(templates) >= _NAMES_KEPT:
+            templates.clear()
+        attributes = {**base, "gen_ai.response.finish_reasons": _finish_reasons(finish)}
+        template = templates[finish] = fast.template(name, SpanKind.CLIENT, attributes)
+        return template
 
     def _chat_span(self, request: ModelRequest, response: ModelResponse | None, start: int) -> Span:
         model = request.model
-        name, asked, base = self._chat
+        name, asked, base, _ = self._chat
         if model != asked:
-            name = f"chat {model}"
-            base = {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": self._provider,
-                "gen_ai.request.model": model,
-            }
-            self._chat = (name, model, base)
+            name, _, base, _ = self._chat_for(model)
         attributes = base.copy()
         if response is not None:
             attributes["gen_ai.response.finish_reasons"] = _finish_reasons(response.finish)
@@ -410,22 +519,32 @@ class TurnTrace:
 
         `make_context(call, signal, parent)` builds the tool's context (no closure per call)."""
         if not self.recording:
+            here = self._here
+            if here is None:
+                here = self._here = TraceParent(self.context)
             token = _context.attach(self.context)
             try:
-                return execute(call, make_context(call, signal, self._here))
+                return execute(call, make_context(call, signal, here))
             finally:
                 _context.detach(token)
-        span = self.tracer.start_span(
-            _tool_span_name(call.name),
-            context=self.context,
-            kind=SpanKind.INTERNAL,
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": call.name,
-                "gen_ai.tool.call.id": call.id,
-            },
-        )
-        ctx = _trace.set_span_in_context(span, self.context)
+        fast = self._fast
+        if fast is None:
+            span = self.tracer.start_span(
+                _tool_span_name(call.name),
+                context=self.context,
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": call.name,
+                    "gen_ai.tool.call.id": call.id,
+                },
+            )
+            ctx = _trace.set_span_in_context(span, self.context)
+        else:
+            template = self._templates.tool.get(call.name)
+            if template is None:
+                template = self._tool_template(fast, call.name)
+            span, ctx = fast.start_current(template, {"gen_ai.tool.call.id": call.id}, self.context)
         token = _context.attach(ctx)
         try:
             result = execute(call, make_context(call, signal, TraceParent(ctx)))
@@ -439,6 +558,17 @@ class TurnTrace:
             span.set_status(StatusCode.ERROR, result.code or "tool error")
         span.end()
         return result
+
+    def _tool_template(self, fast: Subspans, tool: str) -> object:
+        templates = self._templates.tool
+        if len(templates) >= _NAMES_KEPT:
+            templates.clear()
+        template = templates[tool] = fast.template(
+            _tool_span_name(tool),
+            SpanKind.INTERNAL,
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool},
+        )
+        return template
 
     def steers(self, steers: Sequence[Any]) -> None:
         """Steering messages admitted at a step boundary: one span event each."""

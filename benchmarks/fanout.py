@@ -221,7 +221,7 @@ def _fanout(n: int, gc_mode: str = "default", usage: bool = False) -> dict[str, 
     gc.unfreeze()
     completed = sum(1 for r in results if r.stop_reason == "completed")
     sample = rt.store.load(runs[0].id).events
-    steps = sum(1 for e in sample if e["type"] == "step/start")
+    steps = sum(1 for e in sample if e["type"] == "assistant/message")  # one reply a step
     rt.subagents.providers()  # flush the registry's end events
     rt.close()
     return {
@@ -439,23 +439,28 @@ def _agent(run: RunHandle) -> Agent:
 
 
 def _check_admission(runs: list[Any], marks: list[int]) -> tuple[int, int, int]:
-    """Per child: the steer accepted at seq `mark` must be logged as a user/message right after
-    the first step/start following it (no step boundary may pass it by)."""
+    """Per child: the steer accepted at seq `mark` must be logged as a user/message at the first
+    step boundary following it (no step boundary may pass it by). A boundary is a step/start in
+    log formats 1 and 2; in format 3 (no step/start) the steer must come before the reply of
+    the step after the one running when it was accepted, i.e. at most one reply in between."""
     ok = later = missing = 0
     for run, mark in zip(runs, marks, strict=True):
-        events = run.local_agent.log.events
+        log = run.local_agent.log
+        events = log.events
+        boundary = "step/start" if log.format <= 2 else "assistant/message"
+        fewest = 1 if boundary == "step/start" else 0
         message_id = events[mark]["data"]["message_id"]
         boundaries = 0
         admitted = False
         for e in events[mark + 1 :]:
-            if e["type"] == "step/start":
+            if e["type"] == boundary:
                 boundaries += 1
             elif e["type"] == "user/message" and e["data"]["message"]["id"] == message_id:
                 admitted = True
                 break
         if not admitted:
             missing += 1
-        elif boundaries == 1:
+        elif fewest <= boundaries <= 1:
             ok += 1
         else:
             later += 1

@@ -1,7 +1,7 @@
 """Session log cost: load + validate a long log, append per event, one typical step.
 
 `python -m benchmarks load [--n EVENTS] [--json] [--quick]`. Targets: load of 10,000 events
-<= 50 ms; a typical step (6 appends + a step checkpoint) well inside the ~35 us framework
+<= 50 ms; a typical step (5 appends + a step checkpoint) well inside the ~35 us framework
 budget per step. Peer: the same events as JSON lines (`json.loads` per line, no checks),
 measured in the same process, so the ratio says what framing, CRC and invariants cost.
 """
@@ -25,9 +25,8 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 
 
 def _step(log: SessionLog, turn: int, step: int) -> None:
-    """A typical step: 6 appends (a steer, a reply with three tool calls, their results) and the
-    step checkpoint (log format 2: no tool/call or step/end events)."""
-    log.append("step/start", {"turn": turn, "step": step})
+    """A typical step: 5 appends (a steer, a reply with three tool calls, their results) and the
+    step checkpoint (log format 3: no step/start, tool/call or step/end events)."""
     log.append(
         "user/message",
         {
@@ -171,7 +170,7 @@ def run(n: int | None, options: Any) -> dict[str, Any]:
         "validate_ms": round(validate_s * 1e3, 2),
         "append_us_per_event": round(append_s / events_n * 1e6, 2),
         "step_us": round(step_seconds / steps * 1e6, 2),
-        "step_shape": "6 appends + checkpoint('step') (write, no fsync)",
+        "step_shape": "5 appends + checkpoint('step') (write, no fsync)",
         "peers": {"jsonl_loads_ms": round(jsonl_s * 1e3, 2)},
         "ratios": {"load_vs_jsonl_loads": round(load_s / jsonl_s, 2)},
     }

@@ -46,7 +46,7 @@ MANY = 1_000
 QUICK_MANY = 100
 REPEATS = 5
 QUICK_REPEATS = 2
-EVENTS_PER_STEP = 3  # step/start, assistant/message, tool/result (log format 2)
+EVENTS_PER_STEP = 2  # assistant/message, tool/result (log format 3)
 
 TARGETS = {
     "big_resume_to_first_request_ms": ("<=", 50.0),

@@ -13,8 +13,9 @@ fresh process so no mode inherits another's imports, tracer provider or heap:
   attributes and drops it (the batch queue and its worker thread, no encoding);
 - `lean-floor`: the runtime's lean provider (`subagent.lean_tracing`) with a sink that counts
   each ended span and drops it: the lean spans' own cost, against `floor`;
-- `lean-encode`: the lean provider and its batch exporter thread encoding every batch
-  (`subagent.otlp`), posting nowhere: `on` without the HTTP client;
+- `lean-encode`: the lean provider and its batch exporter (`subagent.otlp`: each span encoded
+  at its end, the bytes batched by the exporter's drainer greenlet), posting nowhere: `on`
+  without the HTTP client;
 - `on`: what a host gets from `OTEL_TRACES_EXPORTER=otlp`: the runtime's lean provider and its
   batch exporter (`subagent.lean_tracing`, `subagent.otlp`: OTLP/protobuf encoded by hand),
   posting to a local collector this benchmark runs in its own process on 127.0.0.1 (the

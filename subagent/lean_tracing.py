@@ -21,7 +21,7 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, cast
 
 from opentelemetry import trace
@@ -39,6 +39,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
+    "LeafSink",
     "LeanResource",
     "LeanSpan",
     "LeanTracer",
@@ -48,6 +49,8 @@ __all__ = [
     "Scope",
     "SpanEvent",
     "SpanSink",
+    "SpanTemplate",
+    "Subspans",
 ]
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,26 @@ class SpanSink(Protocol):
     def force_flush(self, timeout_s: float) -> bool: ...
 
     def shutdown(self, timeout_s: float) -> None: ...
+
+
+class LeafSink(Protocol):
+    """A sink that also takes spans made and ended in one step, without a span object
+    (`Subspans.record`: the runtime's `chat` spans): the batch exporter encodes them at once.
+    `leaf_head` settles what every such span under one parent shares."""
+
+    def leaf_head(
+        self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
+    ) -> object: ...
+
+    def leaf(
+        self,
+        head: object,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: dict[str, AttributeValue] | None,
+    ) -> None: ...
 
 
 class MemorySink:
@@ -196,11 +219,43 @@ def _cleaned(attributes: Attributes) -> dict[str, AttributeValue] | None:
     return clean or None
 
 
+class SpanTemplate:
+    """What spans of one sort share: a name, a kind and leading attributes, checked once.
+
+    The runtime's `chat` and `execute_tool` spans repeat these (`gen_ai.operation.name`, the
+    model, the tool's name); a span made from a template (`Subspans`) holds it instead of a copy
+    of them, and the exporter encodes them once per template (kept in `wire`). Immutable once
+    made: a span that changes its name, or sets a key the template holds, stops using it."""
+
+    __slots__ = ("attributes", "keys", "kind", "name", "wire")
+
+    def __init__(self, name: str, kind: SpanKind, attributes: Attributes = None) -> None:
+        cleaned = _cleaned(attributes) or {}
+        self.name = name
+        self.kind = kind
+        self.attributes: tuple[tuple[str, AttributeValue], ...] = tuple(cleaned.items())
+        self.keys = frozenset(cleaned)
+        self.wire: bytes | None = None  # the encoder's bytes for name, kind and attributes
+
+    def __repr__(self) -> str:
+        return f"SpanTemplate({self.name!r}, {self.kind}, {dict(self.attributes)!r})"
+
+
+def _span_id() -> int:
+    """A span id, never 0 (invalid): for the one draw in 2**64 that is."""
+    span_id = 0
+    while not span_id:
+        span_id = _bits(64)
+    return span_id
+
+
 class LeanSpan(trace.Span):
     """One recording span: its ids, what was set on it, and its sink (told at `end`).
 
     The encoder reads the public slots; tests read it as they read the SDK's `ReadableSpan`
-    (`name`, `context`, `parent`, `attributes`, `events`, `links`, `status`, `kind`)."""
+    (`name`, `context`, `parent`, `attributes`, `events`, `links`, `status`, `kind`).
+    A span made from a `SpanTemplate` keeps the template's attributes there and only its own
+    in `attrs`, after them."""
 
     __slots__ = (
         "_context",
@@ -219,6 +274,7 @@ class LeanSpan(trace.Span):
         "start_time",
         "status_code",
         "status_message",
+        "template",
         "trace_id",
         "trace_state",
     )
@@ -238,6 +294,7 @@ class LeanSpan(trace.Span):
         scope: Scope,
         sink: SpanSink,
         on_exit: bool,
+        template: SpanTemplate | None = None,
     ) -> None:
         self.span_name = name
         self.trace_id = trace_id
@@ -257,6 +314,17 @@ class LeanSpan(trace.Span):
         self.sink = sink
         self._exit = on_exit
         self._context: SpanContext | None = None
+        self.template = template
+
+    def _own_attributes(self) -> None:
+        """Stop using the template: its attributes become this span's own (first, in order)."""
+        template = self.template
+        if template is not None:
+            self.template = None
+            merged = dict(template.attributes)
+            if self.attrs:
+                merged.update(self.attrs)
+            self.attrs = merged or None
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -285,6 +353,9 @@ class LeanSpan(trace.Span):
             if cleaned is None:
                 return
             value = cleaned
+        template = self.template
+        if template is not None and key in template.keys:
+            self._own_attributes()
         attrs = self.attrs
         if attrs is None:
             self.attrs = {key: value}
@@ -317,6 +388,7 @@ class LeanSpan(trace.Span):
 
     def update_name(self, name: str) -> None:
         if not self.end_time:
+            self._own_attributes()  # the template's encoding holds the old name
             self.span_name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
@@ -383,7 +455,13 @@ class LeanSpan(trace.Span):
 
     @property
     def attributes(self) -> Mapping[str, AttributeValue]:
-        return self.attrs or {}
+        template = self.template
+        if template is None:
+            return self.attrs or {}
+        merged = dict(template.attributes)
+        if self.attrs:
+            merged.update(self.attrs)
+        return merged
 
     @property
     def events(self) -> Sequence[SpanEvent]:
@@ -499,6 +577,16 @@ class LeanTracer(trace.Tracer):
             record_exception and set_status_on_exception,
         )
 
+    def subspans(self, parent: trace.Span) -> Subspans | None:
+        """The cheaper path for spans under `parent` (`Subspans`), or None where it does not
+        apply: `parent` is not a recording lean span, or the sampler would drop its children
+        (the caller then uses `start_span`)."""
+        if type(parent) is not LeanSpan or not parent.is_recording():
+            return None
+        if not self._sampling.sampled(True, True, parent.trace_id):
+            return None
+        return Subspans(parent, self._scope, self._sink)
+
     # The API types this as its own private context-manager class; a generator one is the same
     # to every caller (a `with` block, or a decorator).
     @contextlib.contextmanager
@@ -531,6 +619,118 @@ class LeanTracer(trace.Tracer):
             set_status_on_exception=set_status_on_exception,
         ) as current:
             yield current
+
+
+class Subspans:
+    """Spans under one recording lean span, made without the API's generic steps: the parent,
+    its trace, the sampling decision and the sink are settled once (`LeanTracer.subspans`), and
+    each span starts from a `SpanTemplate`. For the runtime's `chat` and `execute_tool` spans,
+    made by the thousand under each turn's span (agent/tracing.py)."""
+
+    __slots__ = ("_head", "_leaf", "_parent_id", "_scope", "_sink", "_state", "_trace_id")
+
+    def __init__(self, parent: LeanSpan, scope: Scope, sink: SpanSink) -> None:
+        self._trace_id = parent.trace_id
+        self._parent_id = parent.span_id
+        self._state = parent.trace_state
+        self._scope = scope
+        self._sink = sink
+        # A sink that takes spans without their object (the exporter) gets `record`'s so.
+        self._head: object = None
+        self._leaf: Callable[..., None] | None = None
+        leaf_head = getattr(sink, "leaf_head", None)
+        if leaf_head is not None:
+            leaves = cast("LeafSink", sink)
+            self._head = leaves.leaf_head(scope, parent.trace_id, parent.span_id, self._state)
+            self._leaf = leaves.leaf
+
+    @staticmethod
+    def template(name: str, kind: SpanKind, attributes: Attributes = None) -> SpanTemplate:
+        """A template for spans named `name` of `kind` whose attributes start with these."""
+        return SpanTemplate(name, kind, attributes)
+
+    def start(
+        self,
+        template: SpanTemplate,
+        attributes: dict[str, AttributeValue] | None = None,
+        start_time: int | None = None,
+    ) -> LeanSpan:
+        """A started span: the template's name, kind and attributes, then `attributes` (taken
+        over by the span, not copied)."""
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
+        return LeanSpan(
+            template.name,
+            self._trace_id,
+            _bits(64) or _span_id(),
+            self._parent_id,
+            False,
+            self._state,
+            template.kind,
+            start_time or time.time_ns(),
+            attributes or None,
+            None,
+            self._scope,
+            self._sink,
+            True,
+            template,
+        )
+
+    def start_current(
+        self,
+        template: SpanTemplate,
+        attributes: dict[str, AttributeValue] | None,
+        context: Context,
+    ) -> tuple[LeanSpan, Context]:
+        """`start`, and `context` with the span as its current span (as the API's
+        `set_span_in_context`, in one step): for a span that work runs under (a tool call)."""
+        span = self.start(template, attributes)
+        return span, Context({**context, _SPAN_KEY: span})
+
+    def record(
+        self,
+        template: SpanTemplate,
+        start_time: int,
+        attributes: dict[str, AttributeValue] | None = None,
+    ) -> None:
+        """A span that started at `start_time` and ends now (a model call, made at its end)."""
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
+        leaf = self._leaf
+        if leaf is not None:
+            leaf(
+                self._head,
+                template,
+                _bits(64) or _span_id(),
+                start_time,
+                time.time_ns(),
+                attributes or None,
+            )
+            return
+        span = LeanSpan(
+            template.name,
+            self._trace_id,
+            _bits(64) or _span_id(),
+            self._parent_id,
+            False,
+            self._state,
+            template.kind,
+            start_time,
+            attributes or None,
+            None,
+            self._scope,
+            self._sink,
+            True,
+            template,
+        )
+        span.end_time = time.time_ns()
+        self._sink.on_end(span)
 
 
 class LeanTracerProvider(trace.TracerProvider):

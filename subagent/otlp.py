@@ -32,7 +32,7 @@ import gevent.ssl
 from gevent import Greenlet
 from opentelemetry.trace import Link, SpanKind, TraceState
 
-from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent
+from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent, SpanTemplate
 from supervision.group import TaskGroup
 from supervision.offload import offload
 
@@ -40,11 +40,19 @@ __all__ = ["BatchExporter", "HttpPoster", "encode_request"]
 
 log = logging.getLogger(__name__)
 
-_pack_head = struct.Struct(">BBQQBBQBBQ").pack  # trace id, span id, parent id: bytes fields
-_pack_root = struct.Struct(">BBQQBBQ").pack  # trace id and span id
-_pack_tail = struct.Struct("<BQBQBBI").pack  # start and end (fixed64), flags (fixed32)
+_HEAD_STRUCT = struct.Struct(">BBQQBBQBBQ")  # trace id, span id, parent id: bytes fields
+_ROOT_STRUCT = struct.Struct(">BBQQBBQ")  # trace id and span id
+_pack_head = _HEAD_STRUCT.pack
+_pack_root = _ROOT_STRUCT.pack
+_HEAD = _HEAD_STRUCT.size
+_ROOT = _ROOT_STRUCT.size
+_TAIL_STRUCT = struct.Struct("<BQBQBBI")  # start and end (fixed64), flags (fixed32)
+_pack_tail = _TAIL_STRUCT.pack
+_TAIL = _TAIL_STRUCT.size
 _LOW = (1 << 64) - 1
 _pack_double = struct.Struct("<d").pack
+_pack_fixed64 = struct.Struct("<Q").pack
+_pack_id = struct.Struct(">Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _BYTES = [bytes((i,)) for i in range(128)]
 
@@ -54,6 +62,7 @@ _BYTES = [bytes((i,)) for i in range(128)]
 # Looked up by the member's id: an Enum member's hash is a Python-level call.
 _KIND = {id(kind): b"\x30" + _BYTES[kind.value + 1] for kind in SpanKind}
 
+_get_ident = threading.get_ident
 _CACHE_LIMIT = 8192  # entries per cache below; emptied when full
 _VALUES_KEPT = 256  # distinct values kept per attribute key; past that its values vary (ids)
 
@@ -67,6 +76,13 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# A span's tag (`ScopeSpans.spans`) and length for every length a span of the runtime has (its
+# spans are 150-400 bytes: a two-byte varint built per span was a tenth of its encoding).
+_SPAN_TAG = b"\x12"
+_SPAN_TAGGED = 2048
+_SPAN_TAGS = [_SPAN_TAG + _varint(n) for n in range(_SPAN_TAGGED)]
 
 
 def _field(tag: bytes, payload: bytes) -> bytes:
@@ -123,6 +139,23 @@ def _attribute_field(key: str, value: object) -> bytes:
     return b"" if encoded is None else _field(b"\x4a", encoded)
 
 
+def _text_attribute(key_field: bytes, value: str) -> bytes:
+    """One `Span.attributes` field of a string value, its key's field given (a key whose values
+    vary: a call id, a run id): written straight out, in one join when every length is one
+    byte."""
+    try:
+        text = value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: "?", as `_text`
+        text = value.encode("utf-8", "replace")
+    n = len(text)
+    size = len(key_field) + n + 4  # the KeyValue: key, then AnyValue's tag and length
+    if size < 0x80:
+        return b"".join(
+            (b"\x4a", _BYTES[size], key_field, b"\x12", _BYTES[n + 2], b"\x0a", _BYTES[n], text)
+        )
+    return _field(b"\x4a", key_field + _field(b"\x12", _field(b"\x0a", text)))
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
     """Repeated `KeyValue` fields under `tag` (uncached: resources, scopes, events, links)."""
     if not attributes:
@@ -133,6 +166,21 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
         if encoded is not None:
             out.append(_field(tag, encoded))
     return b"".join(out)
+
+
+class LeafHead:
+    """What every leaf span under one parent shares on the wire: the trace id's field and the
+    span id's tag (`before`), the parent id's field (`after`), the trace state's field, and the
+    fixed part of the length."""
+
+    __slots__ = ("after", "before", "scope", "size", "state")
+
+    def __init__(self, scope: Scope, trace_id: int, parent_id: int, state: TraceState | None):
+        self.scope = scope
+        self.before = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
+        self.after = b"\x22\x08" + parent_id.to_bytes(8, "big")
+        self.state = _field(b"\x1a", _trace_state(state)) if state else b""
+        self.size = len(self.before) + 8 + len(self.after) + len(self.state) + _TAIL
 
 
 class Encoder:
@@ -150,6 +198,7 @@ class Encoder:
         self._shapes: dict[object, bytes] = {}  # (name, kind, attributes) -> their fields
         self._shapeless: set[str] = set()  # span names whose attributes vary
         self._scopes: dict[int, tuple[Scope, bytes]] = {}
+        self._event_names: dict[str, bytes] = {}
 
     def encode(self, spans: Iterable[LeanSpan]) -> bytes:
         """One request holding `spans`, grouped by instrumentation scope."""
@@ -157,6 +206,13 @@ class Encoder:
 
     def request(self, encoded: Iterable[tuple[Scope, bytes]]) -> bytes:
         """One request from spans encoded by `span`, grouped by instrumentation scope."""
+        if isinstance(encoded, list) and encoded:
+            # The usual batch: every span of one scope (the runtime's), joined in one pass.
+            first = encoded[0][0]
+            spans = [span for scope, span in encoded if scope is first]
+            if len(spans) == len(encoded):
+                group = _field(b"\x12", self._scope(first) + b"".join(spans))
+                return _field(b"\x0a", self._resource + group)
         by_scope: dict[int, list[bytes]] = {}
         scopes: dict[int, Scope] = {}
         for scope, span in encoded:
@@ -203,7 +259,10 @@ class Encoder:
         kind = type(value)
         per_key = self._attrs.get(key)
         if per_key is None:
-            if key in self._varying:
+            key_field = self._varying.get(key)
+            if key_field is not None:
+                if kind is str:
+                    return _text_attribute(key_field, value)  # type: ignore[arg-type]  # a str
                 return _attribute_field(key, value)
             if len(self._attrs) >= _CACHE_LIMIT:
                 self._attrs.clear()
@@ -234,10 +293,11 @@ class Encoder:
         found = self._names.get(name)
         parts = [found if found is not None else self._name(name), _KIND[id(span.kind)]]
         attrs = span.attrs
-        stable = True
+        stable = shape is not None  # whether to keep the whole: only asked with a shape
         if attrs:
+            attribute = self._attribute
             for key, value in attrs.items():
-                parts.append(self._attribute(key, value))
+                parts.append(attribute(key, value))
                 if stable and (key in self._varying or not _all_text(value)):
                     stable = False
         middle = b"".join(parts)
@@ -251,6 +311,77 @@ class Encoder:
                     self._shapes.clear()
                 self._shapes[shape] = middle
         return middle
+
+    def _template(self, template: SpanTemplate) -> bytes:
+        """The name, kind and attribute fields of `template` (kept on it: they never change)."""
+        parts = [self._name(template.name), _KIND[id(template.kind)]]
+        for key, value in template.attributes:
+            parts.append(self._attribute(key, value))
+        encoded = template.wire = b"".join(parts)
+        return encoded
+
+    def _event(self, event: SpanEvent) -> bytes:
+        """An `Event` message. Its name and attributes repeat (`subagent.turn.end` with the
+        turn and reason, a steer's source): they go through the span attributes' caches, whose
+        `KeyValue` is the same, only the field's tag differs."""
+        parts = [b"\x09", _pack_fixed64(event.timestamp), self._event_name(event.name)]
+        attributes = event.attributes
+        if attributes:
+            for key, value in attributes.items():
+                found = self._attribute(key, value)
+                if found:
+                    parts.append(b"\x1a" + found[1:])  # Event.attributes (3), not Span's (9)
+        return b"".join(parts)
+
+    def _event_name(self, name: str) -> bytes:
+        found = self._event_names.get(name)
+        if found is None:
+            if len(self._event_names) >= _CACHE_LIMIT:
+                self._event_names.clear()
+            found = self._event_names[name] = _field(b"\x12", _text(name))
+        return found
+
+    def _own(self, attrs: Mapping[str, object]) -> bytes:
+        """A templated span's own attribute fields: a string of a key whose values vary (a
+        call id) is written straight out, anything else goes through the caches."""
+        parts = []
+        varying = self._varying
+        for key, value in attrs.items():
+            key_field = varying.get(key)
+            if key_field is None or type(value) is not str:
+                parts.append(self._attribute(key, value))
+                continue
+            parts.append(_text_attribute(key_field, value))  # a str by the check
+        return b"".join(parts)
+
+    def leaf(
+        self,
+        head: LeafHead,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, object] | None,
+    ) -> bytes:
+        """A span made and ended in one step (`Subspans.record`) under `head`'s parent: the
+        same bytes as `span` writes for it, from the parts its parent's spans share."""
+        middle = template.wire
+        if middle is None:
+            middle = self._template(template)
+        if attributes:
+            middle += self._own(attributes)
+        n = head.size + len(middle)
+        return b"".join(
+            (
+                _SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n),
+                head.before,
+                _pack_id(span_id),
+                head.after,
+                middle,
+                head.state,
+                _pack_tail(0x39, start_time, 0x41, end_time, 0x85, 1, 0x100),
+            )
+        )
 
     def span(self, span: LeanSpan) -> bytes:
         """One span as its `ScopeSpans.spans` field (tag and length included).
@@ -266,26 +397,50 @@ class Encoder:
             )
         else:
             head = _pack_root(0x0A, 16, trace_id >> 64, trace_id & _LOW, 0x12, 8, span.span_id)
-        # Name, kind and attributes: as a whole from the cache when this name's spans repeat
-        # them (string values only, so equal keys mean equal bytes); else field by field.
-        name = span.span_name
+        # Name, kind and attributes: a template's encoded once, then the span's own; else as a
+        # whole from the cache when this name's spans repeat them (string values only, so equal
+        # keys mean equal bytes); else field by field.
+        template = span.template
         attrs = span.attrs
-        middle = None
-        shape: object = None
-        if name not in self._shapeless:
-            shape = (name, id(span.kind), tuple(attrs.items()) if attrs else ())
-            try:
-                middle = self._shapes.get(shape)
-            except TypeError:  # not hashable: encoded field by field
-                shape = None
-        if middle is None:
-            middle = self._middle(span, shape)
+        if template is not None:
+            middle = template.wire
+            if middle is None:
+                middle = self._template(template)
+            if attrs:
+                middle += self._own(attrs)
+        else:
+            name = span.span_name
+            middle = None
+            shape: object = None
+            if name not in self._shapeless:
+                shape = (name, id(span.kind), tuple(attrs.items()) if attrs else ())
+                try:
+                    middle = self._shapes.get(shape)
+                except TypeError:  # not hashable: encoded field by field
+                    shape = None
+            if middle is None:
+                middle = self._middle(span, shape)
+        # start (7) and end (8) times, then the flags (16), as the SDK's exporter sets them.
+        tail = _pack_tail(
+            0x39,
+            span.start_time,
+            0x41,
+            span.end_time,
+            0x85,
+            1,
+            0x300 if span.parent_remote else 0x100,
+        )
+        if not (span.trace_state or span.event_list or span.link_list or span.status_code):
+            n = (_HEAD if parent else _ROOT) + len(middle) + _TAIL
+            return b"".join(
+                (_SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n), head, middle, tail)
+            )
         parts = [head, middle]
         if span.trace_state:
             parts.append(_field(b"\x1a", _trace_state(span.trace_state)))
         if span.event_list:
             for event in span.event_list:
-                parts.append(_field(b"\x5a", _event(event)))
+                parts.append(_field(b"\x5a", self._event(event)))
         if span.link_list:
             for link in span.link_list:
                 parts.append(_field(b"\x6a", _link(link)))
@@ -294,24 +449,13 @@ class Encoder:
             message = span.status_message
             body = _field(b"\x12", _text(message)) if message else b""
             parts.append(_field(b"\x7a", body + b"\x18" + _BYTES[code]))
-        # start (7) and end (8) times, then the flags (16), as the SDK's exporter sets them.
-        flags = 0x300 if span.parent_remote else 0x100
-        parts.append(_pack_tail(0x39, span.start_time, 0x41, span.end_time, 0x85, 1, flags))
+        parts.append(tail)
         body = b"".join(parts)
         return b"\x12" + _varint(len(body)) + body
 
 
 def _trace_state(state: TraceState) -> bytes:
     return _text(state.to_header())
-
-
-def _event(event: SpanEvent) -> bytes:
-    return (
-        b"\x09"
-        + struct.pack("<Q", event.timestamp)
-        + _field(b"\x12", _text(event.name))
-        + _attributes(b"\x1a", event.attributes)
-    )
 
 
 def _link(link: Link) -> bytes:
@@ -520,7 +664,48 @@ class BatchExporter:
             self._full += 1
             return
         queue.append((span.scope, encoded))
-        if self._thread is None and threading.get_ident() == self._hub_thread:
+        if self._thread is None and _get_ident() == self._hub_thread:
+            if self._green is None:
+                self._green = self._group.spawn(self._run_green)
+            if len(queue) >= self._batch and not self._woken:
+                self._woken = True
+                self._green_wake.set()
+        else:  # off the hub's thread (or after that): the thread drains
+            wake = self._wake if self._thread is not None else self._threaded()
+            if len(queue) >= self._batch and not self._woken:
+                self._woken = True
+                wake.set()
+
+    def leaf_head(
+        self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
+    ) -> LeafHead:
+        """What leaf spans under one parent share (`LeafSink`)."""
+        return LeafHead(scope, trace_id, parent_id, trace_state)
+
+    def leaf(
+        self,
+        head: LeafHead,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, object] | None,
+    ) -> None:
+        """A span made and ended in one step (`LeafSink`): encoded and queued as `on_end`
+        does, without its object."""
+        queue = self._queue
+        if self._closed or len(queue) >= self._max_queue:
+            self._full += 1
+            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+            return
+        try:
+            encoded = self._encoder.leaf(head, template, span_id, start_time, end_time, attributes)
+        except Exception:  # a bug of ours: lose the span, keep tracing
+            log.exception("encoding a span failed")
+            self._full += 1
+            return
+        queue.append((head.scope, encoded))
+        if self._thread is None and _get_ident() == self._hub_thread:
             if self._green is None:
                 self._green = self._group.spawn(self._run_green)
             if len(queue) >= self._batch and not self._woken:

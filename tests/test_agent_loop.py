@@ -146,7 +146,6 @@ def test_a_text_answer_completes_the_turn() -> None:
             "inbox/claimed",
             "turn/start",
             "user/message",
-            "step/start",
             "request/header",
             "assistant/message",
             "turn/end",
@@ -210,7 +209,7 @@ def test_max_steps_ends_the_turn_error_after_exactly_that_many_steps() -> None:
         assert outcome.reason == "error"
         assert outcome.message == "max_steps (3) reached"
         events = k.events(a)
-        assert len(of_type(events, "step/start")) == 3
+        assert len(of_type(events, "assistant/message")) == 3  # a reply a step (format 3)
         assert len(k.model.requests_for(a.id)) == 3
 
 
@@ -257,14 +256,18 @@ def test_steer_is_admitted_at_the_next_step_boundary_and_resolves_at_admission()
         assert a.when_idle().get().reason == "completed"
         assert seen_at_request == [True]  # fulfilled before the request that contains it
         events = k.events(a)
-        starts = [i for i, e in enumerate(events) if e["type"] == "step/start"]
-        after = events[starts[1] + 1]
+        # Format 3: the steer is logged right after the first step's last result, before the
+        # second step's reply (no step/start is written).
+        replies = [i for i, e in enumerate(events) if e["type"] == "assistant/message"]
+        first_result = next(i for i, e in enumerate(events) if e["type"] == "tool/result")
+        after = events[first_result + 1]
+        assert replies[0] < first_result < replies[1]
         assert after["type"] == "user/message"
         assert after["data"]["message"]["content"] == [{"type": "text", "text": "go left"}]
         steer_id = after["data"]["message"]["id"]
         accepted = [e for e in of_type(events, "inbox/accepted") if e["data"]["kind"] == "steer"]
         assert [e["data"]["message_id"] for e in accepted] == [steer_id]
-        assert accepted[0]["seq"] < starts[1]
+        assert accepted[0]["seq"] < first_result
         assert {"message_id": steer_id} in [e["data"] for e in of_type(events, "inbox/claimed")]
         requests = k.model.requests_for(a.id)
         assert requests[1].messages[-1] == {
@@ -699,6 +702,29 @@ def test_a_crashing_tool_layer_ends_the_turn_error_with_a_balanced_log(
         events = k.events(a)
         assert len(of_type(events, "tool/result")) == 2
         assert of_type(events, "turn/end")[-1]["data"]["reason"] == "error"
+
+
+@pytest.mark.parametrize(
+    ("scope", "needle"),
+    [(_ExplodingScope, "registry corrupted"), (_BrokenExecuteScope, "execute broke")],
+)
+def test_a_crashing_tool_layer_on_a_lone_call_ends_the_turn_error(
+    scope: type[ToolScope], needle: str
+) -> None:
+    """A step's only call runs on its own path (`AgentCore._run_lone`): the same containment."""
+    with kit() as k:
+        k.tool("a", lambda args, ctx: "x")
+        a = k.agent(tools=scope(k.ctx.tools))
+        k.model.script(a.id, [S.tool_call("a", {}), S.text("unreached")])
+        a.send("go").get()
+        outcome = a.when_idle().get()
+        assert outcome.reason == "error" and needle in (outcome.message or "")
+        assert outcome.fault is None
+        events = k.events(a)
+        (result,) = of_type(events, "tool/result")
+        assert result["data"]["is_error"] and result["data"]["code"] == "TOOL_FAILED"
+        assert of_type(events, "turn/end")[-1]["data"]["reason"] == "error"
+        assert len(k.model.requests_for(a.id)) == 1
 
 
 def test_a_crashing_model_adapter_is_contained_as_error() -> None:

@@ -152,7 +152,7 @@ def test_descriptor_is_logged_in_the_first_turn_before_the_first_request(k: Kit)
     assert order.count("subagent/descriptor") == 1
     at = order.index("subagent/descriptor")
     assert order.index("turn/start") < at < order.index("request/header")
-    assert order.index("step/start") > at
+    assert order.index("assistant/message") > at
     descriptor = events[at]["data"]["descriptor"]
     assert descriptor == {
         "version": 1,

@@ -161,7 +161,7 @@ def test_header_round_trip_and_defaults() -> None:
         delegation_depth=2,
         seed_length=7,
     )
-    assert header.version == 2  # format 2: no tool/call or step/end events
+    assert header.version == 3  # format 3: no step/start, tool/call or step/end events
     assert SessionHeader.from_json(header.to_json()) == header
     check_json(header.to_json())
     plain = SessionHeader(id="p")
@@ -184,7 +184,7 @@ def test_header_ignores_unknown_keys_but_needs_required_ones() -> None:
     "bad",
     [
         {"id": "../x"},
-        {"version": 3},
+        {"version": 4},
         {"version": 0},
         {"origin": "user"},
         {"delegation_depth": -1},

@@ -153,3 +153,68 @@ def test_the_lean_flavour_of_the_tracing_tests_records_lean_spans() -> None:
         trace.get_tracer("t").start_span("x").end()
         assert isinstance(trace.get_tracer_provider(), LeanTracerProvider)
         assert [type(s) for s in recorded.get_finished_spans()] == [LeanSpan]
+
+
+# -- spans from templates under one parent (`LeanTracer.subspans`) ------------------------------
+
+
+def test_a_span_from_a_template_reads_as_one_made_through_the_api(sink: MemorySink) -> None:
+    tracer = tracer_of(sink)
+    parent = tracer.start_span("invoke_agent")
+    fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+    assert fast is not None
+    template = fast.template("chat m", SpanKind.CLIENT, {"op": "chat", "reasons": ["stop"]})
+    own = {"tokens": 3}
+    span = fast.start(template, own)
+    twin = tracer.start_span(
+        "chat m",
+        trace.set_span_in_context(parent),
+        SpanKind.CLIENT,
+        {"op": "chat", "reasons": ("stop",), "tokens": 3},
+    )
+    for made in (span, twin):
+        made.end()
+    assert (span.name, span.kind, list(span.attributes.items())) == (
+        twin.name, twin.kind, list(twin.attributes.items()),
+    )  # fmt: skip
+    assert span.parent == twin.parent and span.parent is not None
+    assert span.parent.span_id == parent.get_span_context().span_id
+    assert span.context.trace_id == parent.get_span_context().trace_id
+    assert span.context.span_id not in (0, twin.context.span_id)
+    recorded = fast.record(template, 1234)
+    assert recorded is None
+    last = sink.spans[-1]
+    assert (last.name, last.start_time, last.template) == ("chat m", 1234, template)
+    assert last.end_time >= 1234 and not last.is_recording()
+
+
+def test_a_templated_span_that_renames_or_sets_a_template_key_owns_its_attributes(
+    sink: MemorySink,
+) -> None:
+    tracer = tracer_of(sink)
+    fast = tracer.subspans(tracer.start_span("p"))  # type: ignore[attr-defined]
+    template = fast.template("execute_tool t", SpanKind.INTERNAL, {"a": "1", "b": "2"})
+    span = fast.start(template, {"c": "3"})
+    span.set_attribute("d", "4")  # not the template's: the template stays
+    assert span.template is template
+    span.set_attribute("a", "x")  # the template's key: as the API, in its place
+    assert span.template is None
+    assert list(span.attributes.items()) == [("a", "x"), ("b", "2"), ("c", "3"), ("d", "4")]
+    other = fast.start(template)
+    other.update_name("renamed")
+    assert (other.name, other.template, dict(other.attributes)) == (
+        "renamed", None, {"a": "1", "b": "2"},
+    )  # fmt: skip
+    assert template.attributes == (("a", "1"), ("b", "2"))  # never changed by a span
+
+
+def test_subspans_only_under_a_recording_lean_span_whose_children_are_sampled(
+    sink: MemorySink,
+) -> None:
+    tracer = tracer_of(sink)
+    parent = tracer.start_span("p")
+    assert tracer.subspans(trace.INVALID_SPAN) is None  # type: ignore[attr-defined]
+    never = tracer_of(sink, Sampling("always_off"))
+    assert never.subspans(parent) is None  # type: ignore[attr-defined]  # its sampler decides
+    parent.end()
+    assert tracer.subspans(parent) is None  # type: ignore[attr-defined]  # ended

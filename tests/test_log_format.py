@@ -1,7 +1,8 @@
 """Log format 2 (header version 2): a step is `step/start`, `assistant/message` and its
 `tool/result`s; the calls are opened by the assistant/message, no `tool/call` or `step/end`
 is written (docs/decisions.md, "A step in three events"). Format-1 logs (with both) still
-load, replay, repair, resume (in their own format) and show in `subagent log`.
+load, replay, repair, resume (in their own format) and show in `subagent log`. Format 3 (no
+`step/start` either, what new logs are written in) has its own tests: tests/test_log_format3.py.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from agent.tools import ToolContext
 REPO = Path(__file__).resolve().parent.parent
 TEXT = [{"type": "text", "text": "hi"}]
 V1 = SessionHeader(id="old", cwd="/work", version=1)
-V2 = SessionHeader(id="new", cwd="/work")
+V2 = SessionHeader(id="new", cwd="/work", version=2)
 
 
 def user(text: str = "hi") -> dict[str, Any]:
@@ -84,7 +85,8 @@ def _noop(args: Mapping[str, Any], ctx: ToolContext) -> str:
     return "ok"
 
 
-def test_a_tool_step_appends_three_events_and_a_text_step_two() -> None:
+def test_a_tool_step_appends_two_events_and_a_text_step_one() -> None:
+    """Format 3 (what new logs are written in): a step is its reply and its results."""
     k = Kit()
     try:
         k.tool("noop", _noop)
@@ -94,17 +96,15 @@ def test_a_tool_step_appends_three_events_and_a_text_step_two() -> None:
         a.send("go").get()
         assert a.when_idle().get().reason == "completed"
         events = k.events(a)
-        assert a.header.version == HEADER_VERSION == 2
-        assert "tool/call" not in types(events) and "step/end" not in types(events)
-        starts = [i for i, e in enumerate(events) if e["type"] == "step/start"]
+        assert a.header.version == HEADER_VERSION == 3
+        assert not {"tool/call", "step/end", "step/start"} & set(types(events))
+        starts = [i for i, e in enumerate(events) if e["type"] == "assistant/message"]
         end = next(i for i, e in enumerate(events) if e["type"] == "turn/end")
         per_step = [
             [t for t in types(events[s:e]) if t != "request/header"]
             for s, e in zip(starts, [*starts[1:], end], strict=True)
         ]
-        assert per_step == [["step/start", "assistant/message", "tool/result"]] * 4 + [
-            ["step/start", "assistant/message"]
-        ]
+        assert per_step == [["assistant/message", "tool/result"]] * 4 + [["assistant/message"]]
         # The model saw every call answered, in order, from the log alone.
         last = k.model.requests_for(a.id)[-1].messages
         assert [m["role"] for m in last] == ["user"] + ["assistant", "tool"] * 4
@@ -202,7 +202,7 @@ def test_format1_keeps_its_step_end_rule() -> None:
 def test_a_format2_fork_of_a_format1_parent_loads_its_seed() -> None:
     seed = turn_pairs(1, 1)
     pairs = [*seed, ("session/end-seed", {"length": len(seed)}), *turn_pairs(2, 2)]
-    header = SessionHeader(id="fork", cwd="/work", seed_length=len(seed))
+    header = SessionHeader(id="fork", cwd="/work", seed_length=len(seed), version=2)
     replay = validate_log(log_of(pairs), header)
     assert replay.turn == 2 and not replay.turn_open and replay.format == 2
 

@@ -376,3 +376,140 @@ def test_shutdown_without_a_hub_posts_in_the_caller(local: Collector) -> None:
     exporter.shutdown(5, cooperative=False)
     assert sorted(s.name for s in local.spans()) == ["s0", "s1", "s2"]
     assert exporter.exported == 3 and _export_threads() == []
+
+
+def test_templated_spans_encode_byte_for_byte_as_spans_made_through_the_api() -> None:
+    """Spans from a template (`LeanTracer.subspans`: the runtime's chat and tool spans) encode
+    as the same spans made with every attribute through `start_span`: the template's fields
+    once, the span's own after them, including the direct path for a key whose values vary
+    (call ids, past the 256 values the cache keeps per key), non-ASCII, long and lone-surrogate
+    values, statuses, and a span that set a template key."""
+    from subagent.otlp import Encoder
+
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("subagent-runtime")
+    parent = tracer.start_span("invoke_agent w")
+    context = trace.set_span_in_context(parent)
+    fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+    base = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t\u00e9"}
+    template = fast.template("execute_tool t\u00e9", SpanKind.INTERNAL, base)
+    ids = [f"call_{i}" for i in range(300)] + ["\u00e9" * 100, "x" * 200, "lone \ud800 half"]
+    encoder = Encoder(RESOURCE)
+    encoded = []
+    for i, call_id in enumerate(ids):
+        own: dict[str, object] = {"gen_ai.tool.call.id": call_id}
+        if i % 7 == 0:
+            own["n"] = i
+        span = fast.start(template, own)
+        if i % 5 == 0:
+            span.set_status(StatusCode.ERROR, "TOOL_FAILED")
+        if i % 11 == 0:
+            span.set_attribute("gen_ai.tool.name", "renamed")
+        span.end()
+        twin = tracer.start_span(
+            span.name, context, SpanKind.INTERNAL, dict(span.attributes),
+            start_time=span.start_time,
+        )  # fmt: skip
+        assert isinstance(twin, LeanSpan)
+        twin.span_id = span.span_id
+        twin.set_status(span.status)
+        twin.end(span.end_time)
+        encoded.append(encoder.span(span))
+        assert encoded[-1] == Encoder(RESOURCE).span(twin), call_id
+    request = ExportTraceServiceRequest.FromString(encoder.request(
+        [(tracer._scope, e) for e in encoded]  # type: ignore[attr-defined]
+    ))  # fmt: skip
+    decoded = request.resource_spans[0].scope_spans[0].spans
+    assert [_attrs(s.attributes)["gen_ai.tool.call.id"] for s in decoded][-3:] == [
+        "\u00e9" * 100, "x" * 200, "lone ? half",
+    ]  # fmt: skip
+    assert _attrs(decoded[0].attributes) == {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "renamed",
+        "gen_ai.tool.call.id": "call_0", "n": 0,
+    }  # fmt: skip
+    assert decoded[0].name == "execute_tool t\u00e9"
+
+
+def test_event_attributes_from_the_caches_decode_as_recorded() -> None:
+    """Event attributes share the span attributes' caches (only the field's tag differs): a
+    repeated event, and one whose values vary past what the cache keeps per key (a steer's
+    message id), decode to what was recorded, next to span attributes of the same keys."""
+    from subagent.otlp import Encoder
+
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("subagent-runtime")
+    encoder = Encoder(RESOURCE)
+    for i in range(300):
+        span = tracer.start_span("invoke_agent", attributes={"subagent.message_id": f"m{i}"})
+        span.add_event("subagent.steer.admitted", {"subagent.message_id": f"m{i}", "n": i})
+        span.add_event("subagent.turn.end", {"subagent.turn": 1, "ok": True, "x": 0.5})
+        span.end()
+        encoded = encoder.span(span)
+        request = ExportTraceServiceRequest.FromString(encoder.request([(span.scope, encoded)]))  # type: ignore[attr-defined]
+        (pb,) = request.resource_spans[0].scope_spans[0].spans
+        assert _attrs(pb.attributes) == {"subagent.message_id": f"m{i}"}
+        steer, end = pb.events
+        assert (steer.name, _attrs(steer.attributes)) == (
+            "subagent.steer.admitted", {"subagent.message_id": f"m{i}", "n": i},
+        )  # fmt: skip
+        assert (end.name, _attrs(end.attributes)) == (
+            "subagent.turn.end", {"subagent.turn": 1, "ok": True, "x": 0.5},
+        )  # fmt: skip
+        assert encoded == Encoder(RESOURCE).span(span)
+
+
+def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_spans() -> None:
+    """`Subspans.record` (the runtime's chat spans) into the batch exporter: encoded straight
+    from the template and the parent's shared fields (`BatchExporter.leaf`), byte for byte what
+    the span itself encodes to, trace state included, and every one is posted."""
+    from subagent.otlp import Encoder
+
+    posted: list[bytes] = []
+
+    def post(body: bytes) -> None:
+        posted.append(body)
+
+    exporter = BatchExporter(RESOURCE, post, max_queue=1000, max_batch=1000, delay_s=60)
+    group = TaskGroup("test-leaves")
+
+    def run() -> None:
+        tracer = LeanTracerProvider(RESOURCE, exporter).get_tracer("subagent-runtime")
+        remote = SpanContext(
+            0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+            trace_state=TraceState([("vendor", "v1")]),
+        )  # fmt: skip
+        parent = tracer.start_span(
+            "invoke_agent", trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        )
+        fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+        template = fast.template(
+            "chat m", SpanKind.CLIENT,
+            {"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ("stop",)},
+        )  # fmt: skip
+        for i in range(5):
+            fast.record(template, 1000 + i, {"gen_ai.usage.output_tokens": i} if i else None)
+        assert exporter.force_flush(5)
+
+    group.spawn(run).get()
+    group.close(5)
+    (body,) = posted
+    spans = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
+    assert len(spans) == 5 and exporter.exported == 5
+    encoder = Encoder(RESOURCE)
+    for i, pb in enumerate(spans):
+        assert pb.name == "chat m" and pb.kind == PbSpan.SPAN_KIND_CLIENT
+        assert pb.trace_id == (0xABC).to_bytes(16, "big") and pb.trace_state == "vendor=v1"
+        assert pb.start_time_unix_nano == 1000 + i and pb.end_time_unix_nano >= 1000 + i
+        assert pb.flags == 0x100
+        own = {"gen_ai.usage.output_tokens": i} if i else {}
+        assert _attrs(pb.attributes) == {
+            "gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ("stop",), **own,
+        }  # fmt: skip
+        twin = LeanSpan(
+            pb.name, 0xABC, int.from_bytes(pb.span_id, "big"),
+            int.from_bytes(pb.parent_span_id, "big"), False, TraceState([("vendor", "v1")]),
+            SpanKind.CLIENT, pb.start_time_unix_nano, dict(_attrs(pb.attributes)), None,
+            None, MemorySink(), True,  # type: ignore[arg-type]
+        )  # fmt: skip
+        twin.end(pb.end_time_unix_nano)
+        assert encoder.span(twin) in body

@@ -195,7 +195,7 @@ def test_structured_output_retry_then_capture_concludes_the_turn() -> None:
         assert results[0]["code"] == "INVALID_ARGS"
         assert results[1]["is_error"] is False
         assert results[2]["is_error"] and results[2]["name"] == "other"
-        assert sum(1 for e in events if e["type"] == "step/start") == 2
+        assert sum(1 for e in events if e["type"] == "assistant/message") == 2  # two steps
 
 
 def test_no_capture_at_a_clean_end_is_an_error_without_reprompt() -> None:

@@ -136,9 +136,10 @@ def test_siblings_build_their_shared_request_header_once(monkeypatch: pytest.Mon
             run.result.get(timeout=5)
 
 
-def test_a_parked_child_appends_six_events_and_its_start_one() -> None:
+def test_a_parked_child_appends_five_events_and_its_start_one() -> None:
     """What a start writes: `inbox/accepted` before `start()` returns, then the first turn up to
-    its model call (five more). A new event on this path is a cost per child: this pins it."""
+    its model call (four more: format 3 writes no step/start). A new event on this path is a
+    cost per child: this pins it."""
     with kit() as k:
         k.respond = lambda request: S.hang()  # type: ignore[assignment,misc]
         parent = k.parent()
@@ -146,13 +147,12 @@ def test_a_parked_child_appends_six_events_and_its_start_one() -> None:
         run = k.start(parent)
         events = run.local_agent.log.events
         assert [e["type"] for e in events] == ["inbox/accepted"]  # start() has returned
-        wait_until(lambda: run.local_agent.turn_running and len(events) == 6)
+        wait_until(lambda: run.local_agent.turn_running and len(events) == 5)
         assert [e["type"] for e in events] == [
             "inbox/accepted",
             "inbox/claimed",
             "turn/start",
             "user/message",
-            "step/start",
             "request/header",
         ]
         run.cancel("done")

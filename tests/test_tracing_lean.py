@@ -242,3 +242,71 @@ def test_the_lean_exporter_posts_the_demo_trace_the_sdk_path_posts(tmp_path: Pat
     assert lean_scopes == sdk_scopes == {tracing.INSTRUMENTATION}
     assert sum(lean.values()) == sum(sdk.values()) > 50
     assert lean == sdk, (lean - sdk, sdk - lean)
+
+
+# -- the turn's spans through the lean tracer's own path (`Subspans`) ---------------------------
+
+
+def test_a_turns_chat_and_tool_spans_come_from_templates_and_encode_as_through_the_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the lean provider a turn's `chat` and `execute_tool` spans are made from templates
+    of their fixed attributes (agent/tracing.py through `LeanTracer.subspans`), the span's own
+    attributes (usage, the captured reply, the call id, an error) after them: each reads, and
+    encodes byte for byte, as the same span made with every attribute through `start_span`."""
+    from test_tracing import UsageModel
+
+    from agent.models import ModelRegistry
+    from agent.options import AgentOptions
+    from agent.store import MemoryStore
+    from agent.tools import Tool, ToolContext
+    from subagent.lean_tracing import LeanResource, LeanSpan, MemorySink
+    from subagent.otlp import Encoder
+    from subagent.runtime import Runtime
+
+    monkeypatch.setenv(tracing.CAPTURE_CONTENT_ENV, "true")
+    models = ModelRegistry()
+    models.register("usage", UsageModel())
+
+    def failing(arguments: object, ctx: ToolContext) -> str:
+        raise RuntimeError("no")
+
+    with installed() as sink:
+        rt = Runtime(store=MemoryStore(), models=models)
+        try:
+            rt.ctx.tools.register(Tool("inner", "inner", {"type": "object"}, failing))
+            agent = rt.agent(options=AgentOptions(model="usage:m-1"))
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+        finally:
+            rt.close()
+        spans = sink.get_finished_spans()
+    made = [s for s in spans if s.name.startswith(("chat ", "execute_tool "))]
+    assert [s.name for s in made] == ["chat m-1", "execute_tool inner", "chat m-1"]
+    assert all(s.template is not None for s in made)
+    chat, tool, _ = made
+    assert list(chat.attributes) == [
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "gen_ai.response.finish_reasons",
+        "gen_ai.output.messages",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+    ]
+    assert dict(tool.attributes) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "inner",
+        "gen_ai.tool.call.id": "c1",
+        "error.type": "TOOL_FAILED",
+    }
+    resource = LeanResource({"service.name": "test"})
+    for span in made:
+        twin = LeanSpan(
+            span.name, span.trace_id, span.span_id, span.parent_id, span.parent_remote,
+            span.trace_state, span.kind, span.start_time, dict(span.attributes), None,
+            span.scope, MemorySink(), True,
+        )  # fmt: skip
+        twin.status_code, twin.status_message = span.status_code, span.status_message
+        twin.end(span.end_time)
+        assert Encoder(resource).span(span) == Encoder(resource).span(twin), span.name
