@@ -41,7 +41,7 @@ from actors.agent_messages import (
     check_content,
 )
 from actors.deferred import Deferred, rejected
-from actors.gevent_actor import GeventActor
+from actors.gevent_actor import GeventActor, spawn_untracked
 from agent import tracing
 from agent.loop import AgentCore, PendingSteer, TurnOutcome
 from subagent.errors import SubagentError
@@ -167,7 +167,7 @@ class AgentActor(GeventActor):
             self.run = message.run
         self._held = False
         if self._worker is None:
-            self._worker = gevent.spawn_raw(self._work_guarded)
+            self._worker = spawn_untracked(self._work_guarded)
         return message_id
 
     def _steer(self, message: Steer) -> Deferred[Any]:

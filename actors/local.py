@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from pykka import ActorRef
 
-from actors.gevent_actor import GeventActor, actor_of
+from actors.gevent_actor import GeventActor
 
 __all__ = ["start_local"]
 
@@ -16,7 +16,5 @@ A = TypeVar("A", bound=GeventActor)
 
 def start_local(cls: type[A], *args: object, **kwargs: object) -> tuple[A, ActorRef[A]]:
     """Start a `GeventActor` subclass; its object and its ref."""
-    ref = cls.start(*args, **kwargs)
-    actor = actor_of(ref)
-    assert isinstance(actor, cls)
-    return actor, ref
+    actor = cls.start_object(*args, **kwargs)
+    return actor, actor.actor_ref

@@ -2,12 +2,19 @@
 admission, the run table and lifecycle-event fan-out, so those decisions happen in one order
 for everyone.
 
-It never waits on a provider: `Admit` answers with the provider once the request passed every
-check and a concurrency slot is free; the caller's own greenlet then runs `provider.start` and
-tells `Published` (or `Released` on failure). `Published` enters the run in the table, emits
-`subagent/start` and only then starts observing the run's result (a done callback, no greenlet):
-its settlement comes back as `Ended` through this same mailbox, so a run's end can never
-overtake its start, whatever the provider did meanwhile.
+It never waits on a provider. A start is one crossing (`Start`) when the provider's start runs
+in place (`starts_in_place`: spawn, fork), a slot is free and the registry handles the message
+in its caller's greenlet (`ask_now` on an idle registry): the handler admits, runs the caller's
+`launch` (the provider's `start`, in that same greenlet) with the registry *open* meanwhile
+(`GeventActor.run_open`: a start that switches, a durable store's fsync, or a nested ask from a
+hook is handled as if between two messages), then enters the run in the table and emits
+`subagent/start`, all before it replies. Otherwise (a remote provider, whose start may block
+for long; a start that must wait for a slot; a busy registry) `Start` answers the admission
+only, as `Admit` does, and the caller runs `provider.start` itself and tells `Published` (or
+`Released` on failure). Publication enters the run, emits `subagent/start` and only then starts
+observing the run's result (a done callback, no greenlet): its settlement comes back as `Ended`
+through this same mailbox, so a run's end can never overtake its start, whatever the provider
+did meanwhile.
 """
 
 from __future__ import annotations
@@ -39,13 +46,16 @@ __all__ = [
     "Admit",
     "CancelChildren",
     "Known",
+    "Launched",
     "Published",
     "PublishedRun",
     "Register",
     "RegistryActor",
     "Released",
     "Runs",
+    "Start",
     "Subscribe",
+    "Sync",
     "Unregister",
 ]
 
@@ -99,6 +109,30 @@ class Admit:
     ticket: int
     parent_id: str | None
     require_resume: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Validate, admit and, when it can in this one crossing, start and publish (see the module
+    docstring). Replies the published run; `Launched(run)` when it started the run but must
+    leave its publication to a `Published` message (the registry was busy once the start
+    returned); else the admission, as `Admit` does, for the caller to start and publish."""
+
+    name: str
+    request: SubagentStartRequest
+    ticket: int
+    parent_id: str | None
+    # The caller's start: `launch(message, provider, run_id, depth)` returns the run to
+    # publish; on failure it gives the slot back itself (`Released`) and raises.
+    launch: Callable[[Start, SubagentProvider, str, int], PublishedRun]
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """`Start`'s reply for a run started in the crossing whose publication must be told: a
+    message reached the registry while the provider's start ran (it had switched out)."""
+
+    run: PublishedRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +218,15 @@ class Providers:
 
 
 @dataclass(frozen=True, slots=True)
+class Sync:
+    """Replies None once everything told before it was handled (a dispose waits for its end
+    event with it); stateless, so one instance serves every caller (`SYNC`)."""
+
+
+SYNC = Sync()
+
+
+@dataclass(frozen=True, slots=True)
 class GetProvider:
     name: str
 
@@ -254,6 +297,8 @@ class RegistryActor(GeventActor):
     # narrow through. The reply is opaque to the mailbox, as in the other actors.
     def on_receive(self, message: Any) -> object:
         kind = type(message)
+        if kind is Start:
+            return self._start(message)
         if kind is Admit:
             return self._admit(message)
         if kind is Published:
@@ -302,6 +347,8 @@ class RegistryActor(GeventActor):
         if kind is Unsubscribe:
             self._unsubscribe(message)
             return None
+        if kind is Sync:
+            return None
         if kind is Providers:
             return list(self._providers.values())
         if kind is GetProvider:
@@ -332,26 +379,44 @@ class RegistryActor(GeventActor):
 
     # -- start validation, in the seed's order ---------------------------------------------------
 
-    def _admit(self, message: Admit) -> Deferred[Any]:
-        request = message.request
-        provider = self._providers.get(message.name)
-        if provider is None:
-            raise SubagentError("NO_PROVIDER", f"no provider named {message.name!r}")
-        caps = provider.capabilities
-        for wanted, flag, present in (
-            ("output_schema", "output_schema", request.output_schema is not None),
-            ("max_depth", "depth_limit", request.max_depth is not None),
-            ("tool_filter", "tool_filter", request.tool_filter is not None),
-            ("persona", "persona", request.persona is not None),
-            ("token_budget", "token_budget", request.token_budget is not None),
-            ("cost_budget", "token_budget", request.cost_budget is not None),
+    def _start(self, message: Start) -> object:
+        provider, depth = self._check(message.name, message.request, False)
+        parent_id = message.parent_id
+        if not (
+            getattr(provider, "starts_in_place", False) is True
+            and not self._waiting_count
+            and self._has_slot(parent_id)
+            and self.handling_in_place()
         ):
-            if present and not getattr(caps, flag):
-                raise SubagentError(
-                    "UNSUPPORTED_CAPABILITY",
-                    f"provider {provider.name!r} lacks {flag} (needed for {wanted})",
-                )
-        if message.require_resume and not isinstance(provider, Resumable):
+            return self._enqueue(message.ticket, parent_id, provider, depth)
+        run_id = self._take_slot(message.ticket, parent_id)
+        run, idle = self.run_open(lambda: message.launch(message, provider, run_id, depth))
+        if not idle:
+            return Launched(run)
+        self._run_published(run)
+        return run
+
+    def _admit(self, message: Admit) -> Deferred[Any]:
+        provider, depth = self._check(message.name, message.request, message.require_resume)
+        return self._enqueue(message.ticket, message.parent_id, provider, depth)
+
+    def _check(
+        self, name: str, request: SubagentStartRequest, require_resume: bool
+    ) -> tuple[SubagentProvider, int]:
+        """The seed's start validation, in its order: the provider and the child's depth."""
+        provider = self._providers.get(name)
+        if provider is None:
+            raise SubagentError("NO_PROVIDER", f"no provider named {name!r}")
+        if (  # the usual start asks for no capability: nothing to check against the provider
+            request.output_schema is not None
+            or request.max_depth is not None
+            or request.tool_filter is not None
+            or request.persona is not None
+            or request.token_budget is not None
+            or request.cost_budget is not None
+        ):
+            _check_capabilities(provider, request)
+        if require_resume and not isinstance(provider, Resumable):
             raise SubagentError(
                 "UNSUPPORTED_CAPABILITY", f"provider {provider.name!r} cannot resume children"
             )
@@ -371,7 +436,7 @@ class RegistryActor(GeventActor):
         if max_depth is not None and depth > max_depth:
             raise SubagentDepthError(depth, max_depth)
         _check_budget(request)
-        return self._enqueue(message.ticket, message.parent_id, provider, depth)
+        return provider, depth
 
     def _admit_resume(self, message: AdmitResume) -> Deferred[Any]:
         provider = message.provider
@@ -409,12 +474,18 @@ class RegistryActor(GeventActor):
         )
 
     def _grant(self, waiting: _Waiting) -> None:
+        run_id = self._take_slot(waiting.ticket, waiting.parent_id)
+        waiting.reply.resolve((waiting.provider, run_id, waiting.depth))
+
+    def _take_slot(self, ticket: int, parent_id: str | None) -> str:
+        """Hold a slot for `ticket` (one is free); the new run's id."""
         slots = self._slots
         slots.total += 1
-        slots.per_parent[waiting.parent_id] = slots.per_parent.get(waiting.parent_id, 0) + 1
-        self.running_peak = max(self.running_peak, slots.total)
-        self._holders[waiting.ticket] = waiting.parent_id
-        waiting.reply.resolve((waiting.provider, f"r{next(self._run_ids)}", waiting.depth))
+        slots.per_parent[parent_id] = slots.per_parent.get(parent_id, 0) + 1
+        if slots.total > self.running_peak:
+            self.running_peak = slots.total
+        self._holders[ticket] = parent_id
+        return f"r{next(self._run_ids)}"
 
     def _release(self, ticket: int) -> None:
         if ticket not in self._holders:
@@ -536,6 +607,24 @@ class RegistryActor(GeventActor):
                 listener(event)
             except Exception:
                 log.exception("subagent lifecycle listener raised; the others still run")
+
+
+def _check_capabilities(provider: SubagentProvider, request: SubagentStartRequest) -> None:
+    """Each start-time option the request uses needs its capability, in the seed's order."""
+    caps = provider.capabilities
+    for wanted, flag, present in (
+        ("output_schema", "output_schema", request.output_schema is not None),
+        ("max_depth", "depth_limit", request.max_depth is not None),
+        ("tool_filter", "tool_filter", request.tool_filter is not None),
+        ("persona", "persona", request.persona is not None),
+        ("token_budget", "token_budget", request.token_budget is not None),
+        ("cost_budget", "token_budget", request.cost_budget is not None),
+    ):
+        if present and not getattr(caps, flag):
+            raise SubagentError(
+                "UNSUPPORTED_CAPABILITY",
+                f"provider {provider.name!r} lacks {flag} (needed for {wanted})",
+            )
 
 
 def _check_budget(request: SubagentStartRequest) -> None:

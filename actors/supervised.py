@@ -54,7 +54,7 @@ class ActorChild:
         self._stop_requested = False
         self._stop_message = stop_message
         self._notices = ExitNotices()
-        actor.add_exit_callback(self._on_actor_exit)
+        actor.add_exit_callback(self)  # `__call__`: no bound method kept per child
 
     def __repr__(self) -> str:
         exit = self._notices.exit
@@ -86,6 +86,10 @@ class ActorChild:
 
     def add_exit_listener(self, fn: Callable[[Exit], None]) -> None:
         self._notices.add(fn)
+
+    def __call__(self, actor: GeventActor) -> None:
+        """The actor's exit callback (see `__init__`)."""
+        self._on_actor_exit(actor)
 
     def _on_actor_exit(self, actor: GeventActor) -> None:
         crash = actor.crash

@@ -82,24 +82,38 @@ TURN = "subagent.turn"
 TURN_REASON = "subagent.turn.reason"
 STEER_EVENT = "subagent.steer.admitted"
 
-_cached: list[Any] = [None, None]  # [provider, tracer]
+_cached: list[Any] = [None, None]  # [provider, its tracer or None for an off provider]
+# Whether OpenTelemetry's own look-up has run once (it loads `OTEL_PYTHON_TRACER_PROVIDER`).
+_looked_up = [False]
 
 
 def tracer() -> Tracer | None:
     """The runtime's tracer, or None while tracing is off (no API, or no provider set yet).
 
-    Never cached while off, so a host that sets its provider later is picked up at the next
-    activation or turn.
+    "Off" costs one module attribute read: the API's global provider is read where the API
+    keeps it (`_TRACER_PROVIDER`, the OpenTelemetry seam below), not through
+    `get_tracer_provider()`, which tests `os.environ` on every call while none is set. Never
+    cached while off, so a host that sets its provider later (`set_tracer_provider`, at any
+    time) is picked up at the next activation, prompt or turn. `OTEL_PYTHON_TRACER_PROVIDER`
+    is honoured when it is set at the first check (or whenever anything calls the API's
+    `get_tracer_provider()`, which loads it): the environment is not polled per child.
     """
     if _trace is None:
         return None
-    provider = _trace.get_tracer_provider()
+    # The OpenTelemetry seam (pinned: opentelemetry-api 1.x): the global provider, None until
+    # one is set; set once (only tests reset it). `tests/test_tracing_off.py` checks the pin.
+    provider = _trace._TRACER_PROVIDER  # noqa: SLF001
+    if provider is None:
+        if _looked_up[0]:
+            return None
+        _looked_up[0] = True
+        provider = _trace.get_tracer_provider()  # may load it from the environment
+        if isinstance(provider, _OFF_PROVIDERS):
+            return None
     if provider is _cached[0]:
-        found: Tracer = _cached[1]
+        found: Tracer | None = _cached[1]
         return found
-    if isinstance(provider, _OFF_PROVIDERS):
-        return None
-    found = provider.get_tracer(INSTRUMENTATION)
+    found = None if isinstance(provider, _OFF_PROVIDERS) else provider.get_tracer(INSTRUMENTATION)
     _cached[0], _cached[1] = provider, found
     return found
 

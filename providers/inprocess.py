@@ -78,6 +78,10 @@ class InProcessProvider:
 
     capabilities = SubagentCapabilities.all()
     inherits_parent_context = False
+    # Its start runs in the caller's greenlet and returns without waiting on anything remote
+    # (a durable store's fsync at most): the registry may run it inside the one crossing that
+    # admits and publishes the run (actors/registry_actor.py, `Start`).
+    starts_in_place = True
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:

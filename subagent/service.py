@@ -1,9 +1,12 @@
 """`ctx.subagents`: the `SubagentService` facade over the registry actor.
 
-`start()` runs in the caller's greenlet: it asks the registry to validate and admit the request
-(in the seed's order, before any child exists: one round trip), runs the provider's `start`
-itself, and asks the registry to publish it (the seam wants `subagent/start` emitted before
-`start()` returns). The registry owns the run table, emits
+`start()` runs in the caller's greenlet and crosses the registry once: the registry validates
+and admits the request (in the seed's order, before any child exists), the provider's `start`
+runs (in this greenlet, the registry open meanwhile) and the registry publishes the run (the
+seam wants `subagent/start` emitted before `start()` returns), all in one `ask_now`. A remote
+provider's start (ACP, Ray: it may block for long), a start that waits for a slot, or a busy
+registry take two crossings instead: admission, then the start here, then publication.
+The registry owns the run table, emits
 `subagent/start`, and observes the run's result; its end comes back through the same mailbox,
 so each run's start precedes its end for every listener, and every start has exactly one end.
 A local child's own actor is its run's actor; only a remote run gets a `RunActor`.
@@ -17,8 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
-from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 from pykka import ActorDeadError
@@ -62,6 +64,8 @@ __all__ = ["RunHandle", "SteerableRunHandle", "SubagentService"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 Listener = Callable[[Mapping[str, Any]], None]
 # What a caller may steer or message a child with: text, or a list of content blocks
 # (`actors.agent_messages.check_content` checks it at the call).
@@ -76,12 +80,26 @@ YIELD_EVERY = 8
 # A run's stop message (stateless and frozen: one for every run's supervisor entry).
 _DISPOSE_RUN = DisposeRun()
 
-# A start request's fields but its last, `depth`, which the service sets: copying a request
-# positionally costs about half of `dataclasses.replace` (once per start).
+# A start request's fields but its last, `depth`, which the service sets. The copy that carries
+# the depth is made slot by slot through the slots' own descriptors (the request is a frozen,
+# slotted dataclass): a third cheaper than its `__init__` (one `object.__setattr__` a field),
+# and half of `dataclasses.replace` (once per start).
 _REQUEST_FIELDS = tuple(f.name for f in fields(SubagentStartRequest))
 assert _REQUEST_FIELDS[-1] == "depth", "the service copies requests with depth last"
-_all_but_depth = attrgetter(*_REQUEST_FIELDS[:-1])
-_new_request: Callable[..., SubagentStartRequest] = SubagentStartRequest
+_REQUEST_SLOTS: tuple[tuple[Callable[[object, object], None], Callable[..., object]], ...] = tuple(
+    (slot.__set__, slot.__get__)
+    for slot in (SubagentStartRequest.__dict__[name] for name in _REQUEST_FIELDS[:-1])
+)
+_set_depth: Callable[[object, object], None] = SubagentStartRequest.__dict__["depth"].__set__
+
+
+def _with_depth(request: SubagentStartRequest, depth: int) -> SubagentStartRequest:
+    """A copy of `request` carrying `depth` (the caller's request is never changed)."""
+    copy: SubagentStartRequest = object.__new__(SubagentStartRequest)
+    for set_slot, get_slot in _REQUEST_SLOTS:
+        set_slot(copy, get_slot(request))
+    _set_depth(copy, depth)
+    return copy
 
 
 class RunHandle:
@@ -388,15 +406,41 @@ class SubagentService:
             # An idle registry answers in place (no switch), so a loop of starts would never
             # yield: give the other greenlets the hub now and then.
             gevent.sleep(0)
-        admitted = self._admit(reg.Admit(name, request, ticket, parent_id), request.signal)
-        provider, run_id, depth = admitted
-        request, trace = telemetry.begin_start(request, name, run_id, parent_id, provider, depth)
+        # One crossing: an idle registry admits, runs `_start_admitted` (the provider's start,
+        # here in this greenlet) and publishes, all in this one `ask_now`, when the provider's
+        # start runs in place. Otherwise it answers the admission and the start and the
+        # publication follow here (a remote provider, a wait for a slot, a busy registry).
+        message = reg.Start(name, request, ticket, parent_id, self._start_admitted)
+        reply = self._registry.ask_now(message, block=False)
+        outcome = reply.get() if reply.done else self._wait_admitted(reply, ticket, request.signal)
+        kind = type(outcome)
+        if kind is tuple:
+            provider, run_id, depth = outcome
+            return self._publish(self._start_admitted(message, provider, run_id, depth))
+        if kind is reg.Launched:
+            return self._publish(outcome.run)
+        handle: RunHandle = outcome  # started and published in the crossing
+        return handle
+
+    def _start_admitted(
+        self, message: reg.Start, provider: SubagentProvider, run_id: str, depth: int
+    ) -> RunHandle:
+        """The provider's start of an admitted request, in the caller's greenlet; the run is
+        adopted by its parent's supervisor, not yet published. Gives the slot back on failure."""
+        request, ticket, parent_id = message.request, message.ticket, message.parent_id
+        assert parent_id is not None
+        if request.signal.aborted:
+            self._release(ticket)
+            raise SubagentError("ABORTED", f"the start was aborted: {request.signal.reason}")
+        request, trace = telemetry.begin_start(
+            request, message.name, run_id, parent_id, provider, depth
+        )
         if request.depth != depth:
             # The depth the registry computed travels with the request (a copy: the caller's
             # request is never changed), so no provider computes it again.
-            request = _new_request(*_all_but_depth(request), depth)
+            request = _with_depth(request, depth)
         start = provider.start
-        return self._launch(provider, run_id, ticket, parent_id, lambda: start(request), trace)
+        return self._started(provider, run_id, ticket, parent_id, lambda: start(request), trace)
 
     def resume(self, request: SubagentResumeRequest, name: str | None = None) -> RunHandle:
         """The raw resume operation: dispatch a resolved request to the provider's `resume`.
@@ -442,15 +486,19 @@ class SubagentService:
         if future.done:  # granted at once (a free slot): nothing to withdraw while waiting
             admitted = future.get()
         else:
-            remove = signal.add_listener(lambda reason: self._withdraw(message.ticket, reason))
-            try:
-                admitted = future.get()
-            finally:
-                remove()
+            admitted = self._wait_admitted(future, message.ticket, signal)
         if signal.aborted:
             self._release(message.ticket)
             raise SubagentError("ABORTED", f"the start was aborted: {signal.reason}")
         return admitted
+
+    def _wait_admitted(self, future: GeventFuture[T], ticket: int, signal: AbortSignal) -> T:
+        """Wait for a slot; an abort meanwhile withdraws the start (the reply then fails)."""
+        remove = signal.add_listener(lambda reason: self._withdraw(ticket, reason))
+        try:
+            return future.get()
+        finally:
+            remove()
 
     def _charge_remote(self, parent_id: str, future: GeventFuture[SubagentResult]) -> None:
         outcome = outcome_of(future)
@@ -479,6 +527,18 @@ class SubagentService:
         start: Callable[[], SubagentRun],
         trace: tracing.Activation | None = None,
     ) -> RunHandle:
+        return self._publish(self._started(provider, run_id, ticket, parent_id, start, trace))
+
+    def _started(
+        self,
+        provider: SubagentProvider,
+        run_id: str,
+        ticket: int,
+        parent_id: str,
+        start: Callable[[], SubagentRun],
+        trace: tracing.Activation | None = None,
+    ) -> RunHandle:
+        """Run the provider's start; the handle, adopted by the parent's supervisor."""
         try:
             run = start()
         except BaseException as exc:
@@ -522,8 +582,11 @@ class SubagentService:
             if trace is not None:
                 trace.failed(failure)
             raise failure from None
-        # The registry enters the run, emits its start (before start() returns, as the seam
-        # says), then observes its result.
+        return handle
+
+    def _publish(self, handle: RunHandle) -> RunHandle:
+        """The registry enters the run, emits its start (before start() returns, as the seam
+        says), then observes its result."""
         try:
             self._registry.ask_now(reg.Published(handle))
         except ActorDeadError:
@@ -552,7 +615,7 @@ class SubagentService:
         """Wait until the registry handled everything told so far (e.g. a run's end)."""
         with contextlib.suppress(ActorDeadError):
             # In place when the registry is idle: everything told so far is handled already.
-            self._registry.ask_now(reg.Providers())
+            self._registry.ask_now(reg.SYNC)
 
     # -- continuable children (see subagent.continuation) -----------------------------------------
 

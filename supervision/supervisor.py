@@ -17,7 +17,6 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 from time import monotonic as _monotonic
 from typing import Literal, get_args
 
@@ -128,16 +127,32 @@ class _Wave:
 
 
 class _Entry:
-    """One incarnation of a child. A restart makes a new entry under the same id."""
+    """One incarnation of a child. A restart makes a new entry under the same id.
 
-    __slots__ = ("child", "exit", "spec", "stopping", "wave")
+    Registered as its child's exit listener (`__call__`): no bound method or partial is made
+    per child to carry the entry to its supervisor."""
 
-    def __init__(self, spec: ChildSpec, child: Child | None, exit: Exit | None = None) -> None:
+    __slots__ = ("child", "exit", "spec", "stopping", "supervisor", "wave")
+
+    def __init__(
+        self,
+        spec: ChildSpec,
+        child: Child | None,
+        exit: Exit | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self.supervisor = supervisor
         self.spec = spec
         self.child = child  # None: the (re)start itself failed; `exit` says how
         self.exit = exit
         self.stopping = False  # we asked it to stop: its exit is not a failure to handle
         self.wave: _Wave | None = None
+
+    def __call__(self, exit: Exit) -> None:
+        """The child's exit, for its supervisor."""
+        supervisor = self.supervisor
+        if supervisor is not None:
+            supervisor._on_child_exit(self, exit)  # noqa: SLF001 - the supervisor's own entry
 
     @property
     def alive(self) -> bool:
@@ -429,9 +444,9 @@ class Supervisor:
             raise SupervisorClosedError(f"{self._name} is {self._state}")
 
     def _register(self, spec: ChildSpec, child: Child) -> _Entry:
-        entry = _Entry(spec, child)
+        entry = _Entry(spec, child, None, self)
         self._children[spec.id] = entry  # a restart keeps the id's place in start order
-        child.add_exit_listener(partial(self._on_child_exit, entry))
+        child.add_exit_listener(entry)
         return entry
 
     def _on_child_exit(self, entry: _Entry, exit: Exit) -> None:

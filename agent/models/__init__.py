@@ -23,6 +23,12 @@ def parse_route(route: str) -> tuple[str, str]:
     return prefix, model
 
 
+# Routes already split (every child of a parent resolves the same route): bounded, one entry
+# per route seen, cleared when full.
+_parsed: dict[str, tuple[str, str]] = {}
+_PARSED_MAX = 256
+
+
 class ModelRegistry:
     """Prefix -> adapter. Registration returns its own undo, so a test or plugin cleans up
     exactly what it added."""
@@ -50,7 +56,13 @@ class ModelRegistry:
 
     def resolve(self, route: str) -> tuple[ModelAdapter, str]:
         """The adapter for `route` and the model name to put in the request."""
-        prefix, model = parse_route(route)
+        parsed = _parsed.get(route) if type(route) is str else None
+        if parsed is None:
+            parsed = parse_route(route)
+            if len(_parsed) >= _PARSED_MAX:
+                _parsed.clear()
+            _parsed[route] = parsed
+        prefix, model = parsed
         adapter = self._adapters.get(prefix)
         if adapter is None:
             known = ", ".join(sorted(self._adapters)) or "none"
