@@ -47,6 +47,7 @@ from agent.loop import AgentCore, PendingSteer, TurnOutcome
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
 from supervision.group import TaskGroup
+from supervision.notify import call_rest
 from supervision.signal import AbortController
 
 if TYPE_CHECKING:
@@ -200,9 +201,16 @@ class AgentActor(GeventActor):
             )
         )
         self._steer_replies[message_id] = reply
-        if self._steer_listeners:
-            for listener in list(self._steer_listeners):
-                listener(message_id)
+        if self._steer_listeners:  # last: the steer is queued whatever a listener does
+            rest = iter(list(self._steer_listeners))
+            try:
+                for listener in rest:
+                    listener(message_id)
+            except Exception:
+                raise
+            except BaseException:  # the caller killed while one switched out
+                call_rest(rest, lambda fn: fn(message_id))
+                raise
         return reply
 
     @property
@@ -238,19 +246,28 @@ class AgentActor(GeventActor):
         return self._when_idle()
 
     def _abort_turn(self, cause: object) -> None:
-        """Drop the queued sends and abort the running turn (a cancel without keep_inbox)."""
-        self._discard_queue("cancelled", cause)
-        if self._turn_abort is not None:
-            self._turn_abort.abort(cause if cause is not None else "cancelled")
+        """Drop the queued sends and abort the running turn (a cancel without keep_inbox).
+
+        Run in place, this is the canceller's greenlet, and the queue's runs settle there (their
+        callbacks may switch): the turn is aborted even if that greenlet is killed meanwhile."""
+        try:
+            self._discard_queue("cancelled", cause)
+        finally:
+            if self._turn_abort is not None:
+                self._turn_abort.abort(cause if cause is not None else "cancelled")
 
     def _cancel_run(self, message: CancelRun) -> None:
         run = self.run
         if run is not None and not run.settled:
             run.cancel_requested = True
         agent = self.core.agent
-        if agent is not None:  # the runs this agent started go too
-            agent.ctx.lifecycle.cancelled(agent, message.cause)
-        self._abort_turn(message.cause)
+        try:
+            if agent is not None:  # the runs this agent started go too
+                agent.ctx.lifecycle.cancelled(agent, message.cause)
+        finally:
+            # A listener may switch out (in place, in the canceller's greenlet) and that
+            # greenlet be killed: the turn is still aborted, as Close's end is a finally.
+            self._abort_turn(message.cause)
 
     def _dispose_run(self) -> Deferred[None]:
         """Close through the run (or the agent) off the mailbox: closing waits for this actor."""
@@ -386,7 +403,13 @@ class AgentActor(GeventActor):
             self.core.log.append("inbox/discarded", {"message_id": message["id"], "reason": reason})
             if run is not None and run.message_id == message["id"]:
                 why = reason if cause is None else str(cause)
-                run.finish(TurnOutcome(self.core.turn, "aborted", cause=why))
+                try:
+                    run.finish(TurnOutcome(self.core.turn, "aborted", cause=why))
+                except Exception:
+                    raise
+                except BaseException:  # killed in a result callback: the rest still go
+                    self._discard_queue(reason, cause)
+                    raise
 
     def _finish_close(self) -> None:
         # Closing the log waits for its fsync. Run in place, this is the closer's greenlet, and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -123,7 +124,14 @@ class Agent:
 
     def cancel(self, cause: object = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
         """Abort the running turn (and the children it started); replies when idle."""
-        self.ctx.lifecycle.cancelled(self, cause)
+        try:
+            self.ctx.lifecycle.cancelled(self, cause)
+        except Exception:
+            raise
+        except BaseException:
+            # Killed while a listener switched out: the cancel still reaches the actor.
+            self._ask(Cancel(cause, keep_inbox))
+            raise
         return self._ask(Cancel(cause, keep_inbox))
 
     def when_idle(self) -> Future[TurnOutcome | None]:
@@ -199,7 +207,16 @@ class Agent:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""
         if self._closed and not self.ref.is_alive():
             return
-        self.ctx.lifecycle.closing(self)
+        try:
+            self.ctx.lifecycle.closing(self)  # the service disposes this agent's children here
+        except Exception:
+            raise
+        except BaseException:
+            # Killed while its children were being disposed (a cancelled tool disposing its
+            # child): the close is still started, without waiting, so no agent is left open.
+            with contextlib.suppress(Exception):
+                self._actor.ask_now(Close(cause), block=False)
+            raise
         try:
             # In place when the actor is idle (a settled child): no mailbox round trip.
             self._actor.ask_now(Close(cause), block=False).get()

@@ -34,6 +34,7 @@ from pykka import Actor, ActorDeadError, ActorRef, ActorRegistry, Future, Timeou
 from pykka._envelope import Envelope
 
 from supervision.errors import Cancelled
+from supervision.notify import call_rest
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -171,11 +172,18 @@ class GeventFuture(Future[T]):
             raise gevent.queue.Full
         self.settlement = result
         callbacks, self._callbacks = self._callbacks, None
-        if callbacks is not None:
-            for fn in callbacks:
-                _call_done(fn, self)
-        if self._event is not None:
-            self._event.set()
+        try:
+            if callbacks is not None:
+                rest = iter(callbacks)
+                try:
+                    for fn in rest:
+                        _call_done(fn, self)
+                except BaseException:  # killed while a callback switched out: finish the round
+                    call_rest(rest, lambda fn: fn(self))
+                    raise
+        finally:
+            if self._event is not None:  # waiters wake whatever happened to the settler
+                self._event.set()
 
 
 def _call_done(fn: Callable[[Any], None], future: GeventFuture[Any]) -> None:

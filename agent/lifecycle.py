@@ -5,13 +5,16 @@ runtime without the agent layer knowing them. Each registration is a method call
 its remover, so no one appends to a list another object owns. Listeners are held in tuples that
 a registration replaces: telling them iterates a snapshot at no copying cost, and a listener that
 registers or removes one while being told changes the next notice, never the current one. A
-listener that raises propagates to the caller, as the caller's own code would.
+listener that raises propagates to the caller, as the caller's own code would; one that switches
+out while its teller is killed still lets the others hear (`supervision.notify`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from supervision.notify import call_rest
 
 __all__ = ["AgentLifecycle", "AgentListener", "CancelListener"]
 
@@ -80,16 +83,27 @@ class AgentLifecycle:
     # -- telling (called by the agent's own code) ------------------------------------------------
 
     def published(self, agent: object) -> None:
-        for fn in self._published:
-            fn(agent)
+        _tell(self._published, (agent,))
 
     def closing(self, agent: object) -> None:
-        for fn in self._closing:
-            fn(agent)
+        _tell(self._closing, (agent,))
 
     def cancelled(self, agent: object, cause: object) -> None:
-        for fn in self._cancelled:
-            fn(agent, cause)
+        _tell(self._cancelled, (agent, cause))
+
+
+def _tell(listeners: tuple[Callable[..., None], ...], args: tuple[object, ...]) -> None:
+    """Call each listener; one that raises stops the round (the caller's own error). A kill of
+    the teller while one switched out still lets the others hear, then goes on (`call_rest`)."""
+    rest = iter(listeners)
+    try:
+        for fn in rest:
+            fn(*args)
+    except Exception:
+        raise
+    except BaseException:
+        call_rest(rest, lambda fn: fn(*args))
+        raise
 
 
 def _check(fn: object) -> None:

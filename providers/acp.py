@@ -102,6 +102,11 @@ _PERMISSION_PREFERENCE: dict[str, tuple[str, ...]] = {
     "reject": ("reject_once", "reject_always"),
 }
 
+# The most answer text a run keeps: what one session-log frame holds. More could never reach the
+# parent (its tool result is refused by the log), and an agent streaming without end would
+# otherwise fill this process's memory; past it the run ends `error` and the agent is reaped.
+MAX_OUTPUT_CHARS = 64 * 1024 * 1024
+
 PROGRESS_KINDS = frozenset({"tool_call", "tool_call_update", "agent_thought_chunk", "plan"})
 
 _CLIENT_CAPABILITIES = {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False}
@@ -316,6 +321,7 @@ class AcpRun(RemoteRun):
         # continuation service); a one-shot run ends `error`.
         self._crash_is_fault = log is not None
         self._output: list[str] = []
+        self._output_chars = 0
         # What the agent reported spending (agent.usage keys), if it reports anything: the
         # prompt response's `usage` (ACP, unstable), and the session's cumulative cost from
         # `usage_update` notifications.
@@ -368,6 +374,14 @@ class AcpRun(RemoteRun):
                     self._crash(diagnostic)
                 else:
                     self._settle(ERROR, diagnostic)
+            if exc.protocol_error:
+                # Nobody reads the agent any more: reap it now rather than at `dispose`, which
+                # a holder of the handle may call late (it still waits for this teardown, and
+                # is the one told if it failed).
+                try:
+                    self._child.teardown(graceful=False)
+                except Exception:
+                    log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
         except Exception as exc:  # a crash here must still resolve the result
             log.debug("acp run %s: turn failed", self._id, exc_info=True)  # a result: debug
             self._settle(ERROR, f"internal error: {exc!r}")
@@ -448,6 +462,10 @@ class AcpRun(RemoteRun):
             if isinstance(content, dict) and content.get("type") == "text" and not self._settled:
                 text = content.get("text")
                 if isinstance(text, str):
+                    self._output_chars += len(text)
+                    if self._output_chars > MAX_OUTPUT_CHARS:
+                        self._overflow()
+                        return
                     self._output.append(text)
         elif kind == "usage_update":
             cost = update.get("cost")
@@ -458,6 +476,21 @@ class AcpRun(RemoteRun):
             self._progress("usage_update", update)
         elif kind in PROGRESS_KINDS:
             self._progress(str(kind), update)
+
+    def _overflow(self) -> None:
+        """The answer passed `MAX_OUTPUT_CHARS`: end the run `error` and reap the agent (off the
+        reader greenlet, which is telling us this and must not wait)."""
+        self._settle(
+            ERROR, f"the agent's answer exceeds {MAX_OUTPUT_CHARS:,} characters; the run was ended"
+        )
+        self._child.conn.notify("session/cancel", {"sessionId": self.acp_session_id})
+        self._tasks.spawn(self._reap)
+
+    def _reap(self) -> None:
+        try:
+            self._child.teardown(graceful=False)
+        except Exception:
+            log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
 
     def _progress(self, kind: str, update: object) -> None:
         if self._on_progress is None:

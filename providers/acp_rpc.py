@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -119,6 +121,26 @@ class StderrTail:
     def text(self) -> str:
         """The kept tail, decoded, with terminal escapes stripped."""
         return clean_text(bytes(self._buf[-self._keep :]).decode("utf-8", "replace"))
+
+
+def usable_id(ident: object) -> bool:
+    """A JSON-RPC id we can echo: a string, an int, or a finite float (never a bool)."""
+    kind = type(ident)
+    return kind is str or kind is int or (kind is float and math.isfinite(ident))  # type: ignore[arg-type]
+
+
+def unparsable(exc: ValueError | RecursionError) -> str:
+    """What is wrong with a line `json.loads` refused, in our words (its own messages name
+    Python functions, or nothing useful)."""
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply to read"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"malformed JSON: not UTF-8 (byte {exc.start})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON: {exc.msg.lower()} at column {exc.colno}"
+    if "digits" in str(exc):  # the interpreter's limit on int conversion (4,300 by default)
+        return f"a JSON number has more than {sys.get_int_max_str_digits():,} digits"
+    return "malformed JSON"
 
 
 class JsonRpcConnection:
@@ -299,8 +321,8 @@ class JsonRpcConnection:
     def _dispatch(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-            self._bad_line(PARSE_ERROR, "malformed JSON", line, None)
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+            self._bad_line(PARSE_ERROR, unparsable(exc), line, None)
             return
         if not isinstance(message, dict):
             self._bad_line(INVALID_REQUEST, "not a JSON-RPC object", line, None)
@@ -308,7 +330,14 @@ class JsonRpcConnection:
         method = message.get("method")
         if isinstance(method, str):
             if "id" in message:
-                self._answer(message["id"], method, message.get("params"))
+                rid = message["id"]
+                if not usable_id(rid):
+                    # An object, array, boolean, null or non-finite id cannot be echoed back
+                    # (`1e400` parses to inf, which `json.dumps` would write as `Infinity`).
+                    what = "a request id must be a string or a finite number"
+                    self._bad_line(INVALID_REQUEST, what, line, None)
+                    return
+                self._answer(rid, method, message.get("params"))
             else:
                 self._guard(self._on_notification, method, message.get("params"))
             return
@@ -343,7 +372,7 @@ class JsonRpcConnection:
             return
         log.warning("%s: answered a bad line (%s): %r", self._name, what, shown)
         # JSON-RPC ids are strings, numbers or null; anything else cannot be echoed back.
-        usable = isinstance(ident, (str, int, float)) and not isinstance(ident, bool)
+        usable = usable_id(ident)
         kind = "parse error" if code == PARSE_ERROR else "invalid request"
         error = {"code": code, "message": f"{kind}: {what}"}
         self._send({"jsonrpc": "2.0", "id": ident if usable else None, "error": error})

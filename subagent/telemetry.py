@@ -12,6 +12,7 @@ import atexit
 import importlib
 import importlib.metadata
 import logging
+import math
 import os
 import urllib.parse
 from collections.abc import Mapping
@@ -236,9 +237,7 @@ class LeanSettings:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.endpoint = otlp_endpoint(env)
         self.headers = otlp_headers(env)
-        self.timeout_s = _number(
-            env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", 10.0
-        )
+        self.timeout_s = otlp_timeout_s(env)
         compression = _compression(env)
         self.compression = None if compression == "none" else compression
         self.sampler = env.get("OTEL_TRACES_SAMPLER", "").strip() or "parentbased_always_on"
@@ -317,7 +316,14 @@ def _sdk_provider(env: Mapping[str, str], names: list[str]) -> SdkTracerProvider
     exporters: list[SpanExporter] = [
         ConsoleSpanExporter() if name == "console" else _otlp_exporter(env) for name in names
     ]
-    attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": DEFAULT_SERVICE_NAME}
+    # The resource as the lean path makes it, from the mapping given: `Resource.create` would
+    # read only `os.environ`, and its explicit attributes override what it reads there, so a
+    # default `service.name` passed to it hid one given in `OTEL_RESOURCE_ATTRIBUTES`.
+    attributes = {
+        key: value
+        for key, value in resource_attributes(env).items()
+        if not key.startswith("telemetry.sdk.")
+    }
     provider = TracerProvider(resource=Resource.create(attributes))
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=queue))
@@ -347,6 +353,16 @@ def otlp_headers(env: Mapping[str, str]) -> dict[str, str]:
             raise ValueError(f"OTEL_EXPORTER_OTLP_HEADERS: not key=value: {item.strip()!r}")
         out[key] = urllib.parse.unquote(value.strip())
     return out
+
+
+def otlp_timeout_s(env: Mapping[str, str]) -> float:
+    """`OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT` in seconds. The specification gives it in
+    milliseconds (default 10,000); the Python SDK's exporters read it in seconds, so both paths
+    read it here and hand the exporter seconds (docs/decisions.md)."""
+    return (
+        _number(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", 10_000)
+        / 1000
+    )
 
 
 def resource_attributes(env: Mapping[str, str]) -> dict[str, str]:
@@ -399,7 +415,8 @@ def _compression(env: Mapping[str, str]) -> str:
 
 
 def _number(env: Mapping[str, str], name: str, fallback: str | None, default: float) -> float:
-    """A positive number from `name` (or `fallback`), else `default`; a bad one is refused."""
+    """A positive, finite number from `name` (or `fallback`), else `default`; a bad one is
+    refused (`nan` and `inf` too: a socket timeout or a batch size cannot be either)."""
     text = (env.get(name) or (env.get(fallback) if fallback else None) or "").strip()
     if not text:
         return default
@@ -407,7 +424,7 @@ def _number(env: Mapping[str, str], name: str, fallback: str | None, default: fl
         value = float(text)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: not a positive number: {text!r}")
     return value
 
@@ -457,7 +474,9 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
                 "OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc; the `otel` extra "
                 "ships http/protobuf (the default protocol)"
             ) from exc
-        grpc: SpanExporter = OTLPSpanExporter()  # an optional package, untyped when absent
+        # An optional package, untyped when absent. Endpoint and headers it reads from
+        # `os.environ`; the timeout is given, in seconds, converted from the spec's milliseconds.
+        grpc: SpanExporter = OTLPSpanExporter(timeout=otlp_timeout_s(env))
         return grpc
     if protocol != "http/protobuf":
         raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: unsupported protocol {protocol!r}")
@@ -470,17 +489,11 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
         raise RuntimeError(
             "the otlp exporter needs the `otel` extra: pip install 'subagent-runtime[otel]'"
         ) from exc
-    # From the mapping given (the SDK's exporter would read only `os.environ` for these);
-    # compression, TLS files and the rest it still reads from `os.environ`.
-    timeout = env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT")
+    # From the mapping given (the SDK's exporter would read only `os.environ` for these, and
+    # its timeout in seconds); compression, TLS files and the rest it still reads from
+    # `os.environ`.
     return HttpExporter(
-        endpoint=otlp_endpoint(env),
-        headers=otlp_headers(env),
-        timeout=_number(
-            env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", 10.0
-        )
-        if timeout
-        else None,
+        endpoint=otlp_endpoint(env), headers=otlp_headers(env), timeout=otlp_timeout_s(env)
     )
 
 

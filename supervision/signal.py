@@ -16,6 +16,7 @@ import gevent
 from gevent.hub import Waiter
 
 from supervision.errors import AbortError
+from supervision.notify import call_rest
 
 __all__ = ["AbortController", "AbortError", "AbortSignal"]
 
@@ -125,8 +126,14 @@ class AbortSignal:
             for waiter in waiters:
                 run_callback(waiter.switch, None)
         if listeners:
-            for fn in listeners.values():
-                _call_listener(fn, self._reason)
+            reason = self._reason
+            rest = iter(listeners.values())
+            try:
+                for fn in rest:
+                    _call_listener(fn, reason)
+            except BaseException:  # killed while a listener switched out: the others still hear
+                call_rest(rest, lambda fn: fn(reason))
+                raise
 
     @staticmethod
     def any_of(*signals: AbortSignal) -> AbortSignal:

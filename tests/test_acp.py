@@ -576,3 +576,48 @@ def test_a_json_rpc_error_carries_its_data_and_stderr_is_clean(parent: Parent) -
     assert "quota exhausted for model m-1" in diagnostic  # the agent's reason, from `data`
     assert "fatal: model quota exhausted" in diagnostic  # the stderr tail
     assert "\x1b" not in diagnostic and "\x07" not in diagnostic
+
+
+# -- a bad line from the agent ends the run, says what was wrong, and reaps the agent -----------
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("garbage", "malformed JSON: expecting value at column 1"),
+        ("big_number", "a JSON number has more than 4,300 digits"),
+        ("escape_garbage", "malformed JSON"),
+    ],
+)
+def test_a_bad_line_mid_turn_ends_the_run_says_why_and_reaps_the_agent(
+    parent: Parent, mode: str, why: str
+) -> None:
+    """The run ends `error` with a diagnostic naming the fault, the line shown escaped (no raw
+    control character), and the agent is reaped as soon as the run ends, not only at dispose."""
+    run = start(AcpProvider(peer_config(mode)), parent)
+    result = run.result.get(timeout=RESULT_TIMEOUT)
+    try:
+        assert result.stop_reason == "error"
+        diagnostic = result.diagnostic or ""
+        assert diagnostic.startswith(f"protocol error: {why}"), diagnostic
+        assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in diagnostic), diagnostic
+        if mode == "escape_garbage":
+            assert "\\x1b[2J" in diagnostic and "\\x9b" in diagnostic
+        wait_until(lambda: not group_alive(run.pid), timeout=RESULT_TIMEOUT)
+    finally:
+        run.dispose()
+    assert not group_alive(run.pid)
+
+
+def test_an_agent_streaming_without_end_is_stopped_at_the_output_bound(parent: Parent) -> None:
+    """An agent may not fill the host's memory with its answer: past `MAX_OUTPUT_CHARS` the
+    run ends `error`, saying so, and the agent is reaped before anyone disposes the run."""
+    run = start(AcpProvider(peer_config("flood_output")), parent)
+    result = run.result.get(timeout=RESULT_TIMEOUT)
+    try:
+        assert result.stop_reason == "error"
+        assert "the agent's answer exceeds 67,108,864 characters" in (result.diagnostic or "")
+        assert len(result.output[0]["text"]) <= acp_module.MAX_OUTPUT_CHARS
+        wait_until(lambda: not group_alive(run.pid), timeout=RESULT_TIMEOUT)
+    finally:
+        run.dispose()

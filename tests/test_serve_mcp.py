@@ -257,6 +257,12 @@ BAD_LINES = [
     ("42", -32600, None),
     ('{"jsonrpc": "2.0", "id": 7}', -32600, 7),  # neither a request nor a response
     ('{"jsonrpc": "2.0", "id": [1], "params": {}}', -32600, None),  # an id that is no id
+    # Requests whose id cannot be echoed: answered as invalid with `id: null`, never with the
+    # object back, nor `Infinity` (what `1e400` parses to), which is not JSON.
+    ('{"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/list"}', -32600, None),
+    ('{"jsonrpc": "2.0", "id": 1e400, "method": "tools/list"}', -32600, None),
+    ('{"jsonrpc": "2.0", "id": true, "method": "tools/list"}', -32600, None),
+    ('{"jsonrpc": "2.0", "id": null, "method": "tools/list"}', -32600, None),
 ]
 
 
@@ -296,6 +302,72 @@ def test_a_bad_line_is_answered_and_the_server_goes_on(tmp_path: Path) -> None:
     errors = [(a["error"]["code"], a["id"]) for a in answers[:-1]]
     assert errors == [(code, ident) for _, code, ident in BAD_LINES]
     assert answers[-1]["result"]["serverInfo"]["name"] == "subagent-runtime"
+
+
+def test_a_cancel_naming_an_object_id_is_a_warning_not_a_traceback(tmp_path: Path) -> None:
+    """`notifications/cancelled` with an unhashable `requestId` used to raise in the handler
+    (logged with a traceback); it names no call, so it is a one-line warning and nothing else."""
+    proc = start_server("mcp", tmp_path)
+    assert proc.stdin is not None and proc.stdout is not None
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+    lines = [
+        {**cancel, "params": {"requestId": {"x": "\x1b[31m"}}},
+        {**cancel, "params": {"requestId": [1]}},
+        {
+            "jsonrpc": "2.0",
+            "id": "after",
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+        },
+    ]
+    proc.stdin.write("".join(json.dumps(line) + "\n" for line in lines))
+    proc.stdin.flush()
+    answer = json.loads(proc.stdout.readline())
+    assert answer["id"] == "after" and "result" in answer
+    proc.stdin.close()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("a cancel names no usable request id") == 2, stderr
+    assert "\x1b" not in stderr
+
+
+def test_an_id_that_cannot_be_a_session_names_no_child(tmp_path: Path) -> None:
+    """A model (or client) that sends a malformed child id gets `UNKNOWN_CHILD`, as for any id
+    no child has; it used to reach the service as a bad argument and come back `TOOL_FAILED`
+    (the code for a tool that crashed)."""
+    proc = start_server("mcp", tmp_path)
+    assert proc.stdin is not None and proc.stdout is not None
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+    }
+    calls = [
+        ("send_message", {"subagent_id": "../../etc/passwd", "message": "hi"}),
+        ("send_message", {"subagent_id": "\x1b[31m", "message": "hi"}),
+        ("interrupt_agent", {"agent_id": "a/b"}),
+    ]
+    lines = [initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    lines += [
+        {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(calls, start=1)
+    ]
+    proc.stdin.write("".join(json.dumps(line) + "\n" for line in lines))
+    proc.stdin.flush()
+    answers = {}
+    while len(answers) < len(calls) + 1:
+        answer = json.loads(proc.stdout.readline())
+        answers[answer["id"]] = answer
+    proc.stdin.close()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    for i in range(1, len(calls) + 1):
+        result = answers[i]["result"]
+        assert result["isError"] is True
+        assert result["_meta"]["subagent-runtime/code"] == "UNKNOWN_CHILD", result
+        assert "\x1b" not in result["content"][0]["text"]
 
 
 def test_an_over_long_line_is_skipped_to_its_end_and_answered(tmp_path: Path) -> None:

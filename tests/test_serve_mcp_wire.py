@@ -111,8 +111,10 @@ def test_a_request_id_still_in_flight_is_refused(wire: Wire) -> None:
 
 @pytest.mark.parametrize("rid", [{"an": "object"}, [1], None, True])
 def test_a_call_id_must_be_a_string_or_a_number(wire: Wire, rid: Any) -> None:
+    """Refused as an invalid request whose answer carries `id: null` (JSON-RPC 2.0: an id that
+    cannot be read is answered with null, never echoed as an object or a boolean)."""
     wire.call(rid, "list_agents", {})
-    assert wire.answer(rid)["error"]["code"] == INVALID_REQUEST
+    assert wire.answer(None)["error"]["code"] == INVALID_REQUEST
 
 
 def test_a_call_that_fails_before_it_runs_leaves_nothing_behind(

@@ -25,6 +25,7 @@ from agent.tools import (
 )
 from subagent.errors import SubagentError
 from subagent.types import ToolRestriction
+from supervision.offload import offload
 from supervision.signal import AbortController, AbortError
 
 OBJ: dict[str, Any] = {"type": "object"}
@@ -513,7 +514,12 @@ def test_a_call_refused_at_construction_is_invalid_args_and_never_runs() -> None
     ran: list[Any] = []
     scope = ToolScope(ToolRegistry())
     scope.add(Tool("t", "", {"type": "object"}, lambda args, c: (ran.append(args), "ok")[1]))
-    call = ToolCall("c", "t", _deep(20_000))
+    # Built in a worker thread: 20,000 fresh dicts can set off a full cyclic collection, which
+    # on a loaded machine in a long suite holds the hub past the block detector's 0.1 s. That
+    # pause is the test's input being made, not the code under test (which walks 129 levels).
+    deep = offload(_deep, 20_000)
+    call = ToolCall("c", "t", deep)
+    del deep
     assert call.arguments == {} and call.invalid is not None
     result = scope.execute(call, ctx())
     assert result.is_error and result.code == INVALID_ARGS and ran == []

@@ -180,8 +180,13 @@ class HTTPModel:
         if timeout is not None:  # `subagent run --timeout`: both timeouts at once
             connect_timeout = read_timeout = timeout
         base = base_url.rstrip("/")
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(base)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+            parts.port  # noqa: B018  (raises for a port that is not a number or out of range)
+        except ValueError as exc:  # `http://[::1`: urlsplit's own words say little
+            raise ValueError(f"base_url must be an http(s) URL, got {base!r}: {exc}") from None
+        if not valid:
             raise ValueError(f"base_url must be an http(s) URL, got {base!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int):
             raise TypeError("max_retries must be an int")

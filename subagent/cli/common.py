@@ -50,23 +50,55 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
+# The largest count any option takes: JSON's safe integer (what the runtime's own checks use).
+# A bigger value is a typo or an attack: refused as a bad argument (exit 2), not met later as
+# an `OverflowError` or a retry loop that never ends.
+MAX_COUNT = 2**53 - 1
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an int >= 1 (a bad value exits 2, like any other bad argument)."""
-    return _bounded_int(text, 1)
+    return _bounded_int(text, 1, MAX_COUNT)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
-    return _bounded_int(text, 0)
+    return _bounded_int(text, 0, MAX_COUNT)
 
 
-def _bounded_int(text: str, low: int) -> int:
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high]."""
+
+    def parse(text: str) -> int:
+        return _bounded_int(text, low, high)
+
+    return parse
+
+
+def http_url(text: str) -> str:
+    """An argparse type: an http(s) URL with a host (and a valid port, if any)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  (raises for a bad port)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise argparse.ArgumentTypeError(f"must be an http(s) URL, got {text!r}")
+    return text
+
+
+def _bounded_int(text: str, low: int, high: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < low:
         raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    if value > high:
+        raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {value}")
     return value
 
 
@@ -85,17 +117,30 @@ def read_prompt(value: str | None, file: str | None, what: str = "prompt") -> st
         if value is None and file is None and (sys.stdin is None or sys.stdin.isatty()):
             raise UsageError(f"no {what}: give it inline, as - (stdin), or with --{what}-file")
         if file is None or file == "-":
-            text = _decode(_read_stdin(), f"the {what} on stdin")
+            text = _decode(_bounded(_read_stdin(), what), f"the {what} on stdin")
         else:
             try:
-                raw = Path(file).read_bytes()
+                with Path(file).open("rb") as stream:
+                    raw = stream.read(MAX_PROMPT_BYTES + 1)  # bounded: `/dev/zero` never ends
             except OSError as exc:
                 raise CliError(f"cannot read the {what} file: {exc}") from None
-            text = _decode(raw, f"the {what} file {file}")
+            text = _decode(_bounded(raw, what), f"the {what} file {file}")
         text = text.rstrip("\r\n")
     if not text.strip():
         raise UsageError(f"the {what} is empty")
     return text
+
+
+# A prompt is logged whole in one event, and a session log's frame holds 64 MiB: half of that
+# leaves room for the event around it. Reads stop one byte past it, so endless input
+# (`--prompt-file /dev/zero`, `yes |`) is refused instead of filling memory.
+MAX_PROMPT_BYTES = 32 * 1024 * 1024
+
+
+def _bounded(raw: bytes, what: str) -> bytes:
+    if len(raw) > MAX_PROMPT_BYTES:
+        raise UsageError(f"the {what} is larger than {MAX_PROMPT_BYTES // (1024 * 1024)} MiB")
+    return raw
 
 
 def _read_stdin() -> bytes:
@@ -104,7 +149,7 @@ def _read_stdin() -> bytes:
     if stream is None:
         return b""
     try:
-        return stream.buffer.read()
+        return stream.buffer.read(MAX_PROMPT_BYTES + 1)
     except OSError as exc:
         raise CliError(f"cannot read stdin: {exc}") from None
 
@@ -160,7 +205,12 @@ def print_json(data: object) -> None:
 
 
 def when(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    """A stored time as local date and time. A stored file is data: a time the platform cannot
+    show (`2**64`, `1e300`: a damaged or crafted header) reads as such, and the listing goes on."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"(time out of range: {epoch!r})"
 
 
 def flat_text(content: str | Iterable[object] | None, limit: int = 200) -> str:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subagent.cli.common import EXIT_INTERRUPTED, CliError, home_dir, make_console, positive_int
+from subagent.cli.common import EXIT_INTERRUPTED, CliError, home_dir, int_between, make_console
 from subagent.cli.live import drive, report_stopped
 
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
@@ -104,10 +104,19 @@ def write_failure(outcome: TurnOutcome | None, faults: list[str]) -> str | None:
     return None
 
 
+# The demo runs its whole tree in this process, one scripted step each: 10,000 children take a
+# few seconds and some hundreds of MB; more is a typo, refused as a bad argument (exit 2).
+MAX_DEMO_CHILDREN = 10_000
+
+
 def register(sub: Subcommands) -> None:
     demo = sub.add_parser("demo", help="an offline coordinator with N children and a live tree")
     demo.add_argument(
-        "--children", type=positive_int, default=8, metavar="N", help="children (default 8)"
+        "--children",
+        type=int_between(1, MAX_DEMO_CHILDREN),
+        default=8,
+        metavar="N",
+        help=f"children (default 8, at most {MAX_DEMO_CHILDREN:,})",
     )
     demo.add_argument("--seed", type=int, default=0, metavar="S", help="the scenario's seed")
     demo.add_argument("--no-live", action="store_true", help="print only the final tree")

@@ -72,7 +72,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "yes" if r.get("has_children") else "",
             )
     else:
-        roots = _root_rows(store) if store is not None else []
+        roots = _root_rows(store, spend=args.json) if store is not None else []
         if args.json:
             print_json(roots)
             return 0
@@ -89,9 +89,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _root_rows(store: SessionStore) -> list[RootRow]:
+def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
     """Root sessions, plus what a listing by parent can never show: children whose parent is
-    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`)."""
+    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`).
+
+    With `spend` (the `--json` rows), each row carries its usage, which reads every stored log
+    whole; the table shows none, so it reads headers only."""
     headers, unreadable = store.census()
     ids = {h.id for h in headers} | {bad.id for bad in unreadable}
     kids: dict[str, int] = {}
@@ -100,11 +103,11 @@ def _root_rows(store: SessionStore) -> list[RootRow]:
         if h.parent_session:
             kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
             below.setdefault(h.parent_session, []).append(h.id)
-    spend: dict[str, tuple[dict[str, int], int]] = {}
-    for h in headers:
+    spent: dict[str, tuple[dict[str, int], int]] = {}
+    for h in headers if spend else ():
         found = _spend_of(store, h.id)
         if found is not None:
-            spend[h.id] = found
+            spent[h.id] = found
     rows: list[RootRow] = []
     for h in headers:
         if h.origin == "subagent" and h.parent_session in ids:
@@ -116,7 +119,8 @@ def _root_rows(store: SessionStore) -> list[RootRow]:
         row = RootRow(
             id=h.id, status=status, created_at=h.created_at, cwd=h.cwd, children=kids.get(h.id, 0)
         )
-        _add_spend(row, h.id, spend, below)
+        if spend:
+            _add_spend(row, h.id, spent, below)
         rows.append(row)
     for bad in unreadable:
         rows.append(

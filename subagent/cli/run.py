@@ -12,6 +12,8 @@ from subagent.cli.common import (
     CliError,
     UsageError,
     answer_text,
+    http_url,
+    int_between,
     make_console,
     model_registry,
     model_route,
@@ -82,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if last.get("role") == "tool":
             text = answer_text(last.get("content", ()))
             if last.get("is_error"):
-                relay_failure.append(text)
+                relay_failure.append(_failure_line(text))
             return S.text(text)
         return S.tool_call("subagent", {"description": "acp task", "prompt": prompt})
 
@@ -168,6 +170,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         rt.close()
 
 
+def _failure_line(text: str) -> str:
+    """The relay's failure as the command's one error line: the headline and the diagnostic,
+    which says what went wrong (it used to be cut at the headline, `Subagent failed with an
+    error.`), without the partial output. A diagnostic's own lines (a stderr tail) are joined."""
+    head = text.split("\nPartial output:", 1)[0]
+    return " ".join(line.strip() for line in head.splitlines() if line.strip())
+
+
 def usage_line(usage: Mapping[str, int], budget: int | None = None) -> str:
     """The final summary's token line, for the whole tree."""
     from agent.usage import total_tokens
@@ -212,6 +222,10 @@ def _load_prices(path: str | None) -> PriceTable:
         raise CliError(f"--prices: {exc}") from None
 
 
+# More retries than this is a typo: with backoff between attempts, a run would never end.
+MAX_RETRIES = 100
+
+
 def _positive(unit: str) -> Callable[[str], float]:
     """An argparse type: a finite number above 0, its error naming `unit`."""
 
@@ -240,7 +254,9 @@ def register(sub: Subcommands) -> None:
         "--prompt-file", metavar="FILE", help="read the task from FILE (UTF-8; - for stdin)"
     )
     run.add_argument(
-        "--base-url", help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)"
+        "--base-url",
+        type=http_url,
+        help="an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, OpenAI)",
     )
     run.add_argument(
         "--model",
@@ -289,7 +305,7 @@ def register(sub: Subcommands) -> None:
     )
     run.add_argument(
         "--max-retries",
-        type=non_negative_int,
+        type=int_between(0, MAX_RETRIES),
         metavar="N",
         help=f"retries of a failed model request (default {DEFAULT_MAX_RETRIES})",
     )

@@ -11,6 +11,7 @@ from subagent.cli.common import (
     UsageError,
     answer_text,
     flat_text,
+    http_url,
     make_console,
     model_registry,
     model_route,
@@ -114,7 +115,7 @@ def register(sub: Subcommands) -> None:
     send.add_argument(
         "--message-file", metavar="FILE", help="read the message from FILE (UTF-8; - for stdin)"
     )
-    send.add_argument("--base-url")
+    send.add_argument("--base-url", type=http_url)
     send.add_argument("--model", help="the parent's model at --base-url (default: offline)")
     send.add_argument(
         "--acp-env",

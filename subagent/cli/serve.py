@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from subagent.cli.common import (
     UsageError,
     home_dir,
+    http_url,
     model_registry,
     model_route,
     non_negative_int,
@@ -51,7 +52,7 @@ def _add(sub: Subcommands, name: str, help_text: str) -> None:
     serve = sub.add_parser(name, help=help_text)
     serve.add_argument("--config", metavar="FILE", help="a JSON config file (see docs/serve.md)")
     serve.add_argument("--model", help="the agents' model at --base-url (default: offline)")
-    serve.add_argument("--base-url", help="an OpenAI-compatible endpoint")
+    serve.add_argument("--base-url", type=http_url, help="an OpenAI-compatible endpoint")
     serve.add_argument(
         "--acp",
         action="append",

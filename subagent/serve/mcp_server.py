@@ -33,7 +33,8 @@ from agent.events import check_utf8_path
 from agent.model import ToolCall
 from agent.options import AgentOptions
 from agent.tools import ToolContext, ToolResult
-from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcFault
+from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcFault, usable_id
+from providers.acp_text import describe_data
 from subagent.serve.offline import CLIENT_PROXY_MODEL
 from subagent.serve.progress import ChildFeed, describe
 from subagent.serve.stdio import ProtocolPipes, serve_until_closed
@@ -238,7 +239,11 @@ class McpServer:
 
     def _on_notification(self, method: str, params: object) -> None:
         if method == "notifications/cancelled" and isinstance(params, Mapping):
-            controller = self._calls.get(params.get("requestId"))
+            rid = params.get("requestId")
+            if not usable_id(rid):  # an object or array id names no call (and is unhashable)
+                log.warning("mcp: a cancel names no usable request id: %s", describe_data(rid))
+                return
+            controller = self._calls.get(rid)
             if controller is not None:
                 reason = params.get("reason")
                 why = f": {reason}" if isinstance(reason, str) and reason else ""

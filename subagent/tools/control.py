@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from agent.events import validate_session_id
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
 from subagent.live import calling_agent
@@ -39,12 +40,25 @@ def _error(exc: SubagentError) -> ToolError:
     return ToolError(f"{exc.detail} ({exc.code})", code=exc.code)
 
 
+def _agent_id(value: object) -> str:
+    """An id a model sent: one that cannot be a session id names no agent (`UNKNOWN_CHILD`),
+    rather than reaching the service as a bad argument (a `ValueError`: `TOOL_FAILED`)."""
+    agent_id = str(value)
+    try:
+        validate_session_id(agent_id)
+    except ValueError:
+        raise _error(
+            SubagentError("UNKNOWN_CHILD", f"no subagent has the id {agent_id[:200]!r}")
+        ) from None
+    return agent_id
+
+
 def send_message_tool(service: SubagentService) -> Tool:
     """Steer a running continuable child, or wake a stopped one with this message."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         agent = calling_agent(ctx)
-        child_id = str(arguments["subagent_id"])
+        child_id = _agent_id(arguments["subagent_id"])
         try:
             sent = service.send_message(
                 agent,
@@ -89,7 +103,7 @@ def interrupt_agent_tool(service: SubagentService) -> Tool:
     """Cancel a descendant's current turn; its queued messages are kept."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
-        agent_id = str(arguments["agent_id"])
+        agent_id = _agent_id(arguments["agent_id"])
         try:
             stopped = service.interrupt(agent_id, by=calling_agent(ctx))
         except SubagentError as exc:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from actors.registry_actor import MAX_SAFE_INTEGER
 from agent import tracing
 from agent.context import AgentContext
 from agent.options import AgentOptions
@@ -109,8 +110,13 @@ class SubagentToolConfig:
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError("name must be a string or None")
         md = self.max_depth
-        if md != PROVIDER_MANAGED and (not isinstance(md, int) or isinstance(md, bool) or md < 0):
-            raise ValueError(f"max_depth must be a non-negative int or {PROVIDER_MANAGED!r}")
+        if md != PROVIDER_MANAGED and (
+            not isinstance(md, int) or isinstance(md, bool) or not 0 <= md <= MAX_SAFE_INTEGER
+        ):
+            # The bound is the one every start checks: past it, each call would fail instead.
+            raise ValueError(
+                f"max_depth must be an int in [0, 2**53-1] or {PROVIDER_MANAGED!r}, got {md!r}"
+            )
         if self.background not in ("one-shot", "continuable"):
             raise ValueError("background must be 'one-shot' or 'continuable'")
         if self.tool_filter is not None and not isinstance(self.tool_filter, ToolRestriction):

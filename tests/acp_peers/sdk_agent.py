@@ -25,6 +25,9 @@ When $ACP_PEER_NOTIFY names a unix socket, the peer connects at start-up and rep
 - stderr_spam: writes megabytes to stderr before answering.
 - garbage: writes a non-JSON line to stdout mid-turn.
 - huge_line: sends one agent_message_chunk larger than the client's line limit.
+- big_number: writes a valid JSON-RPC notification holding a 5,000-digit number mid-turn.
+- flood_output: streams 72 MiB of answer in 1 MiB chunks, then never ends its turn.
+- escape_garbage: writes a non-JSON line with terminal escapes and rich markup mid-turn.
 """
 
 from __future__ import annotations
@@ -254,6 +257,20 @@ class PeerAgent:
         if MODE == "garbage":
             await say("before garbage")
             os.write(1, b"this is not json\n")
+            await asyncio.sleep(3600)
+        if MODE == "big_number":
+            await say("before the number")
+            number = "9" * 5000
+            line = '{"jsonrpc":"2.0","method":"session/update","params":{"n":' + number + "}}\n"
+            os.write(1, line.encode())
+            await asyncio.sleep(3600)
+        if MODE == "flood_output":
+            for _ in range(72):
+                await say("y" * (1 << 20))
+            await asyncio.sleep(3600)
+        if MODE == "escape_garbage":
+            await say("before garbage")
+            os.write(1, b"\x1b[2J\x1b]0;pwned\x07[bold red]boom[/] \x9b31m\n")
             await asyncio.sleep(3600)
         if MODE == "huge_line":
             await say("x" * 100_000)
