@@ -119,7 +119,7 @@ def _copier(kind: type) -> _Copier | None:
         and not hasattr(kind, "__post_init__")
         and all(f.init for f in fields)
         and {"trace", "depth"} <= names
-        and set(kind.__slots__) == names
+        and set(kind.__dict__["__slots__"]) == names
     ):
         found = _Copier(kind)
     if len(_COPIERS) >= 64:

@@ -42,10 +42,10 @@ __all__ = [
     "SubagentStartRequest",
     "ToolRestriction",
     "TraceParent",
-    "make_trace_parent",
     "child_depth",
     "depth_of",
     "is_failure",
+    "make_trace_parent",
     "text_block",
 ]
 
