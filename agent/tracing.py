@@ -24,9 +24,9 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from subagent.types import SubagentResult, TraceParent
+from subagent.types import SubagentResult, TraceParent, make_trace_parent
 from supervision.signal import AbortError
 
 if TYPE_CHECKING:
@@ -256,30 +256,70 @@ def start_activation(
     if found is None:
         return None
     name = parent.name if parent is not None else None
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "invoke_agent",
-        PROVIDER: provider,
-        RUN_ID: run_id,
-        PARENT_ID: parent_id,
-    }
-    if name:
-        attributes["gen_ai.agent.name"] = name
+    context = None if parent is None else parent.context
+    kind = SpanKind.CLIENT if remote else SpanKind.INTERNAL
+    # What varies per child, after what every activation of this name and provider shares.
+    own: dict[str, Any] = {RUN_ID: run_id, PARENT_ID: parent_id}
     if depth is not None:
-        attributes[DEPTH] = depth
+        own[DEPTH] = depth
     if child_id is not None:
-        attributes["gen_ai.agent.id"] = child_id
-        attributes["gen_ai.conversation.id"] = child_id
+        own["gen_ai.agent.id"] = child_id
+        own["gen_ai.conversation.id"] = child_id
     if resumed:
-        attributes[RESUMED] = True
+        own[RESUMED] = True
+    links = None if link is None else [link]
+    if hasattr(found, "start_current"):
+        maker = cast("_TemplatedTracer", found)
+        # The lean tracer: the name, kind and fixed attributes from a template kept per
+        # (name, kind, provider), encoded once; the span's context made with it.
+        key = (type(found), name, kind, provider)
+        template = _ACTIVATIONS.get(key)
+        if template is None:
+            if len(_ACTIVATIONS) >= _NAMES_KEPT:
+                _ACTIVATIONS.clear()
+            template = _ACTIVATIONS[key] = maker.template(
+                f"invoke_agent {name}" if name else "invoke_agent",
+                kind,
+                _activation_fixed(provider, name),
+            )
+        span, ctx = maker.start_current(template, own, context, links)
+        return Activation(span, make_trace_parent(ctx, True, name))
     span = found.start_span(
         f"invoke_agent {name}" if name else "invoke_agent",
-        context=None if parent is None else parent.context,
-        kind=SpanKind.CLIENT if remote else SpanKind.INTERNAL,
-        attributes=attributes,
-        links=None if link is None else [link],
+        context=context,
+        kind=kind,
+        attributes={**_activation_fixed(provider, name), **own},
+        links=links,
     )
-    ctx = _trace.set_span_in_context(span, None if parent is None else parent.context)
-    return Activation(span, TraceParent(ctx, activation=True, name=name))
+    ctx = _trace.set_span_in_context(span, context)
+    return Activation(span, make_trace_parent(ctx, True, name))
+
+
+def _activation_fixed(provider: str, name: str | None) -> dict[str, Any]:
+    """An activation span's attributes shared by every activation of `name` under `provider`."""
+    fixed: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent", PROVIDER: provider}
+    if name:
+        fixed["gen_ai.agent.name"] = name
+    return fixed
+
+
+class _TemplatedTracer(Protocol):
+    """A tracer's own way to start a span from a template of its fixed name, kind and
+    attributes, with the context holding it (the lean tracer's `start_current`)."""
+
+    def template(self, name: str, kind: SpanKind, attributes: Mapping[str, Any]) -> object: ...
+
+    def start_current(
+        self,
+        template: Any,
+        attributes: dict[str, Any] | None,
+        context: Context | None,
+        links: Sequence[Link] | None = None,
+    ) -> tuple[Span, Context]: ...
+
+
+# Activation templates by (tracer type, agent name, kind, provider).
+_ACTIVATIONS: dict[tuple[type, str | None, object, str], object] = {}
 
 
 # -- turns (the loop) --------------------------------------------------------------------------
@@ -521,7 +561,7 @@ class TurnTrace:
         if not self.recording:
             here = self._here
             if here is None:
-                here = self._here = TraceParent(self.context)
+                here = self._here = make_trace_parent(self.context, False, None)
             token = _context.attach(self.context)
             try:
                 return execute(call, make_context(call, signal, here))
@@ -547,7 +587,7 @@ class TurnTrace:
             span, ctx = fast.start_current(template, {"gen_ai.tool.call.id": call.id}, self.context)
         token = _context.attach(ctx)
         try:
-            result = execute(call, make_context(call, signal, TraceParent(ctx)))
+            result = execute(call, make_context(call, signal, make_trace_parent(ctx, False, None)))
         except BaseException as exc:  # abandoned (_Abandon, GreenletExit) or a tool-layer bug
             _fail(span, exc)
             raise

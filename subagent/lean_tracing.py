@@ -577,6 +577,73 @@ class LeanTracer(trace.Tracer):
             record_exception and set_status_on_exception,
         )
 
+    @staticmethod
+    def template(name: str, kind: SpanKind, attributes: Attributes = None) -> SpanTemplate:
+        """A template for spans named `name` of `kind` whose attributes start with these
+        (`start_current`)."""
+        return SpanTemplate(name, kind, attributes)
+
+    def start_current(
+        self,
+        template: SpanTemplate,
+        attributes: dict[str, AttributeValue] | None,
+        context: Context | None,
+        links: Sequence[Link] | None = None,
+    ) -> tuple[trace.Span, Context]:
+        """`start_span` from `template` under `context` (the current one if None), and that
+        context with the span as its current span, in one step: for a span made per child (an
+        activation) whose name, kind and leading attributes repeat. `attributes` are taken
+        over, not copied."""
+        base = context if context is not None else get_current()
+        parent = base.get(_SPAN_KEY)
+        if type(parent) is LeanSpan:
+            trace_id, parent_id, remote = parent.trace_id, parent.span_id, False
+            state, parent_sampled = parent.trace_state, True
+        else:
+            found = trace.get_current_span(base).get_span_context()
+            if found.is_valid:
+                trace_id, parent_id, remote = found.trace_id, found.span_id, found.is_remote
+                state, parent_sampled = found.trace_state, found.trace_flags.sampled
+            else:
+                trace_id = 0
+                while not trace_id:
+                    trace_id = _bits(128)
+                parent_id, remote, state, parent_sampled = 0, False, None, False
+        span_id = _bits(64) or _span_id()
+        sampling = self._sampling
+        span: trace.Span
+        if not (
+            (parent_sampled and sampling.parent_based)
+            or sampling.sampled(parent_id != 0, parent_sampled, trace_id)
+        ):
+            span = NonRecordingSpan(SpanContext(trace_id, span_id, False, _NOT_SAMPLED, state))
+            return span, Context({**base, _SPAN_KEY: span})
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
+        kept = None
+        if links:
+            kept = [link for link in links if link.context.is_valid] or None
+        span = LeanSpan(
+            template.name,
+            trace_id,
+            span_id,
+            parent_id,
+            remote,
+            state,
+            template.kind,
+            time.time_ns(),
+            attributes or None,
+            kept,
+            self._scope,
+            self._sink,
+            True,
+            template,
+        )
+        return span, Context({**base, _SPAN_KEY: span})
+
     def subspans(self, parent: trace.Span) -> Subspans | None:
         """The cheaper path for spans under `parent` (`Subspans`), or None where it does not
         apply: `parent` is not a recording lean span, or the sampler would drop its children

@@ -310,3 +310,156 @@ def test_a_turns_chat_and_tool_spans_come_from_templates_and_encode_as_through_t
         twin.status_code, twin.status_message = span.status_code, span.status_message
         twin.end(span.end_time)
         assert Encoder(resource).span(span) == Encoder(resource).span(twin), span.name
+
+
+# -- a child's set-up: its request, its activation span, its trace parent (h18g) ----------------
+
+
+def test_a_made_trace_parent_is_the_dataclass_value_frozen_as_ever() -> None:
+    """`make_trace_parent` (the tool call's and the activation's cheap constructor) makes the
+    same value as `TraceParent(...)`: equal, same repr, still frozen."""
+    import dataclasses
+
+    from opentelemetry.context import Context
+
+    from subagent.types import TraceParent, make_trace_parent
+
+    ctx = Context({"k": 1})
+    for activation, name in ((False, None), (True, "worker")):
+        made = make_trace_parent(ctx, activation, name)
+        plain = TraceParent(ctx, activation=activation, name=name)
+        assert type(made) is TraceParent
+        assert made == plain and repr(made) == repr(plain)
+        assert dataclasses.replace(made, name="x") == TraceParent(ctx, activation, "x")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.name = "other"  # type: ignore[misc]
+
+
+def test_the_traced_start_request_keeps_every_field_of_the_callers() -> None:
+    """`begin_start` hands the provider a copy of the request with the activation's trace and
+    the depth (made without `dataclasses.replace`): every other field is the caller's, the
+    caller's request is unchanged, and a subclass with its own checks still gets them run."""
+    import dataclasses
+
+    from subagent.types import (
+        SubagentContinuation,
+        SubagentStartRequest,
+        ToolRestriction,
+        text_block,
+    )
+    from supervision.signal import AbortController
+
+    class Parent:
+        id = "p-1"
+        depth = 2
+
+    class Descriptor:
+        provider = "spawn"
+        label = "worker"
+
+    request = SubagentStartRequest(
+        prompt=[text_block("task")], parent=Parent(), signal=AbortController().signal,
+        agent_options=object(), output_schema={"type": "object"}, max_depth=4,
+        tool_filter=ToolRestriction(allow=("a",)), persona="terse",
+        continuation=SubagentContinuation("c-1", Descriptor()),  # type: ignore[arg-type]
+        token_budget=10, cost_budget=0.5, trace=None, depth=None,
+    )  # fmt: skip
+    names = [f.name for f in dataclasses.fields(SubagentStartRequest)]
+    with installed() as sink:
+        for depth in (3, None):
+            traced, activation = telemetry.begin_start(request, "spawn", "r-1", "p-1", None, depth)
+            assert activation is not None and traced is not request
+            expected = dataclasses.replace(
+                request, trace=activation.parent, depth=depth if depth is not None else None
+            )
+            for name in names:
+                assert getattr(traced, name) is getattr(expected, name), name
+            assert traced == expected
+            assert request.trace is None and request.depth is None  # the caller's: unchanged
+            activation.end(RuntimeError("x"))
+
+        checked: list[object] = []
+
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class Checked(SubagentStartRequest):
+            def __post_init__(self) -> None:
+                checked.append(self.depth)
+
+        sub = Checked(prompt=[text_block("t")], parent=Parent(), signal=request.signal)
+        traced, activation = telemetry.begin_start(sub, "spawn", "r-2", "p-1", None, 5)
+        assert type(traced) is Checked and traced.depth == 5 and checked == [None, 5]
+        assert activation is not None
+        activation.end(RuntimeError("x"))
+        assert len(sink.get_finished_spans()) == 3
+
+
+def test_an_activation_span_from_its_template_reads_and_encodes_as_through_the_api() -> None:
+    """With the lean tracer a child's `invoke_agent` span starts from a template of what every
+    activation of that name and provider shares (agent/tracing.py `start_activation`), its
+    context made with it: it reads, parents and encodes byte for byte as the same span made
+    with every attribute through `start_span`, whether named, remote, resumed or linked."""
+    from opentelemetry.trace import Link, SpanKind
+
+    from subagent.lean_tracing import LeanResource, LeanSpan, MemorySink
+    from subagent.otlp import Encoder
+
+    with installed() as sink:
+        root = trace.get_tracer("t").start_span("root")
+        parent = tracing.TraceParent(trace.set_span_in_context(root), name="worker")
+        first = tracing.start_activation(
+            parent, provider="spawn", run_id="r-0", parent_id="p", depth=1
+        )
+        assert first is not None
+        cases = [
+            (parent, {"depth": 1}),
+            (parent, {"depth": None, "child_id": "c-1", "resumed": True, "remote": True}),
+            (tracing.TraceParent(parent.context), {"depth": 2}),
+            (None, {"depth": None, "link": Link(first.span.get_span_context())}),
+        ]
+        made = []
+        for i, (where, extra) in enumerate(cases):
+            activation = tracing.start_activation(
+                where,
+                provider="spawn",
+                run_id=f"r-{i}",
+                parent_id="p",
+                **extra,  # type: ignore[arg-type]
+            )
+            assert activation is not None
+            span = activation.span
+            assert isinstance(span, LeanSpan) and span.template is not None
+            # The context handed on holds the span as current, over the parent's.
+            assert trace.get_current_span(activation.parent.context) is span
+            assert activation.parent.activation and activation.parent.name == (
+                where.name if where is not None else None
+            )
+            activation.published(f"child-{i}")
+            activation.end(RuntimeError("boom"))
+            made.append(span)
+        first.end(RuntimeError("x"))
+        root.end()
+    named, remote, anonymous, linked = made
+    assert named.name == "invoke_agent worker" and anonymous.name == "invoke_agent"
+    assert remote.kind is SpanKind.CLIENT and named.kind is SpanKind.INTERNAL
+    assert named.parent is not None and named.parent.span_id == root.get_span_context().span_id
+    assert linked.parent is None and [link.context for link in linked.links] == [
+        first.span.get_span_context()
+    ]
+    assert dict(remote.attributes) == {
+        "gen_ai.operation.name": "invoke_agent", "subagent.provider": "spawn",
+        "gen_ai.agent.name": "worker", "subagent.run_id": "r-1", "subagent.parent_id": "p",
+        "gen_ai.agent.id": "child-1", "gen_ai.conversation.id": "child-1",
+        "subagent.resumed": True, "subagent.stop_reason": "error", "error.type": "RuntimeError",
+    }  # fmt: skip
+    resource = LeanResource({"service.name": "test"})
+    for span in made:
+        twin = LeanSpan(
+            span.name, span.trace_id, span.span_id, span.parent_id, span.parent_remote,
+            span.trace_state, span.kind, span.start_time, dict(span.attributes),
+            list(span.links) or None, span.scope, MemorySink(), True,
+        )  # fmt: skip
+        twin.event_list = list(span.events)
+        twin.status_code, twin.status_message = span.status_code, span.status_message
+        twin.end(span.end_time)
+        assert Encoder(resource).span(span) == Encoder(resource).span(twin), span.name
+    assert len(sink.get_finished_spans()) == 6
