@@ -97,6 +97,9 @@ def check_content(content: object) -> list[Mapping[str, Any]]:
     if not isinstance(content, (list, tuple)):
         raise TypeError(f"content must be a list of content blocks, got {type(content).__name__}")
     for block in content:
-        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+        # A plain dict (nearly every block) skips the `Mapping` ABC check.
+        if (type(block) is not dict and not isinstance(block, Mapping)) or not isinstance(
+            block.get("type"), str
+        ):
             raise TypeError("each content block must be a dict with a string 'type'")
     return list(content)

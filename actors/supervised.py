@@ -44,7 +44,7 @@ class ActorChild:
             actor = gevent_actor.actor_of(ref)
         except TypeError:
             actor = None
-        if not isinstance(actor, GeventActor):
+        if not gevent_actor.is_gevent_actor(actor):
             msg = f"{ref} is not a live GeventActor"
             raise TypeError(msg)
         self.ref = ref
