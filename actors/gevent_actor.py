@@ -781,8 +781,11 @@ def is_gevent_actor(obj: object) -> TypeGuard[GeventActor]:
 def actor_of(ref: ActorRef[Any] | GeventActor) -> GeventActor | None:
     """The live actor object behind `ref` (None once it is gone); TypeError for a non-gevent
     actor. Pykka has no public accessor: this is the one place that reads the ref's weakref."""
-    if type(ref) is not ActorRef and is_gevent_actor(ref):
-        return ref
+    if not isinstance(ref, ActorRef):  # a plain class: no ABC check
+        if is_gevent_actor(ref):
+            return ref
+        msg = f"{type(ref).__name__} is neither an actor ref nor a GeventActor"
+        raise TypeError(msg)
     actor = ref._actor_weakref()  # noqa: SLF001  (the pykka seam: no public accessor)
     if actor is None:
         return None

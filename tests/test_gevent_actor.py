@@ -558,6 +558,8 @@ def test_actor_of_answers_as_isinstance_does_for_every_kind_of_ref() -> None:
     assert gevent_actor.actor_of(actor) is actor  # an actor object is its own answer
     assert gevent_actor.actor_of(ref) is actor  # the class is cached now: same answer
     assert not gevent_actor.is_gevent_actor(ref) and not gevent_actor.is_gevent_actor(object())
+    with pytest.raises(TypeError):
+        gevent_actor.actor_of(object())  # type: ignore[arg-type]
     plain = PlainPykka.start()
     try:
         with pytest.raises(TypeError):
