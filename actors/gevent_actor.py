@@ -664,6 +664,22 @@ class GeventActor(Actor):
         done.resolve(response)
         return done
 
+    def ask_in_place(self, message: object) -> object:
+        """`ask_now(message, block=False)` without wrapping an answer that is ready: when this
+        actor is idle, the handler's answer itself (a value, or the handler's own `Deferred`;
+        its exception raised here); otherwise the queued ask's future. For a caller whose
+        handler never answers a future as a value, so that "is it a future" tells the two
+        apart (a child's start: no settled future made, unwrapped and dropped per start)."""
+        if not self._idle():
+            return self._actor_ref.ask(message, block=False)
+        self._in_handler = True
+        try:
+            return self._handle_receive(message)
+        finally:
+            self._in_handler = False
+            if self._stop_in_place:
+                self._after_in_place()
+
     def tell_now(self, message: object) -> None:
         """`ref.tell(message)`, run in place when this actor is idle (as `ask_now` does). For
         handlers that never raise (a rejection travels in the message's own reply); one that

@@ -572,3 +572,25 @@ def test_actor_of_answers_as_isinstance_does_for_every_kind_of_ref() -> None:
     del actor
     gc.collect()
     assert gevent_actor.actor_of(ref) is None
+
+
+def test_ask_in_place_answers_unwrapped_when_idle_and_a_future_when_busy() -> None:
+    """`ask_in_place`: an idle actor's handler answers right here, unwrapped (its exception
+    raised here, the actor still alive); a busy one queues the message and gives its future,
+    settled in mailbox order."""
+    ref = Lazy.start()
+    actor = gevent_actor.actor_of(ref)
+    assert isinstance(actor, Lazy)
+    assert actor.ask_in_place("now") == "now"  # a value, not a future
+    with pytest.raises(ValueError, match="boom"):
+        actor.ask_in_place("boom")
+    assert ref.is_alive() and _loop_of(actor) is None
+    ref.tell("park")
+    gevent.sleep(0)
+    queued = actor.ask_in_place("later")
+    assert isinstance(queued, GeventFuture) and not queued.done
+    actor.release.set()
+    assert queued.get(timeout=5) == "later"
+    assert actor.seen == ["now", "boom", "park", "later"]
+    ref.stop()
+    assert gevent_actor.join(ref, 5)
