@@ -515,16 +515,10 @@ class AgentCore:
         for i, call in enumerate(calls):
             result = results[i]
             if result is None:
-                if capture.concluded and not started[i]:
-                    result = _synthetic("TURN_CONCLUDED", "not run: the turn concluded")
-                elif started[i]:
-                    result = _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
-                else:
-                    result = _synthetic("ABORTED", "not run: the turn was aborted")
+                result = _unanswered(capture.concluded, started[i])
             self._log_tool_result(call.id, call.name, result)
         if crash:
-            exc = crash[0]
-            raise ToolCrash(f"the tool layer failed: {type(exc).__name__}: {exc}") from exc
+            raise _tool_crash(crash[0]) from crash[0]
 
     def _run_lone(
         self, call: ToolCall, signal: AbortSignal, capture: _Conclude, state: _TurnState
@@ -552,18 +546,10 @@ class AgentCore:
             finally:
                 state.in_tool = False
         if result is None:
-            if capture.concluded and not started:
-                result = _synthetic("TURN_CONCLUDED", "not run: the turn concluded")
-            elif started:
-                result = _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
-            else:
-                result = _synthetic("ABORTED", "not run: the turn was aborted")
+            result = _unanswered(capture.concluded, started)
         self._log_tool_result(call.id, call.name, result)
         if crash:
-            failure = crash[0]
-            raise ToolCrash(
-                f"the tool layer failed: {type(failure).__name__}: {failure}"
-            ) from failure
+            raise _tool_crash(crash[0]) from crash[0]
 
     def _context(
         self, call: ToolCall, signal: AbortSignal, trace: tracing.TraceParent | None = None
@@ -725,6 +711,20 @@ class AgentCore:
 
 def _synthetic(code: str, text: str) -> ToolResult:
     return ToolResult(content=[{"type": "text", "text": text}], is_error=True, code=code)
+
+
+def _unanswered(concluded: bool, started: bool) -> ToolResult:
+    """The result a call gets when its tool gave none: why it never ran, or why it was cut."""
+    if concluded and not started:
+        return _synthetic("TURN_CONCLUDED", "not run: the turn concluded")
+    if started:
+        return _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
+    return _synthetic("ABORTED", "not run: the turn was aborted")
+
+
+def _tool_crash(failure: BaseException) -> ToolCrash:
+    """A defect in the tool layer itself (`execute()` must contain tool errors)."""
+    return ToolCrash(f"the tool layer failed: {type(failure).__name__}: {failure}")
 
 
 class _TurnGreenlet(Protocol):
