@@ -14,7 +14,6 @@ from actors import gevent_actor
 from actors.agent_actor import AgentActor
 from actors.agent_messages import Cancel, Close, Send, Steer, WhenIdle, check_content
 from actors.gevent_actor import GeventFuture
-from actors.local import start_local
 from agent import tracing
 from agent.context import AgentContext
 from agent.events import SessionHeader
@@ -34,6 +33,10 @@ log = logging.getLogger(__name__)
 
 class Agent:
     """The handle users hold for one live agent. Methods return Pykka futures."""
+
+    # Keyed by a token per registration, so each remover removes exactly its own entry. Made
+    # on the first registration: most agents (every child of a fan-out) never get one.
+    _progress_listeners: dict[object, Callable[[dict[str, Any]], None]] | None = None
 
     def __init__(
         self,
@@ -58,11 +61,10 @@ class Agent:
         durable: int = header.delegation_depth
         self.depth: int = durable if runtime_depth is None else max(durable, runtime_depth)
         self._closed = False
-        # Keyed by a token per registration, so each remover removes exactly its own entry.
-        self._progress_listeners: dict[object, Callable[[dict[str, Any]], None]] = {}
         core.agent = self
         # Same process, same thread: the handle reads the actor's state directly for status.
-        self._actor, self.ref = start_local(AgentActor, core, on_closed=self._forget)
+        actor = self._actor = AgentActor.start_object(core, on_closed=self._forget)
+        self.ref = actor.actor_ref
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} depth={self.depth}>"
@@ -184,11 +186,13 @@ class Agent:
         if not callable(fn):
             raise TypeError("progress listener must be callable")
         key = object()
-        self._progress_listeners[key] = fn
+        listeners = self._progress_listeners
+        if listeners is None:
+            listeners = self._progress_listeners = {}
+        listeners[key] = fn
         self.core.on_progress = self._tell_progress
 
         def remove() -> None:
-            listeners = self._progress_listeners
             removed = listeners.pop(key, None) is not None
             if removed and not listeners and self.core.on_progress == self._tell_progress:
                 self.core.on_progress = None  # no listener: the loop skips building events
@@ -197,7 +201,7 @@ class Agent:
 
     def _tell_progress(self, event: dict[str, Any]) -> None:
         agent_id = self.id
-        for fn in list(self._progress_listeners.values()):
+        for fn in list((self._progress_listeners or {}).values()):
             try:
                 fn({**event, "agent_id": agent_id})  # each its own copy: no cross-talk
             except Exception:

@@ -31,6 +31,7 @@ from pykka import ActorDeadError
 
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
+from agent.fastinit import fast_init
 from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
@@ -111,6 +112,7 @@ class Admit:
     require_resume: bool = False
 
 
+@fast_init  # made once per child: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
 class Start:
     """Validate, admit and, when it can in this one crossing, start and publish (see the module

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from pykka import ActorRef
@@ -30,10 +29,13 @@ log = logging.getLogger(__name__)
 _names = itertools.count(1)
 
 
-class ActorChild:
-    """Wraps a started GeventActor's ref; satisfies `supervision.child.Child`."""
+class ActorChild(ExitNotices):
+    """Wraps a started GeventActor's ref; satisfies `supervision.child.Child`.
 
-    __slots__ = ("_actor", "_notices", "_stop_message", "_stop_requested", "name", "ref")
+    It is its own exit-notice list (`ExitNotices`: `exit`, and `add` as `add_exit_listener`):
+    one object per supervised actor, not two (one is made per child agent's run)."""
+
+    __slots__ = ("_actor", "_stop_message", "_stop_requested", "name", "ref")
 
     def __init__(
         self, ref: ActorRef[Any], name: str | None = None, *, stop_message: object = None
@@ -41,34 +43,30 @@ class ActorChild:
         """`stop_message`, when given, is told instead of Pykka's stop to ask the actor to
         stop (e.g. a run's `DisposeRun`, so the child closes cleanly before it stops)."""
         try:
-            actor = gevent_actor.actor_of(ref)
+            actor = gevent_actor.actor_of(ref)  # TypeError for any other kind of actor
         except TypeError:
             actor = None
-        if not isinstance(actor, GeventActor):
+        if actor is None:
             msg = f"{ref} is not a live GeventActor"
             raise TypeError(msg)
+        self._listeners = []
+        self.exit = None
         self.ref = ref
         self.name: str = name or f"{ref.actor_class.__name__}-{next(_names)}"
         # A strong reference: the exit must be readable after the actor object would be freed.
         self._actor = actor
         self._stop_requested = False
         self._stop_message = stop_message
-        self._notices = ExitNotices()
         actor.add_exit_callback(self)  # `__call__`: no bound method kept per child
 
     def __repr__(self) -> str:
-        exit = self._notices.exit
+        exit = self.exit
         state = exit.kind if exit else "running"
         return f"<ActorChild {self.name!r} {state}>"
 
-    @property
-    def exit(self) -> Exit | None:
-        """Why the actor ended, or None while it runs."""
-        return self._notices.exit
-
     def request_stop(self, reason: object = None) -> None:
         """Send Pykka's stop message: queued messages are handled first, then on_stop runs."""
-        if self._notices.exit is not None or self._stop_requested:
+        if self.exit is not None or self._stop_requested:
             return
         self._stop_requested = True
         log.debug("stop requested for %s: %s", self.name, reason)
@@ -84,8 +82,7 @@ class ActorChild:
     def join(self, timeout: float | None = None) -> bool:
         return gevent_actor.join(self._actor, timeout)
 
-    def add_exit_listener(self, fn: Callable[[Exit], None]) -> None:
-        self._notices.add(fn)
+    add_exit_listener = ExitNotices.add
 
     def __call__(self, actor: GeventActor) -> None:
         """The actor's exit callback (see `__init__`)."""
@@ -104,7 +101,7 @@ class ActorChild:
         else:
             exit = Exit("normal")
         self._actor = actor
-        self._notices.deliver(exit)
+        self.deliver(exit)
 
 
 def spawn_actor_child(

@@ -87,6 +87,7 @@ class InProcessProvider:
         if not isinstance(name, str) or not name:
             raise ValueError("provider name must be a non-empty string")
         self._name = name
+        self._source: MessageSource | None = None
 
     @property
     def name(self) -> str:
@@ -96,9 +97,12 @@ class InProcessProvider:
         return []
 
     def start(self, request: SubagentStartRequest) -> LocalRun:
-        _raise_if_aborted(request.signal)
+        signal = request.signal
+        if signal.aborted:
+            _raise_if_aborted(signal)
         parent = parent_agent(request.parent)
         continuation = request.continuation
+        token_budget = request.token_budget
         agent = self._create_child(
             parent,
             options=_agent_options(request.agent_options),
@@ -108,11 +112,14 @@ class InProcessProvider:
             session_id=None if continuation is None else continuation.session_id,
             seed=self.seed_for(parent),
             depth=depth_of(request),
-            token_budget=child_budget(getattr(parent, "usage", None), request.token_budget),
+            token_budget=None
+            if token_budget is None
+            else child_budget(getattr(parent, "usage", None), token_budget),
             cost_budget=request.cost_budget,
         )
         try:
-            _raise_if_aborted(request.signal)
+            if signal.aborted:
+                _raise_if_aborted(signal)
             if continuation is not None:
                 descriptor = continuation.descriptor
                 data = descriptor.to_json() if hasattr(descriptor, "to_json") else descriptor
@@ -124,7 +131,12 @@ class InProcessProvider:
             run = LocalRun(
                 agent, request.signal, wants_structured=request.output_schema is not None
             )
-            run.begin(request.prompt, MessageSource.coordinator(parent.id), request.trace)
+            # The prompt's source: one frozen `MessageSource` shared by the siblings a parent
+            # starts in a row (it was made, and checked, once per child).
+            source, parent_id = self._source, parent.id
+            if source is None or source.sender_session_id != parent_id:
+                source = self._source = MessageSource.coordinator(parent_id)
+            run.begin(request.prompt, source, request.trace)
         except BaseException:
             _discard(agent)
             raise
@@ -196,7 +208,9 @@ class InProcessProvider:
         cost_budget: float | None = None,
     ) -> Agent:
         options = _with_budget(
-            _options_for(parent, options, None), token_budget, _child_cost(parent, cost_budget)
+            _options_for(parent, options, None),
+            token_budget,
+            None if cost_budget is None else _child_cost(parent, cost_budget),
         )
         _check_priced(parent, options)
         tools, prompt = self._scopes(parent, tool_filter, persona, output_schema)

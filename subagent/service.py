@@ -411,16 +411,21 @@ class SubagentService:
         # start runs in place. Otherwise it answers the admission and the start and the
         # publication follow here (a remote provider, a wait for a slot, a busy registry).
         message = reg.Start(name, request, ticket, parent_id, self._start_admitted)
-        reply = self._registry.ask_now(message, block=False)
-        outcome = reply.get() if reply.done else self._wait_admitted(reply, ticket, request.signal)
-        kind = type(outcome)
-        if kind is tuple:
-            provider, run_id, depth = outcome
-            return self._publish(self._start_admitted(message, provider, run_id, depth))
-        if kind is reg.Launched:
-            return self._publish(outcome.run)
-        handle: RunHandle = outcome  # started and published in the crossing
-        return handle
+        answer = self._registry.ask_in_place(message)
+        if isinstance(answer, GeventFuture):  # queued, or waiting for a slot
+            answer = (
+                answer.get() if answer.done else self._wait_admitted(answer, ticket, request.signal)
+            )
+        if isinstance(answer, RunHandle):  # started and published in the crossing
+            return answer
+        if isinstance(answer, reg.Launched):
+            run = answer.run  # our `_start_admitted`'s handle, started in the crossing
+            assert isinstance(run, RunHandle)
+            return self._publish(run)
+        if type(answer) is not tuple:
+            raise TypeError(f"the registry answered a start with {answer!r}")
+        provider, run_id, depth = answer
+        return self._publish(self._start_admitted(message, provider, run_id, depth))
 
     def _start_admitted(
         self, message: reg.Start, provider: SubagentProvider, run_id: str, depth: int

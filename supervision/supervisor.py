@@ -93,18 +93,6 @@ class ChildSpec:
         object.__setattr__(self, "shutdown", _check_seconds("shutdown grace", self.shutdown))
 
 
-def _adopted(child_id: str, shutdown: float) -> ChildSpec:
-    """The spec of an adopted child, its fields already checked (no `__post_init__`): a
-    temporary one, so its start function is never called."""
-    spec: ChildSpec = object.__new__(ChildSpec)
-    setattr_ = object.__setattr__
-    setattr_(spec, "id", child_id)
-    setattr_(spec, "start", _never_restarted)
-    setattr_(spec, "restart", "temporary")
-    setattr_(spec, "shutdown", shutdown)
-    return spec
-
-
 def _never_restarted() -> Child:
     raise RuntimeError("an adopted child is temporary: it is never restarted")
 
@@ -344,11 +332,24 @@ class Supervisor:
             if not isinstance(child, Child):
                 raise TypeError(f"adopted {child_id!r} is a {kind.__name__}, not a Child")
             _child_types.add(kind)
-        self._check_open()
-        if child_id in self._children:
+        if self._state != _RUNNING:
+            self._check_open()
+        children = self._children
+        if child_id in children:
             raise ValueError(f"{self._name}: child id {child_id!r} is already in use")
-        spec = _adopted(child_id, _check_seconds("shutdown grace", shutdown))
-        self._register(spec, child)
+        # One per child: the checks, spec and registration spelled out here (no helper calls)
+        # for the common case, a positive finite float grace; anything else is checked fully.
+        if type(shutdown) is not float or not 0.0 < shutdown < math.inf:
+            shutdown = _check_seconds("shutdown grace", shutdown)
+        spec: ChildSpec = object.__new__(ChildSpec)
+        setattr_ = object.__setattr__
+        setattr_(spec, "id", child_id)
+        setattr_(spec, "start", _never_restarted)
+        setattr_(spec, "restart", "temporary")
+        setattr_(spec, "shutdown", shutdown)
+        entry = _Entry(spec, child, None, self)
+        children[child_id] = entry
+        child.add_exit_listener(entry)
         return child
 
     def stop_child(self, child_id: str, reason: object = None) -> Exit | None:

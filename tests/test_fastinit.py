@@ -5,16 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any
 
 import pytest
 
+from actors.agent_messages import Send
+from actors.registry_actor import Start
+from agent.events import SessionHeader
 from agent.fastinit import fast_init
 from agent.model import ModelRequest, ModelResponse, ToolCall
 from agent.tools import ToolContext, ToolResult
+from subagent.types import MessageSource
 from supervision.signal import AbortController
 
-CLASSES: list[type[Any]] = [ModelRequest, ModelResponse, ToolCall, ToolContext, ToolResult]
+CLASSES: list[type[Any]] = [
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    Send,  # once per child: the activation prompt
+    Start,
+    SessionHeader,
+]
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -51,6 +65,18 @@ def test_values_defaults_factories_and_post_init() -> None:
         ToolResult()  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         ToolResult([], False, None, "extra")  # type: ignore[call-arg]
+    # The per-child classes: defaults, factories (a header's time and cwd) and its checks.
+    send = Send([], MessageSource.user())
+    assert (send.message_id, send.trace, send.run) == (None, None, None)
+    header = SessionHeader(id="s1", delegation_depth=2)
+    assert header.cwd == os.getcwd() and header.created_at > 0 and header.delegation_depth == 2
+    assert header == SessionHeader(id="s1", delegation_depth=2, created_at=header.created_at)
+    with pytest.raises(ValueError, match="invalid session id"):
+        SessionHeader(id="../x")
+    with pytest.raises(ValueError, match="delegation_depth"):
+        SessionHeader(id="s1", delegation_depth=-1)
+    with pytest.raises(TypeError):
+        SessionHeader("s1")  # type: ignore[misc]  # keyword-only
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -62,6 +88,9 @@ def test_still_frozen_and_replaceable(cls: type[Any]) -> None:
         ToolCall: ToolCall("c", "t", {}),
         ToolContext: ToolContext(None, "s", "c", signal),
         ToolResult: ToolResult([]),
+        Send: Send([], MessageSource.user()),
+        Start: Start("spawn", None, 1, None, None),  # type: ignore[arg-type]
+        SessionHeader: SessionHeader(id="s1"),
     }
     obj = samples[cls]
     first = dataclasses.fields(cls)[0].name

@@ -540,3 +540,57 @@ def test_a_lazy_actor_stopping_itself_in_place_ends_without_a_loop() -> None:
     ref = SelfStopping.start()
     assert ref.ask("quit") == "bye"
     assert gevent_actor.join(ref, 5) and not ref.is_alive()
+
+
+def test_actor_of_answers_as_isinstance_does_for_every_kind_of_ref() -> None:
+    """The cached class check (`is_gevent_actor`) gives `isinstance`'s answers: a GeventActor
+    subclass (seen or not), a plain Pykka actor's ref (TypeError) and a dead ref (None)."""
+
+    class Fresh(GeventActor):
+        pass
+
+    class PlainPykka(pykka.ThreadingActor):
+        pass
+
+    ref = Fresh.start()
+    actor = gevent_actor.actor_of(ref)
+    assert isinstance(actor, Fresh) and gevent_actor.is_gevent_actor(actor)
+    assert gevent_actor.actor_of(actor) is actor  # an actor object is its own answer
+    assert gevent_actor.actor_of(ref) is actor  # the class is cached now: same answer
+    assert not gevent_actor.is_gevent_actor(ref) and not gevent_actor.is_gevent_actor(object())
+    with pytest.raises(TypeError):
+        gevent_actor.actor_of(object())  # type: ignore[arg-type]
+    plain = PlainPykka.start()
+    try:
+        with pytest.raises(TypeError):
+            gevent_actor.actor_of(plain)
+        assert not gevent_actor.is_gevent_actor(object.__new__(PlainPykka))
+    finally:
+        plain.stop()
+    ref.stop()
+    assert gevent_actor.join(ref, 5)
+    del actor
+    gc.collect()
+    assert gevent_actor.actor_of(ref) is None
+
+
+def test_ask_in_place_answers_unwrapped_when_idle_and_a_future_when_busy() -> None:
+    """`ask_in_place`: an idle actor's handler answers right here, unwrapped (its exception
+    raised here, the actor still alive); a busy one queues the message and gives its future,
+    settled in mailbox order."""
+    ref = Lazy.start()
+    actor = gevent_actor.actor_of(ref)
+    assert isinstance(actor, Lazy)
+    assert actor.ask_in_place("now") == "now"  # a value, not a future
+    with pytest.raises(ValueError, match="boom"):
+        actor.ask_in_place("boom")
+    assert ref.is_alive() and _loop_of(actor) is None
+    ref.tell("park")
+    gevent.sleep(0)
+    queued = actor.ask_in_place("later")
+    assert isinstance(queued, GeventFuture) and not queued.done
+    actor.release.set()
+    assert queued.get(timeout=5) == "later"
+    assert actor.seen == ["now", "boom", "park", "later"]
+    ref.stop()
+    assert gevent_actor.join(ref, 5)

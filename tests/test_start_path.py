@@ -177,3 +177,18 @@ def test_disposing_a_settled_child_takes_no_greenlet_and_no_mailbox_hop() -> Non
         assert [e["run_id"] for e in k.events_of("subagent/end")] == [run.run_id]
         assert k.service.runs() == []
         run.dispose()  # idempotent
+
+
+def test_each_childs_prompt_names_its_own_parent_when_parents_alternate() -> None:
+    """A provider shares one prompt source among siblings started in a row: children of two
+    parents started alternately each log their own parent as the coordinator."""
+    with kit() as k:
+        k.respond = lambda request: S.hang()  # type: ignore[assignment,misc]
+        first, second = k.parent(), k.parent()
+        runs = [k.start(parent) for parent in (first, second, second, first, first)]
+        for run, parent in zip(runs, (first, second, second, first, first), strict=True):
+            accepted = [e for e in run.local_agent.log.events if e["type"] == "inbox/accepted"]
+            assert accepted[0]["data"]["source"] == {
+                "kind": "coordinator",
+                "sender_session_id": parent.id,
+            }

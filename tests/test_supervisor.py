@@ -884,6 +884,12 @@ def test_an_adopted_child_is_temporary_and_stopped_with_its_supervisor() -> None
         sup.adopt("c", object(), shutdown=WAIT)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shutdown grace"):
         sup.adopt("c", ManualChild("c"), shutdown=0)
+    for bad in (float("nan"), float("inf"), -1.0):  # floats take the fast check
+        with pytest.raises(ValueError, match="shutdown grace"):
+            sup.adopt("c", ManualChild("c"), shutdown=bad)
+    with pytest.raises(TypeError, match="shutdown grace"):
+        sup.adopt("c", ManualChild("c"), shutdown=True)
+    assert "c" not in sup.children()
     crashing.end(Exit("crashed", "RuntimeError", "boom"))
     assert list(sup.children()) == ["b"]  # forgotten at once, no restart worker
     assert sup._worker is None
