@@ -512,6 +512,27 @@ class Sampling:
         return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
 
 
+def _parentage(base: Context) -> tuple[int, int, bool, TraceState | None, bool]:
+    """Trace id, parent span id, whether the parent is remote, its trace state and whether it
+    was sampled, for a span started under `base`; a fresh trace id when it has no valid span."""
+    parent = base.get(_SPAN_KEY)
+    if type(parent) is LeanSpan:
+        return parent.trace_id, parent.span_id, False, parent.trace_state, True
+    found = trace.get_current_span(base).get_span_context()
+    if found.is_valid:
+        return (
+            found.trace_id,
+            found.span_id,
+            found.is_remote,
+            found.trace_state,
+            found.trace_flags.sampled,
+        )
+    trace_id = 0
+    while not trace_id:
+        trace_id = _bits(128)
+    return trace_id, 0, False, None, False
+
+
 class LeanTracer(trace.Tracer):
     """Starts `LeanSpan`s for one instrumentation scope."""
 
@@ -533,25 +554,10 @@ class LeanTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace.Span:
-        parent = (context if context is not None else get_current()).get(_SPAN_KEY)
-        if type(parent) is not LeanSpan:
-            parent = trace.get_current_span(context)
-        if type(parent) is LeanSpan:
-            trace_id, parent_id, remote = parent.trace_id, parent.span_id, False
-            state, parent_sampled = parent.trace_state, True
-        else:
-            found = parent.get_span_context()
-            if found.is_valid:
-                trace_id, parent_id, remote = found.trace_id, found.span_id, found.is_remote
-                state, parent_sampled = found.trace_state, found.trace_flags.sampled
-            else:
-                trace_id = 0
-                while not trace_id:
-                    trace_id = _bits(128)
-                parent_id, remote, state, parent_sampled = 0, False, None, False
-        span_id = 0
-        while not span_id:
-            span_id = _bits(64)
+        trace_id, parent_id, remote, state, parent_sampled = _parentage(
+            context if context is not None else get_current()
+        )
+        span_id = _bits(64) or _span_id()
         sampling = self._sampling
         if not (
             (parent_sampled and sampling.parent_based)
@@ -595,20 +601,7 @@ class LeanTracer(trace.Tracer):
         activation) whose name, kind and leading attributes repeat. `attributes` are taken
         over, not copied."""
         base = context if context is not None else get_current()
-        parent = base.get(_SPAN_KEY)
-        if type(parent) is LeanSpan:
-            trace_id, parent_id, remote = parent.trace_id, parent.span_id, False
-            state, parent_sampled = parent.trace_state, True
-        else:
-            found = trace.get_current_span(base).get_span_context()
-            if found.is_valid:
-                trace_id, parent_id, remote = found.trace_id, found.span_id, found.is_remote
-                state, parent_sampled = found.trace_state, found.trace_flags.sampled
-            else:
-                trace_id = 0
-                while not trace_id:
-                    trace_id = _bits(128)
-                parent_id, remote, state, parent_sampled = 0, False, None, False
+        trace_id, parent_id, remote, state, parent_sampled = _parentage(base)
         span_id = _bits(64) or _span_id()
         sampling = self._sampling
         span: trace.Span

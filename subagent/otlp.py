@@ -652,10 +652,7 @@ class BatchExporter:
         return self._full + self._failed
 
     def on_end(self, span: LeanSpan) -> None:
-        queue = self._queue
-        if self._closed or len(queue) >= self._max_queue:
-            self._full += 1
-            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+        if not self._has_room():
             return
         try:
             encoded = self._encoder.span(span)
@@ -663,7 +660,21 @@ class BatchExporter:
             log.exception("encoding a span failed")
             self._full += 1
             return
-        queue.append((span.scope, encoded))
+        self._enqueue(span.scope, encoded)
+
+    def _has_room(self) -> bool:
+        """Whether a span ending now can be queued; counts and reports it lost if not."""
+        if self._closed or len(self._queue) >= self._max_queue:
+            self._full += 1
+            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+            return False
+        return True
+
+    def _enqueue(self, scope: Scope, encoded: bytes) -> None:
+        """Queue an encoded span and wake the drainer on its thread's side once a batch is
+        full: the hub's greenlet when the span ended on the hub, else the export thread."""
+        queue = self._queue
+        queue.append((scope, encoded))
         if self._thread is None and _get_ident() == self._hub_thread:
             if self._green is None:
                 self._green = self._group.spawn(self._run_green)
@@ -693,10 +704,7 @@ class BatchExporter:
     ) -> None:
         """A span made and ended in one step (`LeafSink`): encoded and queued as `on_end`
         does, without its object."""
-        queue = self._queue
-        if self._closed or len(queue) >= self._max_queue:
-            self._full += 1
-            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+        if not self._has_room():
             return
         try:
             encoded = self._encoder.leaf(head, template, span_id, start_time, end_time, attributes)
@@ -704,18 +712,7 @@ class BatchExporter:
             log.exception("encoding a span failed")
             self._full += 1
             return
-        queue.append((head.scope, encoded))
-        if self._thread is None and _get_ident() == self._hub_thread:
-            if self._green is None:
-                self._green = self._group.spawn(self._run_green)
-            if len(queue) >= self._batch and not self._woken:
-                self._woken = True
-                self._green_wake.set()
-        else:  # off the hub's thread (or after that): the thread drains
-            wake = self._wake if self._thread is not None else self._threaded()
-            if len(queue) >= self._batch and not self._woken:
-                self._woken = True
-                wake.set()
+        self._enqueue(head.scope, encoded)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """Export every span ended before this call; False if not done within `timeout_s`."""
