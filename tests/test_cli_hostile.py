@@ -224,3 +224,22 @@ def test_an_endless_or_oversized_prompt_is_refused_without_reading_it_all(tmp_pa
     piped = cli("send", "s1", "-", home=tmp_path, stdin=big)
     assert piped.returncode == 2
     assert "the message is larger than 32 MiB" in one_error_line(piped)
+
+
+@pytest.mark.parametrize("command", [("ls",), ("demo", "--no-live"), ("log", "sa0")])
+@pytest.mark.parametrize("where", ["home", "sessions"])
+def test_a_home_that_is_not_a_directory_is_a_bad_argument(
+    tmp_path: Path, command: tuple[str, ...], where: str
+) -> None:
+    """A `--home` (or its `sessions`) that is a regular file is refused, not read as an empty
+    store (`ls` said "no sessions", exit 0) or failed on deep inside (`demo`: FileExistsError)."""
+    home = tmp_path / "home"
+    if where == "home":
+        home.write_text("not a directory")
+    else:
+        home.mkdir()
+        (home / "sessions").write_text("not a directory")
+    proc = cli(*command, home=home, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc)
+    assert "is not a directory" in line and line.endswith("(see --help)")

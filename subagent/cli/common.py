@@ -181,14 +181,28 @@ def make_console(stream: IO[str] | None = None) -> DataConsole:
 
 
 def home_dir(args: argparse.Namespace) -> str | None:
-    return args.home or os.environ.get("SUBAGENT_HOME") or None
+    """`--home` or `SUBAGENT_HOME`. One that names something other than a directory is a bad
+    argument: read as an empty home, `ls` would say "no sessions" of a typo'd path."""
+    home: str | None = args.home or os.environ.get("SUBAGENT_HOME") or None
+    if home is not None:
+        _a_directory_or_nothing(Path(home), "the home")
+    return home
 
 
 def store_root(args: argparse.Namespace) -> Path:
     from agent.store import default_root
 
     home = home_dir(args)
-    return Path(home) / "sessions" if home else default_root()
+    if not home:
+        return default_root()
+    root = Path(home) / "sessions"
+    _a_directory_or_nothing(root, "the session store")
+    return root
+
+
+def _a_directory_or_nothing(path: Path, what: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{what} {str(path)!r} is not a directory")
 
 
 def open_store(args: argparse.Namespace) -> SessionStore:

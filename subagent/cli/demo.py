@@ -9,7 +9,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subagent.cli.common import EXIT_INTERRUPTED, CliError, home_dir, int_between, make_console
+from subagent.cli.common import (
+    EXIT_INTERRUPTED,
+    CliError,
+    home_dir,
+    int_between,
+    make_console,
+    store_root,
+)
 from subagent.cli.live import drive, report_stopped
 
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
@@ -27,7 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     home = home_dir(args)
     temporary: Path | None = None
     if home:
-        root = Path(home) / "sessions"
+        root = store_root(args)
         where = "--home" if args.home else "$SUBAGENT_HOME"
         note = f"{root} (from {where})"
     else:
