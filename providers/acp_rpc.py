@@ -59,6 +59,17 @@ INTERNAL_ERROR = -32603
 RequestHandler = Callable[[str, Any], Any]
 
 
+# An error's message quotes what it refuses (an id, a path, a method name): a peer that sends a
+# megabyte-long one gets the start of it back, not the whole of it again.
+MAX_ERROR_MESSAGE = 1024
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_ERROR_MESSAGE:
+        return message
+    return f"{message[:MAX_ERROR_MESSAGE]}... ({len(message) - MAX_ERROR_MESSAGE} characters cut)"
+
+
 class ReadPipe(Protocol):
     """A child's stderr as `StderrTail` drains it (a `gevent.subprocess` pipe)."""
 
@@ -405,9 +416,9 @@ class JsonRpcConnection:
     def _reply_error(self, rid: object, method: str, exc: Exception) -> None:
         error: dict[str, Any]
         if isinstance(exc, MethodNotFound):
-            error = {"code": METHOD_NOT_FOUND, "message": f"method not found: {method}"}
+            error = {"code": METHOD_NOT_FOUND, "message": _bounded(f"method not found: {method}")}
         elif isinstance(exc, RpcFault):
-            error = {"code": exc.code, "message": exc.message}
+            error = {"code": exc.code, "message": _bounded(exc.message)}
             if exc.data is not None:
                 error["data"] = exc.data
         else:

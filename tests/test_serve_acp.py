@@ -20,6 +20,7 @@ from agent.models import scripted as S
 from agent.options import AgentOptions
 from agent.store import SessionStore
 from providers.acp import DEPTH_META, AcpConfig, AcpProvider, session_params
+from providers.acp_rpc import MAX_ERROR_MESSAGE
 from subagent.runtime import Runtime
 from subagent.serve.acp_agent import IGNORED_MCP_META
 from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig, install_subagent_tools
@@ -362,3 +363,23 @@ def test_a_bad_line_is_answered_and_the_acp_server_goes_on(tmp_path: Path) -> No
     errors = [(a["error"]["code"], a["id"]) for a in answers[:-1]]
     assert errors == [(code, ident) for _, code, ident in BAD_LINES]
     assert answers[-1]["result"]["protocolVersion"] == 1
+
+
+def test_an_error_quotes_at_most_the_start_of_a_huge_value(tmp_path: Path) -> None:
+    """A refused session id, cwd or method name of a megabyte is quoted by its start only: the
+    answer stays small, says how much was cut, and the connection goes on."""
+    client = RawClient(tmp_path / "home")
+    huge = "x" * 1_000_000
+    cwd = str(tmp_path)
+    asks = (
+        (2, "session/load", {"cwd": cwd, "mcpServers": [], "sessionId": huge}),
+        (3, "session/prompt", {"sessionId": huge, "prompt": []}),
+        (4, huge, {}),
+    )
+    for rid, method, params in asks:
+        error = client.ask(rid, method, params)["error"]
+        assert len(error["message"]) < MAX_ERROR_MESSAGE + 100, (method[:20], error["code"])
+        assert error["message"].endswith("characters cut)"), error["message"][-80:]
+    good = client.ask(5, "session/new", {"cwd": cwd, "mcpServers": []})
+    assert "sessionId" in good["result"]
+    client.close()
