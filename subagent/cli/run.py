@@ -96,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # leaves opt-in: a wide fan-out then does not stall the hub in full collections.
         gc_freeze_every=CLI_GC_FREEZE_EVERY,
         prices=prices,
+        max_children_per_parent=args.max_children_per_parent,
     )
     try:
         if words:
@@ -225,6 +226,13 @@ def _load_prices(path: str | None) -> PriceTable:
 # More retries than this is a typo: with backoff between attempts, a run would never end.
 MAX_RETRIES = 100
 
+# A real model can answer with thousands of `subagent` calls in one reply. Past this many
+# children of one agent at once the rest wait for a slot (in order), so a runaway reply costs
+# time, not the machine. Per parent, not per tree: a tree-wide cap could deadlock with every
+# slot held by a parent waiting on children that cannot start.
+DEFAULT_MAX_CHILDREN_PER_PARENT = 16
+MAX_CHILDREN_PER_PARENT = 10_000
+
 
 def _positive(unit: str) -> Callable[[str], float]:
     """An argparse type: a finite number above 0, its error naming `unit`."""
@@ -308,6 +316,14 @@ def register(sub: Subcommands) -> None:
         type=int_between(0, MAX_RETRIES),
         metavar="N",
         help=f"retries of a failed model request (default {DEFAULT_MAX_RETRIES})",
+    )
+    run.add_argument(
+        "--max-children-per-parent",
+        type=int_between(1, MAX_CHILDREN_PER_PARENT),
+        default=DEFAULT_MAX_CHILDREN_PER_PARENT,
+        metavar="N",
+        help=f"children of one agent running at once; more wait for a slot "
+        f"(default {DEFAULT_MAX_CHILDREN_PER_PARENT})",
     )
     run.add_argument("--no-live", action="store_true", help="print only the final tree")
     run.set_defaults(fn=cmd_run)
