@@ -219,6 +219,18 @@ def _cleaned(attributes: Attributes) -> dict[str, AttributeValue] | None:
     return clean or None
 
 
+def _as_given_or_cleaned(
+    attributes: dict[str, AttributeValue] | None,
+) -> dict[str, AttributeValue] | None:
+    """A template's own attributes, taken over as given when every value is a plain scalar (the
+    common case: no copy), else cleaned as the API's `set_attribute` would."""
+    if attributes:
+        for value in attributes.values():
+            if type(value) not in _SCALARS and not _plain(value):
+                return _cleaned(attributes)
+    return attributes
+
+
 class SpanTemplate:
     """What spans of one sort share: a name, a kind and leading attributes, checked once.
 
@@ -611,11 +623,7 @@ class LeanTracer(trace.Tracer):
         ):
             span = NonRecordingSpan(SpanContext(trace_id, span_id, False, _NOT_SAMPLED, state))
             return span, Context({**base, _SPAN_KEY: span})
-        if attributes:
-            for value in attributes.values():
-                if type(value) not in _SCALARS and not _plain(value):
-                    attributes = _cleaned(attributes)
-                    break
+        attributes = _as_given_or_cleaned(attributes)
         kept = None
         if links:
             kept = [link for link in links if link.context.is_valid] or None
@@ -717,11 +725,7 @@ class Subspans:
     ) -> LeanSpan:
         """A started span: the template's name, kind and attributes, then `attributes` (taken
         over by the span, not copied)."""
-        if attributes:
-            for value in attributes.values():
-                if type(value) not in _SCALARS and not _plain(value):
-                    attributes = _cleaned(attributes)
-                    break
+        attributes = _as_given_or_cleaned(attributes)
         return LeanSpan(
             template.name,
             self._trace_id,
@@ -757,11 +761,7 @@ class Subspans:
         attributes: dict[str, AttributeValue] | None = None,
     ) -> None:
         """A span that started at `start_time` and ends now (a model call, made at its end)."""
-        if attributes:
-            for value in attributes.values():
-                if type(value) not in _SCALARS and not _plain(value):
-                    attributes = _cleaned(attributes)
-                    break
+        attributes = _as_given_or_cleaned(attributes)
         leaf = self._leaf
         if leaf is not None:
             leaf(
