@@ -773,22 +773,7 @@ class Subspans:
                 attributes or None,
             )
             return
-        span = LeanSpan(
-            template.name,
-            self._trace_id,
-            _bits(64) or _span_id(),
-            self._parent_id,
-            False,
-            self._state,
-            template.kind,
-            start_time,
-            attributes or None,
-            None,
-            self._scope,
-            self._sink,
-            True,
-            template,
-        )
+        span = self.start(template, attributes, start_time)  # a sink that keeps span objects
         span.end_time = time.time_ns()
         self._sink.on_end(span)
 
