@@ -28,10 +28,11 @@ The measured window runs from the first start to the last result **and the provi
 so every span of the job is exported inside it. CPU is the process's (every thread: the batch
 worker's encoding and sends count; garbage collection counts), read with `process_time` (the
 clock's nanoseconds; `os.times` counted 10 ms ticks, 1 % of `none`'s CPU). Modes are
-interleaved round by round, `none` first and the targets' modes next to it (`none, off, on, lean-encode, ...`), the
-order reversed every other round, so a machine whose load changes during the run shifts every
-mode alike. Every span must reach the exporter (a span the batch queue dropped would flatter the
-figure): the run fails otherwise. Targets: off within 3 % of none, on within 30 %.
+interleaved round by round, `none` first and the targets' modes next to it (`none, off, on,
+lean-encode, ...`), the order reversed every other round, so a machine whose load changes
+during the run shifts every mode alike. Every span must reach the exporter (a span the batch
+queue dropped would flatter the figure): the run fails otherwise. Targets: off within 3 % of
+none, on within 30 %.
 
 Two ratios per mode: `*_over_none`, the ratio of the modes' medians, and `*_over_none_paired`,
 the median of each round's own ratio (the mode's run against that round's `none`, run seconds
