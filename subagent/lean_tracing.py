@@ -66,6 +66,7 @@ _SCALARS = (str, bool, int, float)
 _bits = random.getrandbits  # the module's instance: Python reseeds it in a forked child
 _time_ns = time.time_ns
 _new_span = object.__new__
+_new_event = tuple.__new__
 
 
 def _span_key() -> str:
@@ -391,7 +392,8 @@ class LeanSpan(trace.Span):
     ) -> None:
         if self.end_time:
             return
-        event = SpanEvent(name, timestamp or time.time_ns(), _cleaned(attributes))
+        # As `SpanEvent(...)`, without the named tuple's Python-level `__new__`.
+        event = _new_event(SpanEvent, (name, timestamp or time.time_ns(), _cleaned(attributes)))
         if self.event_list is None:
             self.event_list = [event]
         else:

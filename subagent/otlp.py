@@ -28,7 +28,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import repeat, starmap
-from typing import NamedTuple
 
 import gevent
 import gevent.event
@@ -38,8 +37,10 @@ from gevent import Greenlet
 from opentelemetry.trace import Link, SpanKind, TraceState
 
 from subagent.lean_tracing import (
+    EndLeaf,
     LeanResource,
     LeanSpan,
+    RecordLeaf,
     Scope,
     SpanEvent,
     SpanTemplate,
@@ -211,13 +212,6 @@ class LeafHead:
         self.after = b"\x22\x08" + parent_id.to_bytes(8, "big")
         self.state = _field(b"\x1a", _trace_state(state)) if state else b""
         self.size = len(self.before) + 8 + len(self.after) + len(self.state) + _TAIL
-
-
-class Leaves(NamedTuple):
-    """The batch exporter's one-frame paths for the spans under one parent (`LeafSink`)."""
-
-    record: Callable[[SpanTemplate, int, Mapping[str, object] | None], None]
-    end: Callable[[LeanSpan], None]
 
 
 class Encoder:
@@ -399,7 +393,7 @@ class Encoder:
         return b"".join(parts)
 
     def own_attribute(self, key: str, value: object) -> bytes:
-        """One attribute of a span's own (after its template's), for the fused paths (`_Leaves`)
+        """One attribute of a span's own (after its template's), for the fused paths (`leaves`)
         where the cache held nothing ready: the value cleaned as the API's `set_attribute`
         would (a value it refuses is dropped), a string or an integer of a key whose values vary
         written straight out."""
@@ -734,13 +728,14 @@ class BatchExporter:
 
     def leaves(
         self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
-    ) -> Leaves:
+    ) -> tuple[RecordLeaf, EndLeaf]:
         """The one-frame paths for spans under one parent (`LeafSink`): a span made and ended in
-        one step (`record`) and a templated span's end (`end`)."""
+        one step (`record`) and a templated span's end (`end`), each bound to what the parent's
+        spans share on the wire (`LeafHead`)."""
         if self._primary is None:
             self._primary = scope
         head = LeafHead(None if scope is self._primary else scope, trace_id, parent_id, trace_state)
-        return Leaves(partial(self._record_leaf, head), partial(self._end_leaf, head))
+        return partial(self._record_leaf, head), partial(self._end_leaf, head)
 
     def _record_leaf(
         self,
