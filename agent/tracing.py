@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -142,6 +143,7 @@ def tracer() -> Tracer | None:
         return found
     found = None if isinstance(provider, _OFF_PROVIDERS) else provider.get_tracer(INSTRUMENTATION)
     _cached[0], _cached[1] = provider, found
+    _content_read[1] = -math.inf  # a new provider: `capture_content` reads the environment again
     return found
 
 
@@ -274,12 +276,14 @@ def start_activation(
     link: Link | None = None,
     resumed: bool = False,
     remote: bool = False,
+    using: Tracer | None = None,
 ) -> Activation | None:
     """Open a child activation's `invoke_agent` span under `parent` (None: tracing is off).
 
     `remote`: the child runs in another process, so the span is a CLIENT (the other side's
-    spans, parented by the `traceparent` it receives, are its server side)."""
-    found = tracer()
+    spans, parented by the `traceparent` it receives, are its server side). `using`: the
+    runtime's tracer, when the caller has just looked it up (`tracer()`), not looked up again."""
+    found = using if using is not None else tracer()
     if found is None:
         return None
     name = parent.name if parent is not None else None
@@ -715,11 +719,27 @@ def begin_turn(core: TracedCore, message: Mapping[str, Any], turn: int) -> TurnT
 
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+CAPTURE_CONTENT_REREAD_S = 1.0  # how old a reading of the variable a turn may use
+
+# [the variable's last reading, when it was read (`time.monotonic`), or -inf: read it again]
+_content_read: list[Any] = [False, -math.inf]
+_monotonic = time.monotonic
 
 
 def capture_content() -> bool:
-    """Whether model output goes on `chat` spans (opt-in: it may be sensitive), read per turn."""
-    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() == "true"
+    """Whether model output goes on `chat` spans (opt-in: it may be sensitive).
+
+    The environment is read at most once a second per process, and again as soon as the
+    tracer provider changes (`tracer()`): `os.environ.get` for an unset variable raises and
+    catches a `KeyError`, ~0.7 us a turn; a clock read is ~0.05 us. A change of the variable
+    is seen by the turns that start a second or more after it (docs/tracing.md)."""
+    now = _monotonic()
+    if now - _content_read[1] < CAPTURE_CONTENT_REREAD_S:
+        found: bool = _content_read[0]
+        return found
+    found = os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() == "true"
+    _content_read[0], _content_read[1] = found, now
+    return found
 
 
 def output_messages(response: ModelResponse) -> str:

@@ -64,7 +64,8 @@ def begin_start(
     `runner` is the provider object: one that runs its child in another process (a true
     `remote_process` attribute: ACP, Ray) gets a CLIENT span, as a call to a remote service.
     """
-    if tracing.tracer() is None:
+    found = tracing.tracer()
+    if found is None:
         return request, None
     parent = request.trace or tracing.ambient()
     continuation = request.continuation
@@ -76,6 +77,7 @@ def begin_start(
         depth=depth if depth is not None else _child_depth(request.parent),
         child_id=None if continuation is None else continuation.session_id,
         remote=_remote(runner),
+        using=found,
     )
     if activation is None:
         return request, None

@@ -354,6 +354,30 @@ def test_output_is_not_captured_unless_asked(monkeypatch: pytest.MonkeyPatch) ->
     assert attr(chat, "gen_ai.output.messages") is None
 
 
+def test_the_capture_variable_is_read_once_a_second_and_for_a_new_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`capture_content()` does not read the environment per turn: a change of the variable is
+    seen once the last reading is a second old (a clock the test moves), or at once when a new
+    tracer provider is installed (docs/tracing.md)."""
+    clock = [1000.0]
+    monkeypatch.setattr(tracing, "_monotonic", lambda: clock[0])
+    monkeypatch.setenv(tracing.CAPTURE_CONTENT_ENV, "true")
+    with installed():
+        assert tracing.tracer() is not None  # a new provider: the next reading is fresh
+        assert tracing.capture_content() is True
+        monkeypatch.delenv(tracing.CAPTURE_CONTENT_ENV)
+        clock[0] += tracing.CAPTURE_CONTENT_REREAD_S / 2
+        assert tracing.capture_content() is True  # the reading is under a second old
+        clock[0] += tracing.CAPTURE_CONTENT_REREAD_S / 2
+        assert tracing.capture_content() is False  # a second old: read again
+        monkeypatch.setenv(tracing.CAPTURE_CONTENT_ENV, "TRUE ")
+        assert tracing.capture_content() is False
+    with installed():
+        assert tracing.tracer() is not None
+        assert tracing.capture_content() is True  # the provider changed: read again at once
+
+
 def test_a_later_turn_with_no_parent_keeps_the_agents_previous_one() -> None:
     with installed() as exporter:
         rt = Runtime(store=MemoryStore())
