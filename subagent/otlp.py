@@ -384,12 +384,27 @@ class Encoder:
         call id) is written straight out, anything else goes through the caches."""
         parts = []
         varying = self._varying
+        cached = self.cached
         for key, value in attrs.items():
-            key_field = varying.get(key)
-            if key_field is None or type(value) is not str:
-                parts.append(self._attribute(key, value))
-                continue
-            parts.append(_text_attribute(key_field, value))  # a str by the check
+            kind = type(value)
+            if kind is str or kind is int:
+                # What `_attribute` would return, without its frame: a repeated string or
+                # integer from the cache, a string or integer of a varying key written out.
+                per_key = cached.get(key)
+                if per_key is not None:
+                    found = per_key.get(value if kind is str else (kind, value))
+                    if found is not None:
+                        parts.append(found)
+                        continue
+                else:
+                    key_field = varying.get(key)
+                    if key_field is not None:
+                        if kind is str:
+                            parts.append(_text_attribute(key_field, value))  # type: ignore[arg-type]
+                        else:
+                            parts.append(_int_attribute(key_field, value))  # type: ignore[arg-type]
+                        continue
+            parts.append(self._attribute(key, value))
         return b"".join(parts)
 
     def own_attribute(self, key: str, value: object) -> bytes:

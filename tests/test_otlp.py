@@ -430,6 +430,49 @@ def test_templated_spans_encode_byte_for_byte_as_spans_made_through_the_api() ->
     assert decoded[0].name == "execute_tool t\u00e9"
 
 
+def test_a_templated_spans_own_integers_and_strings_encode_as_through_the_api() -> None:
+    """A templated span's own attributes (an activation's run id, parent id, depth, ids)
+    through the encoder's inline cache look-ups: repeated and varying strings and integers
+    (past the 256 values kept per key), and values that compare equal across types (True, 1,
+    1.0), encode byte for byte as the same span made through `start_span`, and decode as set."""
+    from subagent.otlp import Encoder
+
+    sink = MemorySink()
+    tracer = LeanTracerProvider(RESOURCE, sink).get_tracer("subagent-runtime")
+    parent = tracer.start_span("root")
+    context = trace.set_span_in_context(parent)
+    template = tracer.template(  # type: ignore[attr-defined]  # the lean tracer's own
+        "invoke_agent w", SpanKind.INTERNAL, {"gen_ai.operation.name": "invoke_agent"}
+    )
+    encoder = Encoder(RESOURCE)
+    values: list[object] = [1, True, 1.0, "1"]
+    for i in range(300):
+        own: dict[str, object] = {
+            "subagent.run_id": f"run-{i}",  # varies: written out past 256 values
+            "subagent.parent_id": "parent",  # repeats: from the cache
+            "subagent.depth": i % 3,  # repeats
+            "n": i,  # an integer that varies
+            "same": values[i % 4],  # equal across types: never mixed up
+        }
+        span, _ = tracer.start_current(template, own, context)  # type: ignore[attr-defined]
+        span.add_event("subagent.turn.end", {"subagent.turn": 1, "subagent.turn.reason": "x"})
+        span.end()
+        twin = tracer.start_span(
+            span.name, context, SpanKind.INTERNAL, dict(span.attributes),
+            start_time=span.start_time,
+        )  # fmt: skip
+        assert isinstance(twin, LeanSpan)
+        twin.span_id = span.span_id
+        twin.event_list = span.event_list
+        twin.end(span.end_time)
+        mine = encoder.span(span)
+        assert mine == Encoder(RESOURCE).span(twin), i
+        decoded = PbSpan.FromString(mine[2:] if mine[1] < 0x80 else mine[3:])
+        found = _attrs(decoded.attributes)
+        assert found["n"] == i and found["subagent.run_id"] == f"run-{i}"
+        assert type(found["same"]) is type(values[i % 4]) and found["same"] == values[i % 4]
+
+
 def test_event_attributes_from_the_caches_decode_as_recorded() -> None:
     """Event attributes share the span attributes' caches (only the field's tag differs): a
     repeated event, and one whose values vary past what the cache keeps per key (a steer's
