@@ -225,7 +225,7 @@ class Encoder:
         self._resource = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
         self._names: dict[str, bytes] = {}
         self.cached: dict[str, dict[object, bytes]] = {}
-        self._varying: dict[str, bytes] = {}  # keys whose values vary: their key field
+        self.varying: dict[str, bytes] = {}  # keys whose values vary: their key field
         self._shapes: dict[object, bytes] = {}  # (name, kind, attributes) -> their fields
         self._shapeless: set[str] = set()  # span names whose attributes vary
         self._scopes: dict[int, tuple[Scope, bytes]] = {}
@@ -295,7 +295,7 @@ class Encoder:
         kind = type(value)
         per_key = self.cached.get(key)
         if per_key is None:
-            key_field = self._varying.get(key)
+            key_field = self.varying.get(key)
             if key_field is not None:
                 if kind is str:
                     return _text_attribute(key_field, value)  # type: ignore[arg-type]  # a str
@@ -317,9 +317,9 @@ class Encoder:
                 return found  # (1,) == (True,) == (1.0,): only text tuples are kept
             if len(per_key) >= _VALUES_KEPT:  # a key whose values vary: stop keeping them
                 del self.cached[key]
-                if len(self._varying) >= _CACHE_LIMIT:
-                    self._varying.clear()
-                self._varying[key] = _field(b"\x0a", _text(key))
+                if len(self.varying) >= _CACHE_LIMIT:
+                    self.varying.clear()
+                self.varying[key] = _field(b"\x0a", _text(key))
             else:
                 per_key[cache_key] = found
         return found
@@ -336,7 +336,7 @@ class Encoder:
             attribute = self._attribute
             for key, value in attrs.items():
                 parts.append(attribute(key, value))
-                if stable and (key in self._varying or not _all_text(value)):
+                if stable and (key in self.varying or not _all_text(value)):
                     stable = False
         middle = b"".join(parts)
         if shape is not None:
@@ -383,7 +383,7 @@ class Encoder:
         """A templated span's own attribute fields: a string of a key whose values vary (a
         call id) is written straight out, anything else goes through the caches."""
         parts = []
-        varying = self._varying
+        varying = self.varying
         cached = self.cached
         for key, value in attrs.items():
             kind = type(value)
@@ -419,7 +419,7 @@ class Encoder:
                 if value is None:
                     return b""
             return self._attribute(key, value)
-        key_field = self._varying.get(key)
+        key_field = self.varying.get(key)
         if key_field is None:
             return self._attribute(key, value)
         if kind is str:
@@ -770,18 +770,30 @@ class BatchExporter:
         try:
             middle = template.wire or self._encoder.template(template)
             if attributes:
-                # The span's own attributes: a repeated string or integer from the cache,
-                # anything else through the encoder.
-                cached = self._encoder.cached
+                # The span's own attributes: a repeated string or integer from the cache, one
+                # of a key whose values vary (a call id) written straight out, anything else
+                # through the encoder (`Encoder.own_attribute`, which does the same).
+                encoder = self._encoder
+                cached = encoder.cached
                 for key, value in attributes.items():
                     kind = type(value)
-                    per_key = cached.get(key)
-                    if per_key is not None and (kind is str or kind is int):
-                        found = per_key.get(value if kind is str else (kind, value))
-                        if found is not None:
-                            middle += found
-                            continue
-                    middle += self._encoder.own_attribute(key, value)
+                    if kind is str or kind is int:
+                        per_key = cached.get(key)
+                        if per_key is not None:
+                            found = per_key.get(value if kind is str else (kind, value))
+                            if found is not None:
+                                middle += found
+                                continue
+                        else:
+                            key_field = encoder.varying.get(key)
+                            if key_field is not None:
+                                middle += (
+                                    _text_attribute(key_field, value)  # type: ignore[arg-type]
+                                    if kind is str
+                                    else _int_attribute(key_field, value)  # type: ignore[arg-type]
+                                )
+                                continue
+                    middle += encoder.own_attribute(key, value)
             n = head.size + len(middle)
             encoded = b"".join(
                 (
@@ -825,16 +837,27 @@ class BatchExporter:
             middle = template.wire or self._encoder.template(template)
             attributes = span.attrs
             if attributes:  # as in `record`
-                cached = self._encoder.cached
+                encoder = self._encoder
+                cached = encoder.cached
                 for key, value in attributes.items():
                     kind = type(value)
-                    per_key = cached.get(key)
-                    if per_key is not None and (kind is str or kind is int):
-                        found = per_key.get(value if kind is str else (kind, value))
-                        if found is not None:
-                            middle += found
-                            continue
-                    middle += self._encoder.own_attribute(key, value)
+                    if kind is str or kind is int:
+                        per_key = cached.get(key)
+                        if per_key is not None:
+                            found = per_key.get(value if kind is str else (kind, value))
+                            if found is not None:
+                                middle += found
+                                continue
+                        else:
+                            key_field = encoder.varying.get(key)
+                            if key_field is not None:
+                                middle += (
+                                    _text_attribute(key_field, value)  # type: ignore[arg-type]
+                                    if kind is str
+                                    else _int_attribute(key_field, value)  # type: ignore[arg-type]
+                                )
+                                continue
+                    middle += encoder.own_attribute(key, value)
             n = head.size + len(middle)
             encoded = b"".join(
                 (

@@ -501,6 +501,11 @@ def test_event_attributes_from_the_caches_decode_as_recorded() -> None:
         assert encoded == Encoder(RESOURCE).span(span)
 
 
+def _recorded_own(i: int) -> dict[str, object] | None:
+    """A recorded span's own attributes: none, then an integer and a string that vary."""
+    return {"gen_ai.usage.output_tokens": i, "gen_ai.response.id": f"r{i}"} if i else None
+
+
 def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_spans() -> None:
     """`Subspans.record` (the runtime's chat spans) into the batch exporter: encoded straight
     from the template and the parent's shared fields (`BatchExporter.leaf`), byte for byte what
@@ -512,6 +517,7 @@ def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_s
     def post(body: bytes) -> None:
         posted.append(body)
 
+    N = 300
     exporter = BatchExporter(RESOURCE, post, max_queue=1000, max_batch=1000, delay_s=60)
     group = TaskGroup("test-leaves")
 
@@ -529,22 +535,22 @@ def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_s
             "chat m", SpanKind.CLIENT,
             {"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ("stop",)},
         )  # fmt: skip
-        for i in range(5):
-            fast.record(template, 1000 + i, {"gen_ai.usage.output_tokens": i} if i else None)
+        for i in range(N):  # past the 256 values kept per key: then written straight out
+            fast.record(template, 1000 + i, _recorded_own(i))
         assert exporter.force_flush(5)
 
     group.spawn(run).get()
     group.close(5)
     (body,) = posted
     spans = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
-    assert len(spans) == 5 and exporter.exported == 5
+    assert len(spans) == N and exporter.exported == N
     encoder = Encoder(RESOURCE)
     for i, pb in enumerate(spans):
         assert pb.name == "chat m" and pb.kind == PbSpan.SPAN_KIND_CLIENT
         assert pb.trace_id == (0xABC).to_bytes(16, "big") and pb.trace_state == "vendor=v1"
         assert pb.start_time_unix_nano == 1000 + i and pb.end_time_unix_nano >= 1000 + i
         assert pb.flags == 0x100
-        own = {"gen_ai.usage.output_tokens": i} if i else {}
+        own = _recorded_own(i) or {}
         assert _attrs(pb.attributes) == {
             "gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ("stop",), **own,
         }  # fmt: skip
