@@ -362,11 +362,20 @@ class Encoder:
         """An `Event` message. Its name and attributes repeat (`subagent.turn.end` with the
         turn and reason, a steer's source): they go through the span attributes' caches, whose
         `KeyValue` is the same, only the field's tag differs."""
-        parts = [b"\x09", _pack_fixed64(event.timestamp), self._event_name(event.name)]
+        name = self._event_names.get(event.name)
+        parts = [b"\x09", _pack_fixed64(event.timestamp), name or self._event_name(event.name)]
         attributes = event.attributes
         if attributes:
+            cached = self.cached
             for key, value in attributes.items():
-                found = self._attribute(key, value)
+                kind = type(value)
+                found = None
+                if kind is str or kind is int:  # a repeated one from the cache, without a frame
+                    per_key = cached.get(key)
+                    if per_key is not None:
+                        found = per_key.get(value if kind is str else (kind, value))
+                if found is None:
+                    found = self._attribute(key, value)
                 if found:
                     parts.append(b"\x1a" + found[1:])  # Event.attributes (3), not Span's (9)
         return b"".join(parts)
@@ -483,7 +492,9 @@ class Encoder:
             parts.append(_field(b"\x1a", _trace_state(span.trace_state)))
         if span.event_list:
             for event in span.event_list:
-                parts.append(_field(b"\x5a", self._event(event)))
+                encoded = self._event(event)
+                size = len(encoded)
+                parts.append(b"\x5a" + (_BYTES[size] if size < 0x80 else _varint(size)) + encoded)
         if span.link_list:
             for link in span.link_list:
                 parts.append(_field(b"\x6a", _link(link)))
@@ -494,7 +505,8 @@ class Encoder:
             parts.append(_field(b"\x7a", body + b"\x18" + _BYTES[code]))
         parts.append(tail)
         body = b"".join(parts)
-        return b"\x12" + _varint(len(body)) + body
+        n = len(body)
+        return (_SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n)) + body
 
 
 def _trace_state(state: TraceState) -> bytes:
