@@ -633,27 +633,37 @@ class LeanTracer(trace.Tracer):
         ):
             span = NonRecordingSpan(SpanContext(trace_id, span_id, False, _NOT_SAMPLED, state))
             return span, Context({**base, _SPAN_KEY: span})
-        attributes = _as_given_or_cleaned(attributes)
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
         kept = None
         if links:
             kept = [link for link in links if link.context.is_valid] or None
-        span = LeanSpan(
-            template.name,
-            trace_id,
-            span_id,
-            parent_id,
-            remote,
-            state,
-            template.kind,
-            time.time_ns(),
-            attributes or None,
-            kept,
-            self._scope,
-            self._sink,
-            True,
-            template,
-        )
-        return span, Context({**base, _SPAN_KEY: span})
+        # The slots filled here, not through `LeanSpan.__init__` (fourteen arguments), as in
+        # `Subspans.start_current`; tests/test_lean_tracing.py checks every slot is set.
+        made = _new_span(LeanSpan)
+        made.span_name = template.name
+        made.trace_id = trace_id
+        made.span_id = span_id
+        made.parent_id = parent_id
+        made.parent_remote = remote
+        made.trace_state = state
+        made.kind = template.kind
+        made.start_time = _time_ns()
+        made.end_time = 0
+        made.attrs = attributes or None
+        made.event_list = None
+        made.link_list = kept
+        made.status_code = 0
+        made.status_message = None
+        made.scope = self._scope
+        made.sink = self._sink
+        made.exit_records = True
+        made.cached_context = None
+        made.template = template
+        return made, Context({**base, _SPAN_KEY: made})
 
     def subspans(self, parent: trace.Span) -> Subspans | None:
         """The cheaper path for spans under `parent` (`Subspans`), or None where it does not

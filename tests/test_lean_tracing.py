@@ -220,6 +220,33 @@ def test_subspans_only_under_a_recording_lean_span_whose_children_are_sampled(
     assert tracer.subspans(parent) is None  # type: ignore[attr-defined]  # ended
 
 
+def test_a_templated_span_started_current_has_every_slot_set(sink: MemorySink) -> None:
+    """`LeanTracer.start_current` (a child's activation span) fills the span's slots itself:
+    every slot is set, and it holds what the same span made by `start_span` holds (its
+    template's attributes first, then its own, cleaned; its links), current in its context."""
+    tracer = tracer_of(sink)
+    parent = tracer.start_span("p")
+    base = trace.set_span_in_context(parent)
+    template = tracer.template(  # type: ignore[attr-defined]  # the lean tracer's own
+        "invoke_agent w", SpanKind.CLIENT, {"op": "invoke_agent"}
+    )
+    link = trace.Link(parent.get_span_context())
+    own = {"run": "r1", "tags": ["a", "b"]}
+    span, ctx = tracer.start_current(template, own, base, [link])  # type: ignore[attr-defined]
+    twin = tracer.start_span(
+        "invoke_agent w", base, SpanKind.CLIENT, {"op": "invoke_agent", **own}, [link]
+    )
+    for slot in LeanSpan.__slots__:
+        getattr(span, slot)  # raises if a slot was left unset
+    different = {"span_id", "start_time", "attrs", "template"}
+    for slot in set(LeanSpan.__slots__) - different:
+        assert getattr(span, slot) == getattr(twin, slot), slot
+    assert span.template is template and span.attrs == {"run": "r1", "tags": ("a", "b")}
+    assert dict(span.attributes) == dict(twin.attributes)
+    assert trace.get_current_span(ctx) is span and span.is_recording()
+    assert trace.get_current_span(base) is parent
+
+
 def test_a_current_subspan_is_the_span_start_makes_every_slot_set(sink: MemorySink) -> None:
     """`Subspans.start_current` fills a span's slots itself (not through `__init__`): every slot
     is set, and it reads as `start`'s span does, current in the context it returns; its end
