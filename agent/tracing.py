@@ -154,14 +154,14 @@ def ambient(name: str | None = None) -> TraceParent | None:
     ctx = _context.get_current()
     if not _trace.get_current_span(ctx).get_span_context().is_valid:
         return None
-    return TraceParent(ctx, name=name)
+    return make_trace_parent(ctx, False, name)
 
 
 def named(parent: TraceParent | None, name: str | None) -> TraceParent | None:
     """`parent` for a child called `name` (None stays None: tracing is off)."""
     if parent is None:
         return None
-    return TraceParent(parent.context, name=name)
+    return make_trace_parent(parent.context, False, name)  # as `TraceParent(context, name=)`
 
 
 def carrier(parent: TraceParent | None) -> dict[str, str]:

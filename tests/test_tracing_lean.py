@@ -335,6 +335,25 @@ def test_a_made_trace_parent_is_the_dataclass_value_frozen_as_ever() -> None:
             made.name = "other"  # type: ignore[misc]
 
 
+def test_a_named_parent_and_an_ambient_one_are_the_dataclass_values() -> None:
+    """`tracing.named` (a delegating tool's child, once per child) and `tracing.ambient` make
+    their parents with `make_trace_parent`: the same value as `TraceParent(context, name=)`,
+    never an activation's."""
+    from subagent.types import TraceParent
+
+    with installed():
+        with trace.get_tracer("host").start_as_current_span("session"):
+            found = tracing.ambient("boss")
+            assert found is not None and not found.activation
+            assert found == TraceParent(found.context, name="boss") and type(found) is TraceParent
+        activation = TraceParent(found.context, activation=True, name="old")
+        for parent in (found, activation):
+            made = tracing.named(parent, "worker")
+            assert made == TraceParent(parent.context, name="worker")
+            assert type(made) is TraceParent and not made.activation
+        assert tracing.named(None, "worker") is None
+
+
 def test_the_traced_start_request_keeps_every_field_of_the_callers() -> None:
     """`begin_start` hands the provider a copy of the request with the activation's trace and
     the depth (made without `dataclasses.replace`): every other field is the caller's, the
