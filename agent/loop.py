@@ -31,6 +31,7 @@ from gevent.event import Event as GEvent
 
 from agent import tracing
 from agent.context import LiveAgent
+from agent.edits import EDITS
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import Conversation, last_turn_number
 from agent.jsoncheck import is_lossless
@@ -80,6 +81,11 @@ _message_ids = itertools.count(1)
 _KILL_GRACE = 1.0
 
 _NO_STEERS: list[PendingSteer] = []
+
+_EDITS = EDITS
+# (edit count, prompt, tool scope, variables, rendered system prompt, tool specs): what a
+# request shows, kept while nothing it was made from changed (`AgentCore._show`).
+_Shown = tuple[int, SystemPrompt, ToolScope, dict[str, str | None], str, tuple[ToolSpec, ...]]
 
 # The turn/end reason (and the run's stop reason) when a token budget on the chain is used up.
 BUDGET_EXCEEDED = "budget-exceeded"
@@ -185,6 +191,8 @@ class AgentCore:
             cost_limit=cost_limit,
         )
         self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
+        # What the last request showed, and when (`_show`).
+        self._shown: _Shown | None = None
         # An older session resumed keeps its log's format: format 1 writes tool/call and
         # step/end events, formats 1 and 2 step/start; format 3 derives all three
         # (docs/decisions.md, "A step in three events" and "Log format 3").
@@ -341,23 +349,41 @@ class AgentCore:
             steer.on_admitted()
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
-        system = self.prompt.render(self.variables)
-        specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
-        last = self._last_header
-        if last is None or last[0] is not system or (last[1] is not specs and last[1] != specs):
-            self._last_header = (system, specs)
-            self.log.append_request_header(system, specs)
+        shown = self._shown
+        variables = self.variables
+        if (
+            shown is None
+            or shown[0] != _EDITS.count
+            or shown[1] is not self.prompt
+            or shown[2] is not self.tools
+            or shown[3] != variables
+        ):
+            shown = self._show(variables)
         return ModelRequest(
             session_id=self.session_id,
             model=self.model_name,
-            system=system,
+            system=shown[4],
             messages=self.history.view(),
-            tools=specs,
+            tools=shown[5],
             signal=signal,
             max_tokens=self.options.max_tokens,
             turn=turn,
             step=step,
         )
+
+    def _show(self, variables: Mapping[str, str | None]) -> _Shown:
+        """What requests show (the rendered prompt, the tool specs), logged as a request
+        header when it differs from the last one, and kept until an edit of a prompt section,
+        a tool registration, a scope's tools or restrictions (`agent.edits`), or a variable."""
+        edits = _EDITS.count  # read first: an edit while rendering leaves the cache stale
+        system = self.prompt.render(variables)
+        specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
+        last = self._last_header
+        if last is None or last[0] is not system or (last[1] is not specs and last[1] != specs):
+            self.log.append_request_header(system, specs)
+            self._last_header = (system, specs)
+        shown = self._shown = (edits, self.prompt, self.tools, dict(variables), system, specs)
+        return shown
 
     def _model_progress(self, state: _TurnState) -> Callable[[Mapping[str, Any]], None]:
         partial = state.partial

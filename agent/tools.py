@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from agent.edits import EDITS
 from agent.errors import TOOL_FAILED, ToolError
 from agent.fastcheck import compile_fast_check
 from agent.fastinit import fast_init
@@ -272,11 +273,13 @@ class ToolRegistry:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
         self._version = next(_versions)
+        EDITS.bump()
 
         def unregister() -> None:
             if self._tools.get(tool.name) is tool:
                 del self._tools[tool.name]
                 self._version = next(_versions)
+                EDITS.bump()
 
         return unregister
 
@@ -353,6 +356,7 @@ class ToolScope:
 
     def _changed(self) -> None:
         self._version = next(_versions)
+        EDITS.bump()
 
     def _key(self) -> tuple[int, ...]:
         key = [self._version]
