@@ -764,7 +764,9 @@ class SessionLog:
         """Calls of the open turn with no tool/result yet (id -> name), in call order."""
         return self._replay.open_calls
 
-    def append(self, type: str, data: dict[str, Any], *, prechecked: bool = False) -> Event:
+    def append(
+        self, type: str, data: dict[str, Any], *, prechecked: bool = False, repair: bool = True
+    ) -> Event:
         """Record one event. The log owns `data` afterwards: do not mutate it.
 
         Atomic: when it raises, nothing changed (no seq taken, no replay state, no frame). Text
@@ -775,6 +777,9 @@ class SessionLog:
         caller says `prechecked` (every value inside `data` already went through an earlier
         append of this log, unchanged since, or the caller checked it as the walk would: e.g.
         an assistant/message whose usage is clean). The strict encoder and the replay still run.
+
+        `repair=False`: text with a lone surrogate raises `UnicodeEncodeError` instead (nothing
+        changed), for a caller that repairs its own objects first (the loop's model replies).
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()
@@ -789,6 +794,8 @@ class SessionLog:
             payload = _pack_strict(event)
         except UnicodeEncodeError:
             # Only a lone surrogate makes a checked value unencodable (rare, slow path).
+            if not repair:
+                raise
             repair_surrogates(data)
             payload = _pack_strict(event)
         except (TypeError, ValueError, OverflowError):

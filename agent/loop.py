@@ -310,15 +310,21 @@ class AgentCore:
             self.log.checkpoint("step")
             state.partial.clear()
             tt = self._trace
-            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced.
-            response = (
-                without_lone_surrogates(self.model.complete(request, sink))
-                if tt is None
-                else tt.chat(self.model.complete, request, sink, without_lone_surrogates)
-            )
+            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced: with
+            # tracing, before the span sees it; without, the log's encoder is the probe (it
+            # refuses such text, logging nothing) and only a refused reply is repaired.
+            if tt is None:
+                response = self.model.complete(request, sink)
+            else:
+                response = tt.chat(self.model.complete, request, sink, without_lone_surrogates)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
-            logged_calls = self._log_assistant(response, calls)
+            logged_calls = self._log_assistant(response, calls, tt is not None)
+            if logged_calls is None:
+                response = without_lone_surrogates(response)
+                calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
+                logged_calls = self._log_assistant(response, calls, True)
+                assert logged_calls is not None  # a repairing append does not refuse text
             if response.content:
                 state.last_output = list(response.content)
             if calls:
@@ -408,9 +414,13 @@ class AgentCore:
         self._note(self.log.append("user/message", {"message": entry})["seq"])
 
     def _log_assistant(
-        self, response: ModelResponse, calls: Sequence[ToolCall]
-    ) -> list[dict[str, Any]]:
-        """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
+        self, response: ModelResponse, calls: Sequence[ToolCall], repaired: bool
+    ) -> list[dict[str, Any]] | None:
+        """Log the reply; returns its `tool_calls` entries as logged (checked by the log).
+
+        Unless the reply was `repaired` already (`without_lone_surrogates`), text with a lone
+        surrogate in it is not logged: returns None, and the caller repairs the reply and logs
+        that instead (one encoding a step, where a probe first would make two)."""
         content = list(response.content)
         if len(calls) == 1:  # the common case without a comprehension (a frame each)
             c = calls[0]
@@ -453,14 +463,17 @@ class AgentCore:
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
-        self._note(
-            self.log.append(
+        try:
+            appended = self.log.append(
                 "assistant/message",
                 data,
                 prechecked=(checked is not None or not counts)
                 and (is_plain_reply(message) or is_lossless(message, 1)),
-            )["seq"]
-        )
+                repair=repaired,
+            )
+        except UnicodeEncodeError:
+            return None
+        self._note(appended["seq"])
         if counts:
             if checked is None:
                 self.usage.charge(counts, cost)
