@@ -176,8 +176,11 @@ def is_plain_reply(message: object) -> bool:
         or len(message) != 4
         or type(message.get("id")) is not str
         or type(message.get("role")) is not str
-        or not _text_blocks(message.get("content"))
     ):
+        return False
+    content = message.get("content")
+    # A reply with calls often says nothing: an empty list needs no call.
+    if type(content) is not list or (content and not _text_blocks(content)):
         return False
     calls = message.get("tool_calls")
     if type(calls) is not list:
@@ -831,7 +834,16 @@ class SessionLog:
             raise ValueError(f"checkpoint point must be 'step' or 'turn', not {point!r}")
         if self._closed or self._failed is not None:
             self._raise_unusable()
-        self._flush()
+        # `_flush`, in this frame (a step's path: once a step per child).
+        data = self._buffer
+        if data:
+            self._buffer = bytearray()
+            try:
+                self._sink.write(data)
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            self._unsynced = True
         durability = self.durability
         if durability == "step" or (durability == "turn" and point == "turn"):
             self._sync()
