@@ -572,7 +572,9 @@ class AgentCore:
             try:
                 tt = self._trace
                 if tt is None:
-                    result = self.tools.execute(call, self._context(call, signal))
+                    # `_context(call, signal)`, without its frame.
+                    ctx = ToolContext(self.agent, self.session_id, call.id, signal)
+                    result = self.tools.execute(call, ctx)
                 else:
                     result = tt.tool(self.tools.execute, call, self._context, signal)
             except AbortError:

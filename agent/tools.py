@@ -247,6 +247,9 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self._version = next(_versions)
         self._specs: tuple[int, tuple[ToolSpec, ...]] | None = None
+        # The tool `name` names, or None: the dict's own `get` (every tool call resolves
+        # through it; registration changes the dict in place).
+        self.get: Callable[[str], Tool | None] = self._tools.get
 
     @property
     def version(self) -> int:
@@ -282,9 +285,6 @@ class ToolRegistry:
                 EDITS.bump()
 
         return unregister
-
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
 
     def names(self) -> list[str]:
         """Registered names in insertion order."""
@@ -533,8 +533,8 @@ class ToolScope:
 
 
 def _normalize(name: str, out: object) -> ToolResult:
-    if isinstance(out, str):
-        return ToolResult([text_block(out)])
+    if type(out) is str or isinstance(out, str):
+        return ToolResult([{"type": "text", "text": out}])  # `text_block`, without its frame
     if isinstance(out, list) and all(
         isinstance(b, dict) and isinstance(b.get("type"), str) for b in out
     ):
