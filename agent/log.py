@@ -344,13 +344,9 @@ class LogReplay:
                 raise InvariantError(seq, f"unknown event type {etype!r} (not marked ignorable)")
             self.seq = seq + 1
             return
-        required, optional, handler = rules
-        for key, typ, what in required:
-            if type(data.get(key)) is not typ:
-                raise InvariantError(seq, f"{etype}: {key} must be {what}")
-        for key, typ, what in optional:
-            if key in data and type(data[key]) is not typ:
-                raise InvariantError(seq, f"{etype}: {key} must be {what}")
+        fields_ok, handler = rules
+        if fields_ok is not None and not fields_ok(data):
+            _refuse_fields(seq, etype, data)
         handler(self, seq, data)
         self.seq = seq + 1
         if seq + 1 == self.seed_length and self.turn_open:
@@ -552,11 +548,51 @@ _HANDLERS: dict[str, Callable[[LogReplay, int, dict[str, Any]], None]] = {
 }
 
 
-# One lookup per event: (required fields, optional fields, the per-type state rule).
+def _fields_check(
+    required: tuple[_Field, ...], optional: tuple[_Field, ...]
+) -> Callable[[dict[str, Any]], bool] | None:
+    """A type's field rules as one straight-line test (the replay runs it on every append, so
+    no loop over the rules): True when each required field has its exact type and each
+    optional one present has. None for a type with no field rules. Written as source, the way
+    `dataclasses` writes an `__init__`; `_refuse_fields` names the first field that fails."""
+    if not required and not optional:
+        return None
+    namespace: dict[str, Any] = {}
+    terms = []
+    for i, (key, typ, _what) in enumerate(required):
+        namespace[f"_r{i}"] = typ
+        terms.append(f"type(data.get({key!r})) is _r{i}")
+    for i, (key, typ, _what) in enumerate(optional):
+        namespace[f"_o{i}"] = typ
+        terms.append(f"({key!r} not in data or type(data[{key!r}]) is _o{i})")
+    exec("def check(data):\n    return " + " and ".join(terms) + "\n", namespace)
+    check: Callable[[dict[str, Any]], bool] = namespace["check"]
+    return check
+
+
+def _refuse_fields(seq: int, etype: str, data: dict[str, Any]) -> None:
+    """Raise for the first field of `data` that breaks its type's rules (required, then
+    optional, in their order)."""
+    for key, typ, what in _REQUIRED[etype]:
+        if type(data.get(key)) is not typ:
+            raise InvariantError(seq, f"{etype}: {key} must be {what}")
+    for key, typ, what in _OPTIONAL.get(etype, ()):
+        if key in data and type(data[key]) is not typ:
+            raise InvariantError(seq, f"{etype}: {key} must be {what}")
+    raise InvariantError(seq, f"{etype}: a field breaks its rule")  # pragma: no cover
+
+
+# One lookup per event: (the field rules' test, the per-type state rule).
 _RULES: dict[
     str,
-    tuple[tuple[_Field, ...], tuple[_Field, ...], Callable[[LogReplay, int, dict[str, Any]], None]],
-] = {name: (_REQUIRED[name], _OPTIONAL.get(name, ()), _HANDLERS[name]) for name in _REQUIRED}
+    tuple[
+        Callable[[dict[str, Any]], bool] | None,
+        Callable[[LogReplay, int, dict[str, Any]], None],
+    ],
+] = {
+    name: (_fields_check(_REQUIRED[name], _OPTIONAL.get(name, ())), _HANDLERS[name])
+    for name in _REQUIRED
+}
 
 
 def validate_log(events: Iterable[Event], header: SessionHeader | None = None) -> LogReplay:

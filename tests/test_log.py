@@ -781,3 +781,66 @@ def test_a_plain_reply_is_lossless(arguments: dict[Any, Any], content_text: obje
     }
     if is_plain_reply(message):
         assert is_lossless(message, 1)
+
+
+# Every field rule of every event type, as (type, field, exact type, required): the replay tests
+# them in one generated expression per type (`agent.log._fields_check`); each broken field must
+# still be refused, naming that field, whichever it is.
+_FIELD_RULES = [
+    ("turn/start", "turn", int, True),
+    ("turn/end", "turn", int, True),
+    ("turn/end", "reason", str, True),
+    ("turn/end", "message", str, False),
+    ("step/start", "turn", int, True),
+    ("step/start", "step", int, True),
+    ("step/end", "turn", int, True),
+    ("step/end", "step", int, True),
+    ("user/message", "message", dict, True),
+    ("assistant/message", "message", dict, True),
+    ("assistant/message", "finish", str, True),
+    ("assistant/message", "usage", dict, False),
+    ("tool/call", "call_id", str, True),
+    ("tool/call", "name", str, True),
+    ("tool/call", "arguments", dict, True),
+    ("tool/result", "call_id", str, True),
+    ("tool/result", "name", str, True),
+    ("tool/result", "content", list, True),
+    ("tool/result", "is_error", bool, True),
+    ("tool/result", "code", str, False),
+    ("session/end-seed", "length", int, True),
+    ("subagent/descriptor", "descriptor", dict, True),
+    ("inbox/accepted", "message_id", str, True),
+    ("inbox/accepted", "kind", str, True),
+    ("inbox/accepted", "content", list, True),
+    ("inbox/accepted", "source", dict, True),
+    ("inbox/claimed", "message_id", str, True),
+    ("inbox/discarded", "message_id", str, True),
+    ("inbox/discarded", "reason", str, True),
+]
+_GOOD: dict[type, Any] = {int: 1, str: "x", list: [], dict: {}, bool: False}
+_WRONG: dict[type, Any] = {int: True, str: 1, list: (), dict: [], bool: 0}
+
+
+@pytest.mark.parametrize(("kind", "field", "typ", "required"), _FIELD_RULES)
+def test_each_field_rule_refuses_its_field_by_name(
+    kind: str, field: str, typ: type, required: bool
+) -> None:
+    good = {f: _GOOD[t] for k, f, t, r in _FIELD_RULES if k == kind and r}
+    what = {int: "an int", str: "a str", list: "a list", dict: "a dict", bool: "a bool"}[typ]
+    wrongs = [_WRONG[typ]] + ([None] if required else [])
+    if required:
+        wrongs.append("missing")
+    for wrong in wrongs:
+        data = dict(good)
+        if wrong == "missing":
+            del data[field]
+        else:
+            data[field] = wrong
+        with pytest.raises(InvariantError, match=f"{kind}: {field} must be {what}"):
+            LogReplay(None).feed_next(kind, data)
+    # Fields are checked in their order: the first broken one is named.
+    if required and len(good) > 1:
+        broken = {f: None for f in good}
+        first = next(f for k, f, t, r in _FIELD_RULES if k == kind and r)
+        with pytest.raises(InvariantError, match=f"{kind}: {first} must be"):
+            LogReplay(None).feed_next(kind, broken)
