@@ -38,7 +38,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol, overload
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import msgpack
 
@@ -784,6 +785,16 @@ class SessionLog:
     @property
     def id(self) -> str:
         return self.header.id
+
+    if TYPE_CHECKING:
+
+        @property
+        def next_seq(self) -> int: ...
+
+    else:
+        # The seq the next event gets (= `len(self.events)`), read through a C getter: the loop
+        # and the actor name messages by it on every reply, steer and prompt.
+        next_seq = property(attrgetter("_replay.seq"), doc="The seq the next event gets.")
 
     @property
     def turn_open(self) -> bool:

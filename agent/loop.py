@@ -328,7 +328,11 @@ class AgentCore:
             if response.content:
                 state.last_output = list(response.content)
             if calls:
-                self._run_tools(calls, logged_calls, signal, capture, state)
+                if len(calls) == 1 and not format1 and self.on_progress is None:
+                    # `_run_tools` has nothing to add for a lone call nobody watches.
+                    self._run_lone(calls[0], signal, capture, state)
+                else:
+                    self._run_tools(calls, logged_calls, signal, capture, state)
             if format1:
                 log_append("step/end", {"turn": turn, "step": step})
             state.step = 0
@@ -431,7 +435,7 @@ class AgentCore:
             ]
         message = {
             # Unique within the session, also across processes: the event's own seq.
-            "id": f"a{len(self.log.events)}",
+            "id": f"a{self.log.next_seq}",
             "role": "assistant",
             "content": content,
             "tool_calls": tool_calls,

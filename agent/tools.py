@@ -529,12 +529,14 @@ class ToolScope:
             if ctx.signal.aborted:  # a failure caused by cancellation is cancellation
                 raise AbortError(reason=ctx.signal.reason) from exc
             return ToolResult.error(TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+        if type(out) is str:  # the common case, without `_normalize`'s frame
+            return ToolResult([{"type": "text", "text": out}])
         return _normalize(tool.name, out)
 
 
 def _normalize(name: str, out: object) -> ToolResult:
-    if type(out) is str or isinstance(out, str):
-        return ToolResult([{"type": "text", "text": out}])  # `text_block`, without its frame
+    if isinstance(out, str):
+        return ToolResult([text_block(out)])
     if isinstance(out, list) and all(
         isinstance(b, dict) and isinstance(b.get("type"), str) for b in out
     ):

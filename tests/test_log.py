@@ -844,3 +844,21 @@ def test_each_field_rule_refuses_its_field_by_name(
         first = next(f for k, f, t, r in _FIELD_RULES if k == kind and r)
         with pytest.raises(InvariantError, match=f"{kind}: {first} must be"):
             LogReplay(None).feed_next(kind, broken)
+
+
+def test_next_seq_is_the_seq_the_next_event_gets() -> None:
+    """The loop and the actor name replies, prompts and steers by it (`a{seq}`, `m{seq}`,
+    `s{seq}`): it must be the next event's seq whatever happened, a refused append included,
+    and count the events a log was opened with."""
+    log = make_log(RecordingSink())
+    assert log.next_seq == 0
+    assert log.append("turn/start", {"turn": 1})["seq"] == 0
+    assert log.next_seq == len(log.events) == 1
+    with pytest.raises(InvariantError):
+        log.append("turn/start", {"turn": 2})  # turn 1 is open
+    assert log.next_seq == len(log.events) == 1
+    assert log.append("turn/end", {"turn": 1, "reason": "completed"})["seq"] == log.next_seq - 1
+    loaded = SessionLog(log.header, list(log.events), RecordingSink())
+    assert loaded.next_seq == len(loaded.events) == 2
+    with pytest.raises(AttributeError):
+        loaded.next_seq = 5  # type: ignore[misc]
