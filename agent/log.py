@@ -434,15 +434,15 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if type(calls) is not list:
-                raise InvariantError(seq, "assistant/message tool_calls must be a list")
-            if calls and self._announce:
-                self._open_announced(seq, calls)
         self._boundary = False
-
-    def _open_announced(self, seq: int, calls: list[Any]) -> None:
+        calls = message.get("tool_calls")
+        if calls is None:
+            return
+        if type(calls) is not list:
+            raise InvariantError(seq, "assistant/message tool_calls must be a list")
+        if not calls or not self._announce:
+            return
+        # Format 2 and 3: the reply's calls are opened here.
         turn_calls = self._calls
         for call in calls:
             if type(call) is not dict:

@@ -369,16 +369,18 @@ class AgentCore:
             or shown[3] != variables
         ):
             shown = self._show(variables)
+        # Positional (session_id, model, system, messages, tools, signal, max_tokens, turn,
+        # step): nine keywords bound by name on every step cost more than the call.
         return ModelRequest(
-            session_id=self.session_id,
-            model=self.model_name,
-            system=shown[4],
-            messages=self.history.view(),
-            tools=shown[5],
-            signal=signal,
-            max_tokens=self.options.max_tokens,
-            turn=turn,
-            step=step,
+            self.session_id,
+            self.model_name,
+            shown[4],
+            self.history.view(),
+            shown[5],
+            signal,
+            self.options.max_tokens,
+            turn,
+            step,
         )
 
     def _show(self, variables: Mapping[str, str | None]) -> _Shown:
