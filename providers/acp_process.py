@@ -2,8 +2,13 @@
 
 Real ACP adapters (Node wrappers around native CLIs, Python launchers) leave grandchildren behind
 when only the leader is signalled, so every signal goes to the group and teardown returns only
-once no live member of the group remains. Everything here is cooperative: the leader is reaped by
-gevent's child watcher and the group is polled with `gevent.sleep`, never a blocking wait.
+once no live member of the group remains. Everything here is cooperative: the leader's exit is
+seen through a pidfd on the hub, and the group is polled with `gevent.sleep`, never a blocking
+wait.
+
+The leader is reaped by its own pid, never by a SIGCHLD handler: gevent's (`install_sigchld`, what
+its child watchers need) reaps every child of the process, so a host thread's `subprocess.run`
+would find its child gone and read exit status 0.
 """
 
 from __future__ import annotations
@@ -42,18 +47,32 @@ _LIVE: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
 _PR_SET_PDEATHSIG = 1
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    """libc's `prctl` on Linux (loaded in the parent: nothing is imported after `fork`)."""
+def _load_libc() -> Any:
+    """libc on Linux (loaded in the parent: nothing is imported after `fork`), else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
         return None
 
 
-_prctl = _load_prctl()
+_libc = _load_libc()
+_prctl: Callable[..., int] | None = getattr(_libc, "prctl", None)
+
+
+def _gevent_reaps_children() -> bool:
+    """Whether SIGCHLD has a C-level handler that is not Python's: gevent's (libev's) reaper,
+    installed by a host's `gevent.subprocess` or child watcher. It reaps every child of the
+    process, ours too, and hands a status only to a child watcher of that pid."""
+    sigaction = getattr(_libc, "sigaction", None)
+    if sigaction is None or signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):
+        return False
+    action = ctypes.create_string_buffer(512)  # a `struct sigaction`: the handler comes first
+    if sigaction(signal.SIGCHLD, None, action) != 0:
+        return False
+    handler = ctypes.c_void_p.from_buffer(action).value
+    return handler not in (None, 0, 1)  # 0: SIG_DFL, 1: SIG_IGN
 
 
 # Arms the parent-death signal, then execs the agent (run by path, isolated: never imported).
@@ -184,7 +203,7 @@ class ProcessGroup:
 
     The spawn never copies this process: the standard library's `Popen` vforks (no `preexec_fn`)
     and execs `acp_exec.py`, which arms the parent-death signal and execs the agent; the pipes
-    are gevent file objects and the leader is reaped by gevent's child watcher.
+    are gevent file objects and the leader is reaped when its pidfd says it exited.
     """
 
     def __init__(
@@ -197,7 +216,6 @@ class ProcessGroup:
         env = dict(env)
         program = _resolve(argv[0], env)
         loop: Any = gevent.get_hub().loop
-        loop.install_sigchld()  # what gevent's own Popen does before spawning
         spawn_argv, preexec = _spawn_argv([program, *argv[1:]])
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
@@ -227,15 +245,44 @@ class ProcessGroup:
         self.stdout: ChildOutput = FileObjectPosix(stdout_r, "rb")
         self.stderr: ChildOutput = FileObjectPosix(stderr_r, "rb")
         self._exited: AsyncResult = AsyncResult()
-        # Started before anything yields to the hub, so the exit cannot be reaped unseen.
-        self._watcher: Any = loop.child(self.pid, ref=True)
-        self._watcher.start(self._on_exit)
+        # Started before anything yields to the hub, so the exit cannot be missed: the pidfd
+        # turns readable when the leader exits, which is then reaped by its pid. If the host
+        # made gevent reap every child (it uses `gevent.subprocess`), that reaper may take the
+        # leader first: a child watcher then gets its status (watching costs nothing more once
+        # the reaper is in; installing it ourselves would break the host's own waits).
+        self._pidfd: int | None = os.pidfd_open(self.pid)
+        self._exit_io: Any = loop.io(self._pidfd, 1)  # 1: readable
+        self._exit_io.start(self._on_exit)
+        self._reaped: Any = None
+        if _gevent_reaps_children():
+            self._reaped = loop.child(self.pid, ref=False)
+            self._reaped.start(self._on_reaped)
         _LIVE.add(self)
 
     def _on_exit(self) -> None:
-        self._watcher.stop()
-        code = os.waitstatus_to_exitcode(self._watcher.rstatus)
-        self._popen.returncode = code  # reaped: the standard library must never wait for it
+        self._exit_io.stop()
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # another reaper took it
+            if self._reaped is None:
+                self._settle(None)  # its status is lost to us; its exit is not
+            return  # the child watcher has, or will have, its status
+        self._settle(os.waitstatus_to_exitcode(status) if pid == self.pid else None)
+
+    def _on_reaped(self) -> None:
+        self._settle(os.waitstatus_to_exitcode(self._reaped.rstatus))
+
+    def _settle(self, code: int | None) -> None:
+        if self._exited.ready():
+            return
+        self._exit_io.stop()
+        if self._reaped is not None:
+            self._reaped.stop()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        # Reaped: the standard library must never wait for it (-1: its status went elsewhere).
+        self._popen.returncode = -1 if code is None else code
         self._exited.set(code)
 
     @property
@@ -244,7 +291,8 @@ class ProcessGroup:
         return code
 
     def wait_leader(self, timeout: float | None) -> int | None:
-        """The leader's exit code once it exited (within `timeout`), else None."""
+        """The leader's exit code once it exited (within `timeout`), else None (also when its
+        status went to another reaper)."""
         code: int | None = self._exited.wait(timeout)
         return code
 

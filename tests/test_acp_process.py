@@ -116,3 +116,55 @@ def test_without_an_interpreter_path_the_fallback_still_arms_the_signal(
     assert _forks == [1]  # the fallback really ran
     shown = finish(group).split()
     assert [int(x) for x in shown] == [signal.SIGKILL, group.pid, group.pid]
+
+
+# A host thread's `subprocess.run` after an agent ran, in a fresh interpreter (this one may
+# already have gevent's reaper installed by another test's `gevent.subprocess`).
+_HOST_THREAD_WAITS = """
+import os, subprocess, sys, threading
+import gevent
+from providers.acp_process import ProcessGroup
+group = ProcessGroup([sys.executable, "-c", "import sys; sys.exit(5)"], cwd=os.getcwd(),
+                     env={"PATH": os.environ.get("PATH", "")})
+leader = group.wait_leader(30)
+codes = []
+def host_work():
+    for _ in range(5):
+        codes.append(subprocess.run(["sh", "-c", "exit 3"], timeout=30).returncode)
+thread = threading.Thread(target=host_work)
+thread.start()
+while thread.is_alive():  # the hub keeps running meanwhile, as in a host
+    gevent.sleep(0.005)
+group.terminate(None, 1.0)
+print(leader, *codes)
+"""
+
+
+def test_a_host_threads_subprocess_keeps_its_exit_code() -> None:
+    """The leader is reaped by its pid (a pidfd says when), never by a SIGCHLD handler: gevent's
+    reaps every child of the process, and a host thread's `subprocess.run` then read 0."""
+    from gevent import subprocess as gsub
+
+    proc = gsub.run(
+        [sys.executable, "-c", _HOST_THREAD_WAITS],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["5", "3", "3", "3", "3", "3"]
+
+
+def test_the_exit_code_is_seen_when_the_host_made_gevent_reap_every_child() -> None:
+    """A host using `gevent.subprocess` has gevent reap every child, the agent too: its exit
+    code then comes from a child watcher, whichever of the two sees the exit first."""
+    from gevent import subprocess as gsub
+
+    gsub.run(["true"])  # installs gevent's reaper, as a host's use of it would
+    for _ in range(10):
+        group = spawn(sys.executable, "-c", "import sys; sys.exit(7)")
+        assert group.wait_leader(30) == 7
+        group.terminate(None, 1.0)
+        for pipe in (group.stdin, group.stdout, group.stderr):
+            pipe.close()

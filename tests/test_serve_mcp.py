@@ -396,6 +396,7 @@ def test_config_file_and_flags_merge(tmp_path: Path) -> None:
                 "model": "qwen",
                 "base_url": "http://127.0.0.1:1/v1",
                 "max_depth": 2,
+                "max_children_per_parent": 3,
                 "acp": {"peer": {"command": sys.executable, "args": ["peer.py"]}},
             }
         )
@@ -409,6 +410,18 @@ def test_config_file_and_flags_merge(tmp_path: Path) -> None:
         acp=[f"other={sys.executable} x.py"],
     )
     assert (merged.model, merged.max_depth) == ("qwen", 4)
+    assert merged.max_children_per_parent == 3  # no flag: the file's
+    flagged = merge_flags(
+        load_config(path),
+        model=None,
+        base_url=None,
+        max_depth=None,
+        store_dir=None,
+        acp=[],
+        max_children_per_parent=7,
+    )
+    assert (flagged.max_depth, flagged.max_children_per_parent) == (2, 7)
+    assert ServeConfig().max_children_per_parent == 16  # the commands' default
     assert [c.name for c in merged.acp] == ["peer", "other"]
     assert merged.acp[1].args == ("x.py",)
 
@@ -420,6 +433,10 @@ def test_config_file_and_flags_merge(tmp_path: Path) -> None:
         ({"acp": {"spawn": "true"}}, "reserved"),
         ({"max_depth": -1}, "max_depth must be >= 0"),
         ({"base_url": "http://x"}, "--base-url needs --model"),
+        ({"max_children_per_parent": 0}, "max_children_per_parent must be within 1..10000"),
+        ({"max_children_per_parent": 10_001}, "must be within 1..10000"),
+        ({"max_children_per_parent": True}, "max_children_per_parent must be an int"),
+        ({"max_children_per_parent": "4"}, "max_children_per_parent must be an int"),
     ],
 )
 def test_a_bad_config_is_refused_by_name(tmp_path: Path, data: Any, message: str) -> None:
@@ -436,6 +453,21 @@ def test_acp_flag_names(tmp_path: Path) -> None:
         acp_config_from_flag("claude=")
     with pytest.raises(ValueError, match="two ACP agents"):
         ServeConfig(acp=(acp_config_from_flag("a=true"), acp_config_from_flag("a=true")))
+
+
+@pytest.mark.parametrize("value", ["0", "10001", "many"])
+def test_a_bad_children_cap_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    flags = ["--home", str(tmp_path), "mcp", "--max-children-per-parent", value]
+    proc: subprocess.CompletedProcess[str] = gsub.run(
+        [sys.executable, "-m", "subagent.cli", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()[-1:]
+    assert "--max-children-per-parent" in line
 
 
 def test_a_bad_flag_is_one_error_line_before_stdio_is_taken(tmp_path: Path) -> None:

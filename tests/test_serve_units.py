@@ -282,3 +282,47 @@ def test_ray_from_the_config_is_a_delegation_tool_and_is_closed(tmp_path: Path) 
     with pytest.raises(SubagentError) as closed:
         ray.connect()
     assert closed.value.code == "RUNTIME_CLOSED"
+
+
+@pytest.mark.parametrize(("cap", "waits"), [(1, True), (2, False)])
+def test_the_servers_cap_the_children_one_agent_runs_at_once(
+    tmp_path: Path, cap: int, waits: bool
+) -> None:
+    """`max_children_per_parent` (`--max-children-per-parent`, the config's key) reaches the
+    served runtime: at the cap, a second child of one agent waits for a slot, created only
+    when the first ends; under it, both run at once."""
+    from subagent.types import SubagentStartRequest, text_block
+    from supervision.signal import AbortController
+
+    config = ServeConfig(store_dir=str(tmp_path / "sessions"), max_children_per_parent=cap)
+    served = build_served(config, fork=False, child_options=True)
+    service = served.runtime.subagents
+    try:
+        parent = served.runtime.agent()
+
+        def start(controller: AbortController) -> Any:
+            request = SubagentStartRequest(
+                prompt=[text_block("/hang")], parent=parent, signal=controller.signal
+            )
+            return service.start("spawn", request)
+
+        first_signal, second_signal = AbortController(), AbortController()
+        first = start(first_signal)
+        second = gevent.spawn(start, second_signal)
+        # Bounded: under the cap the second start returns at once (its store's writes go
+        # through the hub's thread pool, so there is no idle point to synchronise on).
+        second.join(timeout=1.0)
+        assert second.ready() is not waits
+        if waits:
+            assert [r.id for r in service.runs()] == [first.id]
+            first_signal.abort("make room")
+            first.result.get(timeout=10)
+        run = second.get(timeout=10)
+        assert run.id != first.id
+        second_signal.abort("done")
+        first_signal.abort("done")
+        assert run.result.get(timeout=10).stop_reason == "aborted"
+        first.dispose()
+        run.dispose()
+    finally:
+        served.close()

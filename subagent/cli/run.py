@@ -24,6 +24,7 @@ from subagent.cli.common import (
 )
 from subagent.cli.live import drive, report_stopped
 from subagent.cli.quiet import Quiescence
+from subagent.limits import DEFAULT_MAX_CHILDREN_PER_PARENT, MAX_CHILDREN_PER_PARENT
 
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
     from agent.loop import TurnOutcome
@@ -225,13 +226,6 @@ def _load_prices(path: str | None) -> PriceTable:
 
 # More retries than this is a typo: with backoff between attempts, a run would never end.
 MAX_RETRIES = 100
-
-# A real model can answer with thousands of `subagent` calls in one reply. Past this many
-# children of one agent at once the rest wait for a slot (in order), so a runaway reply costs
-# time, not the machine. Per parent, not per tree: a tree-wide cap could deadlock with every
-# slot held by a parent waiting on children that cannot start.
-DEFAULT_MAX_CHILDREN_PER_PARENT = 16
-MAX_CHILDREN_PER_PARENT = 10_000
 
 
 def _positive(unit: str) -> Callable[[str], float]:

@@ -10,10 +10,12 @@ from subagent.cli.common import (
     UsageError,
     home_dir,
     http_url,
+    int_between,
     model_registry,
     model_route,
     non_negative_int,
 )
+from subagent.limits import DEFAULT_MAX_CHILDREN_PER_PARENT, MAX_CHILDREN_PER_PARENT
 
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
     from subagent.cli.common import Subcommands
@@ -34,6 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model=args.model,
             base_url=args.base_url,
             max_depth=args.max_depth,
+            max_children_per_parent=args.max_children_per_parent,
             store_dir=str(Path(home) / "sessions") if home else None,
             acp=args.acp or (),
         )
@@ -61,6 +64,13 @@ def _add(sub: Subcommands, name: str, help_text: str) -> None:
     )
     serve.add_argument(
         "--max-depth", type=non_negative_int, metavar="D", help="the delegation depth cap (3)"
+    )
+    serve.add_argument(
+        "--max-children-per-parent",
+        type=int_between(1, MAX_CHILDREN_PER_PARENT),
+        metavar="N",
+        help=f"children of one agent running at once; more wait for a slot "
+        f"(default {DEFAULT_MAX_CHILDREN_PER_PARENT})",
     )
     # The server stops gracefully on SIGTERM (children cancelled, logs closed), then exits 143.
     # Stdout is the protocol's, so warnings go to stderr even without --debug.

@@ -20,6 +20,7 @@ from agent.models import ModelRegistry
 from agent.options import AgentOptions
 from agent.store import SessionStore, default_root
 from providers.acp_config import AcpConfig
+from subagent.limits import DEFAULT_MAX_CHILDREN_PER_PARENT, MAX_CHILDREN_PER_PARENT
 from subagent.serve.offline import OFFLINE_MODEL, respond
 from subagent.tools import PROVIDER_MANAGED, SubagentToolConfig
 
@@ -39,7 +40,9 @@ __all__ = [
 
 _PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,40}$")
 _RESERVED = frozenset({"spawn", "fork", "ray"})
-_FILE_KEYS = frozenset({"model", "base_url", "max_depth", "home", "acp", "ray"})
+_FILE_KEYS = frozenset(
+    {"model", "base_url", "max_depth", "max_children_per_parent", "home", "acp", "ray"}
+)
 
 
 def default_models(base_url: str | None = None) -> ModelRegistry:
@@ -88,6 +91,8 @@ class ServeConfig:
     model: str | None = None
     base_url: str | None = None
     max_depth: int = 3
+    # Children of one agent running at once; more wait for a slot (subagent.limits).
+    max_children_per_parent: int = DEFAULT_MAX_CHILDREN_PER_PARENT
     store_dir: str | None = None
     acp: tuple[AcpConfig, ...] = ()
     ray: Mapping[str, Any] | None = None
@@ -98,6 +103,11 @@ class ServeConfig:
             raise ValueError(f"max_depth must be an int, got {self.max_depth!r}")
         if self.max_depth < 0:
             raise ValueError("max_depth must be >= 0")
+        cap = self.max_children_per_parent
+        if isinstance(cap, bool) or not isinstance(cap, int):
+            raise ValueError(f"max_children_per_parent must be an int, got {cap!r}")
+        if not 1 <= cap <= MAX_CHILDREN_PER_PARENT:
+            raise ValueError(f"max_children_per_parent must be within 1..{MAX_CHILDREN_PER_PARENT}")
         if self.base_url is not None and self.model is None:
             raise ValueError("--base-url needs --model (the model name at that endpoint)")
         names = [c.name for c in self.acp]
@@ -134,6 +144,9 @@ def load_config(path: str | Path) -> ServeConfig:
         model=data.get("model"),
         base_url=data.get("base_url"),
         max_depth=data.get("max_depth", 3),
+        max_children_per_parent=data.get(
+            "max_children_per_parent", DEFAULT_MAX_CHILDREN_PER_PARENT
+        ),
         store_dir=str(Path(data["home"]) / "sessions") if data.get("home") else None,
         acp=tuple(_acp_from_file(str(n), v) for n, v in acp.items()),
         ray=data.get("ray"),
@@ -148,6 +161,7 @@ def merge_flags(
     max_depth: int | None,
     store_dir: str | None,
     acp: Sequence[str],
+    max_children_per_parent: int | None = None,
 ) -> ServeConfig:
     """Flags over the file: scalars replace, `--acp` agents add."""
     return replace(
@@ -155,6 +169,11 @@ def merge_flags(
         model=model if model is not None else base.model,
         base_url=base_url if base_url is not None else base.base_url,
         max_depth=max_depth if max_depth is not None else base.max_depth,
+        max_children_per_parent=(
+            max_children_per_parent
+            if max_children_per_parent is not None
+            else base.max_children_per_parent
+        ),
         store_dir=store_dir if store_dir is not None else base.store_dir,
         acp=base.acp + tuple(acp_config_from_flag(a) for a in acp),
     )
@@ -224,6 +243,7 @@ def build_served(
         store=SessionStore(root),
         models=models if models is not None else default_models(config.base_url),
         scripted=ScriptedModel(respond, record=False),
+        max_children_per_parent=config.max_children_per_parent,
     )
     served = Served(runtime, [], model)
     try:
