@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+from test_agent_loop import OBJECT, Kit, kit, of_type
 
 from actors.agent_handle import Agent
 from agent.models import scripted as S
 from agent.tools import Tool, ToolContext
-from tests.test_agent_loop import OBJECT, Kit, kit, of_type
 
 # (kit, agent, removers of the section "gone" and the tool "spare" made before the turn)
 Edit = Callable[[Kit, Agent, list[Callable[[], None]]], None]
