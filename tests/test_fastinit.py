@@ -135,3 +135,60 @@ def test_keyword_only_fields_stay_keyword_only() -> None:
     assert K(1).y == 2 and K(1, y=3).y == 3
     with pytest.raises(TypeError):
         K(1, 3)  # type: ignore[misc]
+
+
+FINAL: list[type[Any]] = [ModelRequest, ToolContext]
+
+
+@pytest.mark.parametrize("cls", FINAL, ids=lambda c: c.__name__)
+def test_a_fast_new_class_is_its_own_type_copies_and_pickles_and_is_final(cls: type[Any]) -> None:
+    """`fast_new` builds the object as a mutable twin and then makes it the frozen class: what
+    comes out is exactly the class, with its fields; copy and pickle keep them; a subclass,
+    whose layout `__new__` could not fill, is refused when it is made."""
+    import copy
+    import pickle
+
+    obj = (
+        ModelRequest("s", "m", "sys", [], (), None, None, 2, 3)  # type: ignore[arg-type]
+        if cls is ModelRequest
+        else ToolContext(None, "s", "c", None, None, None)  # type: ignore[arg-type]
+    )
+    assert type(obj) is cls and not hasattr(obj, "__dict__")
+    values = [getattr(obj, f.name) for f in dataclasses.fields(cls)]
+    assert copy.copy(obj) == obj and copy.deepcopy(obj) == obj
+    again = pickle.loads(pickle.dumps(obj))
+    assert (
+        type(again) is cls and [getattr(again, f.name) for f in dataclasses.fields(cls)] == values
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(again, dataclasses.fields(cls)[0].name, None)
+    with pytest.raises(TypeError, match="cannot be subclassed"):
+        type("Sub", (cls,), {})
+
+
+def test_fast_new_runs_post_init_on_the_frozen_object_and_keeps_keyword_only_fields() -> None:
+    from agent.fastinit import fast_new
+
+    seen: list[type[Any]] = []
+
+    @fast_new
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class P:
+        x: int
+        y: list[int] = dataclasses.field(default_factory=list)
+        z: int = dataclasses.field(default=5, kw_only=True)
+
+        def __post_init__(self) -> None:
+            seen.append(type(self))
+            if self.x < 0:
+                raise ValueError("x must not be negative")
+
+    a, b = P(1), P(2, [3], z=4)
+    assert (a.x, a.y, a.z, b.y, b.z) == (1, [], 5, [3], 4) and a.y is not P(1).y
+    assert seen[0] is P  # __post_init__ sees the frozen class, not the twin
+    assert inspect.signature(P).parameters["z"].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError):
+        P(1, [], 3)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="negative"):
+        P(-1)
+    assert dataclasses.replace(b, x=7) == P(7, [3], z=4)
