@@ -23,6 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -48,6 +49,32 @@ try:
     _OFF_PROVIDERS: tuple[type, ...] = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
 except ImportError:  # the `otel` extra is not installed: tracing is off for good
     _trace = None  # type: ignore[assignment]
+
+
+def _context_seam() -> tuple[Callable[[Context], object], Callable[[Any], None]]:
+    """How a tool call makes its span's context current in its greenlet, and restores the one
+    before: the API's `attach`/`detach`, or, under the API's default runtime context
+    (`ContextVarsRuntimeContext`, unless `OTEL_PYTHON_CONTEXT` names another), its context
+    variable's own `set`/`reset`, which are what those two run, through two frames each.
+
+    The OpenTelemetry seam (pinned: opentelemetry-api 1.x; `tests/test_tracing_off.py` checks
+    it): the runtime context where the API keeps it (`_RUNTIME_CONTEXT`) and its variable
+    (`_current_context`). Read once, at import. One difference, which cannot arise here: the
+    API's `detach` logs a token that fails to reset, `reset` raises; a tool call resets in the
+    frame and greenlet that set it."""
+    runtime = getattr(_context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if type(runtime) is _ContextVarsRuntimeContext and isinstance(variable, ContextVar):
+        return variable.set, variable.reset
+    return _context.attach, _context.detach
+
+
+if _trace is not None:
+    from opentelemetry.context.contextvars_context import (
+        ContextVarsRuntimeContext as _ContextVarsRuntimeContext,
+    )
+
+    _attach, _detach = _context_seam()
 
 __all__ = [
     "Activation",
@@ -375,11 +402,16 @@ class Subspans(Protocol):
 
     def record(
         self, template: object, start_time: int, attributes: dict[str, Any] | None = None
-    ) -> None: ...
+    ) -> None:
+        """A span that started at `start_time` and ends now (made at its end)."""
 
     def start_current(
         self, template: object, attributes: dict[str, Any] | None, context: Context
-    ) -> tuple[Span, Context]: ...
+    ) -> tuple[Span, Context]:
+        """A started span, and `context` with it as the current span."""
+
+    def end(self, span: Span) -> None:
+        """End a span `start_current` made (as `span.end()`, by the tracer's own path)."""
 
 
 class _Templates:
@@ -562,11 +594,11 @@ class TurnTrace:
             here = self._here
             if here is None:
                 here = self._here = make_trace_parent(self.context, False, None)
-            token = _context.attach(self.context)
+            token = _attach(self.context)
             try:
                 return execute(call, make_context(call, signal, here))
             finally:
-                _context.detach(token)
+                _detach(token)
         fast = self._fast
         if fast is None:
             span = self.tracer.start_span(
@@ -585,18 +617,21 @@ class TurnTrace:
             if template is None:
                 template = self._tool_template(fast, call.name)
             span, ctx = fast.start_current(template, {"gen_ai.tool.call.id": call.id}, self.context)
-        token = _context.attach(ctx)
+        token = _attach(ctx)
         try:
             result = execute(call, make_context(call, signal, make_trace_parent(ctx, False, None)))
         except BaseException as exc:  # abandoned (_Abandon, GreenletExit) or a tool-layer bug
             _fail(span, exc)
             raise
         finally:
-            _context.detach(token)
+            _detach(token)
         if result.is_error:
             span.set_attribute("error.type", result.code or "tool_error")
             span.set_status(StatusCode.ERROR, result.code or "tool error")
-        span.end()
+        if fast is None:
+            span.end()
+        else:
+            fast.end(span)  # the tracer's own path: the exporter encodes it there
         return result
 
     def _tool_template(self, fast: Subspans, tool: str) -> object:
@@ -710,29 +745,33 @@ def usage_attributes(usage: Mapping[str, Any]) -> dict[str, int]:
     four kinds disjoint (uncached input, cache reads, cache writes, output), so input is their
     input-side sum.
     """
+    get = usage.get
+    fresh = get("input_tokens")
+    read = get("cache_read_input_tokens")
+    made = get("cache_creation_input_tokens")
+    output = get("output_tokens")
+    # The usual reply: uncached input and output only (one dict, no loop: this runs per step).
+    if read is None and made is None and type(fresh) is int and type(output) is int:
+        return {"gen_ai.usage.input_tokens": fresh, "gen_ai.usage.output_tokens": output}
     out: dict[str, int] = {}
     total_input = 0
     any_input = False
-    for key, name in _USAGE_INPUTS:
-        value = usage.get(key)
-        if type(value) is int:
-            any_input = True
-            total_input += value
-            if name is not None:
-                out[name] = value
+    if type(fresh) is int:
+        any_input = True
+        total_input += fresh
+    if type(read) is int:
+        any_input = True
+        total_input += read
+        out["gen_ai.usage.cache_read.input_tokens"] = read
+    if type(made) is int:
+        any_input = True
+        total_input += made
+        out["gen_ai.usage.cache_creation.input_tokens"] = made
     if any_input:
         out["gen_ai.usage.input_tokens"] = total_input
-    value = usage.get("output_tokens")
-    if type(value) is int:
-        out["gen_ai.usage.output_tokens"] = value
+    if type(output) is int:
+        out["gen_ai.usage.output_tokens"] = output
     return out
-
-
-_USAGE_INPUTS: tuple[tuple[str, str | None], ...] = (
-    ("input_tokens", None),
-    ("cache_read_input_tokens", "gen_ai.usage.cache_read.input_tokens"),
-    ("cache_creation_input_tokens", "gen_ai.usage.cache_creation.input_tokens"),
-)
 
 
 _FINISH_REASONS: dict[str, tuple[str]] = {}

@@ -39,18 +39,23 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
+    "EndLeaf",
     "LeafSink",
     "LeanResource",
     "LeanSpan",
     "LeanTracer",
     "LeanTracerProvider",
     "MemorySink",
+    "RecordLeaf",
     "Sampling",
     "Scope",
     "SpanEvent",
     "SpanSink",
     "SpanTemplate",
     "Subspans",
+    "clean_value",
+    "draw_span_id",
+    "plain_value",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,9 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SCALARS = (str, bool, int, float)
 _bits = random.getrandbits  # the module's instance: Python reseeds it in a forked child
+_time_ns = time.time_ns
+_new_span = object.__new__
+_new_event = tuple.__new__
 
 
 def _span_key() -> str:
@@ -118,23 +126,18 @@ class SpanSink(Protocol):
 
 
 class LeafSink(Protocol):
-    """A sink that also takes spans made and ended in one step, without a span object
-    (`Subspans.record`: the runtime's `chat` spans): the batch exporter encodes them at once.
-    `leaf_head` settles what every such span under one parent shares."""
+    """A sink with its own one-frame paths for the spans under one parent (the batch exporter):
+    `leaves(...)` gives `record` (a span made and ended in one step, without a span object: the
+    runtime's `chat` spans) and `end` (a templated span's end: its `execute_tool` spans)."""
 
-    def leaf_head(
+    def leaves(
         self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
-    ) -> object: ...
+    ) -> tuple[RecordLeaf, EndLeaf]: ...
 
-    def leaf(
-        self,
-        head: object,
-        template: SpanTemplate,
-        span_id: int,
-        start_time: int,
-        end_time: int,
-        attributes: dict[str, AttributeValue] | None,
-    ) -> None: ...
+
+# `Subspans.record` and `Subspans.end` as a `LeafSink` gives them.
+RecordLeaf = Callable[["SpanTemplate", int, "dict[str, AttributeValue] | None"], None]
+EndLeaf = Callable[["LeanSpan"], None]
 
 
 class MemorySink:
@@ -162,7 +165,7 @@ def _clean(value: object) -> AttributeValue | None:
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, str):
-        return str(value)  # a str subclass (an enum) as its plain value
+        return str.__str__(value)  # a str subclass (an enum) as its characters, as the SDK
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -199,6 +202,11 @@ def _plain(value: object) -> bool:
         kinds = {type(item) for item in items}
         found = _CHECKED[items] = len(kinds) == 1 and kinds <= set(_SCALARS)
     return found
+
+
+# For the exporter's own encoding of attributes it is given unchecked (`LeafSink`).
+clean_value = _clean
+plain_value = _plain
 
 
 def _cleaned(attributes: Attributes) -> dict[str, AttributeValue] | None:
@@ -253,8 +261,9 @@ class SpanTemplate:
         return f"SpanTemplate({self.name!r}, {self.kind}, {dict(self.attributes)!r})"
 
 
-def _span_id() -> int:
-    """A span id, never 0 (invalid): for the one draw in 2**64 that is."""
+def draw_span_id() -> int:
+    """A span id, never 0 (invalid): for the one draw in 2**64 that is (callers try
+    `getrandbits(64)` first, then this)."""
     span_id = 0
     while not span_id:
         span_id = _bits(64)
@@ -270,11 +279,11 @@ class LeanSpan(trace.Span):
     in `attrs`, after them."""
 
     __slots__ = (
-        "_context",
-        "_exit",
         "attrs",
+        "cached_context",
         "end_time",
         "event_list",
+        "exit_records",
         "kind",
         "link_list",
         "parent_id",
@@ -324,8 +333,8 @@ class LeanSpan(trace.Span):
         self.status_message: str | None = None
         self.scope = scope
         self.sink = sink
-        self._exit = on_exit
-        self._context: SpanContext | None = None
+        self.exit_records = on_exit  # `with`: an exception is recorded
+        self.cached_context: SpanContext | None = None  # made on first read
         self.template = template
 
     def _own_attributes(self) -> None:
@@ -341,9 +350,9 @@ class LeanSpan(trace.Span):
     # -- the API -------------------------------------------------------------------------------
 
     def get_span_context(self) -> SpanContext:
-        found = self._context
+        found = self.cached_context
         if found is None:
-            found = self._context = SpanContext(
+            found = self.cached_context = SpanContext(
                 self.trace_id, self.span_id, False, _SAMPLED, self.trace_state
             )
         return found
@@ -383,7 +392,8 @@ class LeanSpan(trace.Span):
     ) -> None:
         if self.end_time:
             return
-        event = SpanEvent(name, timestamp or time.time_ns(), _cleaned(attributes))
+        # As `SpanEvent(...)`, without the named tuple's Python-level `__new__`.
+        event = _new_event(SpanEvent, (name, timestamp or time.time_ns(), _cleaned(attributes)))
         if self.event_list is None:
             self.event_list = [event]
         else:
@@ -442,7 +452,7 @@ class LeanSpan(trace.Span):
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         """`with tracer.start_span(...)`: an exception is recorded and sets ERROR, as the SDK."""
-        if exc is not None and self._exit and not self.end_time:
+        if exc is not None and self.exit_records and not self.end_time:
             self.record_exception(exc, escaped=True)
             self.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
         self.end()
@@ -569,7 +579,7 @@ class LeanTracer(trace.Tracer):
         trace_id, parent_id, remote, state, parent_sampled = _parentage(
             context if context is not None else get_current()
         )
-        span_id = _bits(64) or _span_id()
+        span_id = _bits(64) or draw_span_id()
         sampling = self._sampling
         if not (
             (parent_sampled and sampling.parent_based)
@@ -614,7 +624,7 @@ class LeanTracer(trace.Tracer):
         over, not copied."""
         base = context if context is not None else get_current()
         trace_id, parent_id, remote, state, parent_sampled = _parentage(base)
-        span_id = _bits(64) or _span_id()
+        span_id = _bits(64) or draw_span_id()
         sampling = self._sampling
         span: trace.Span
         if not (
@@ -693,9 +703,12 @@ class Subspans:
     """Spans under one recording lean span, made without the API's generic steps: the parent,
     its trace, the sampling decision and the sink are settled once (`LeanTracer.subspans`), and
     each span starts from a `SpanTemplate`. For the runtime's `chat` and `execute_tool` spans,
-    made by the thousand under each turn's span (agent/tracing.py)."""
+    made by the thousand under each turn's span (agent/tracing.py).
 
-    __slots__ = ("_head", "_leaf", "_parent_id", "_scope", "_sink", "_state", "_trace_id")
+    `record` and `end` are the sink's own one-frame paths when it has them (`LeafSink`: the
+    batch exporter encodes and queues the span there), else this class's generic ones."""
+
+    __slots__ = ("_parent_id", "_scope", "_sink", "_state", "_trace_id", "end", "record")
 
     def __init__(self, parent: LeanSpan, scope: Scope, sink: SpanSink) -> None:
         self._trace_id = parent.trace_id
@@ -703,14 +716,16 @@ class Subspans:
         self._state = parent.trace_state
         self._scope = scope
         self._sink = sink
-        # A sink that takes spans without their object (the exporter) gets `record`'s so.
-        self._head: object = None
-        self._leaf: Callable[..., None] | None = None
-        leaf_head = getattr(sink, "leaf_head", None)
-        if leaf_head is not None:
+        self.record: RecordLeaf
+        self.end: EndLeaf
+        if getattr(sink, "leaves", None) is not None:
             leaves = cast("LeafSink", sink)
-            self._head = leaves.leaf_head(scope, parent.trace_id, parent.span_id, self._state)
-            self._leaf = leaves.leaf
+            self.record, self.end = leaves.leaves(
+                scope, parent.trace_id, parent.span_id, self._state
+            )
+        else:
+            self.record = self._record
+            self.end = LeanSpan.end  # called with the span: `span.end()`
 
     @staticmethod
     def template(name: str, kind: SpanKind, attributes: Attributes = None) -> SpanTemplate:
@@ -729,7 +744,7 @@ class Subspans:
         return LeanSpan(
             template.name,
             self._trace_id,
-            _bits(64) or _span_id(),
+            _bits(64) or draw_span_id(),
             self._parent_id,
             False,
             self._state,
@@ -750,30 +765,47 @@ class Subspans:
         context: Context,
     ) -> tuple[LeanSpan, Context]:
         """`start`, and `context` with the span as its current span (as the API's
-        `set_span_in_context`, in one step): for a span that work runs under (a tool call)."""
-        span = self.start(template, attributes)
+        `set_span_in_context`), in one frame: for a span that work runs under (a tool call).
+
+        The span is the one `start` makes, its slots filled here rather than through
+        `LeanSpan.__init__` (a call with fourteen arguments was a fifth of a tool span's cost);
+        tests/test_lean_tracing.py checks that every slot is set and that it reads as `start`'s."""
+        if attributes:
+            for value in attributes.values():
+                if type(value) not in _SCALARS and not _plain(value):
+                    attributes = _cleaned(attributes)
+                    break
+        span = _new_span(LeanSpan)
+        span.span_name = template.name
+        span.trace_id = self._trace_id
+        span.span_id = _bits(64) or draw_span_id()
+        span.parent_id = self._parent_id
+        span.parent_remote = False
+        span.trace_state = self._state
+        span.kind = template.kind
+        span.start_time = _time_ns()
+        span.end_time = 0
+        span.attrs = attributes or None
+        span.event_list = None
+        span.link_list = None
+        span.status_code = 0
+        span.status_message = None
+        span.scope = self._scope
+        span.sink = self._sink
+        span.exit_records = True
+        span.cached_context = None
+        span.template = template
         return span, Context({**context, _SPAN_KEY: span})
 
-    def record(
+    def _record(
         self,
         template: SpanTemplate,
         start_time: int,
         attributes: dict[str, AttributeValue] | None = None,
     ) -> None:
-        """A span that started at `start_time` and ends now (a model call, made at its end)."""
-        attributes = _as_given_or_cleaned(attributes)
-        leaf = self._leaf
-        if leaf is not None:
-            leaf(
-                self._head,
-                template,
-                _bits(64) or _span_id(),
-                start_time,
-                time.time_ns(),
-                attributes or None,
-            )
-            return
-        span = self.start(template, attributes, start_time)  # a sink that keeps span objects
+        """A span that started at `start_time` and ends now (a model call, made at its end), for
+        a sink that keeps span objects."""
+        span = self.start(template, attributes, start_time)
         span.end_time = time.time_ns()
         self._sink.on_end(span)
 

@@ -19,11 +19,15 @@ import contextlib
 import gzip
 import http.client
 import logging
+import random
 import struct
 import threading
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from itertools import repeat, starmap
 
 import gevent
 import gevent.event
@@ -32,7 +36,18 @@ import gevent.ssl
 from gevent import Greenlet
 from opentelemetry.trace import Link, SpanKind, TraceState
 
-from subagent.lean_tracing import LeanResource, LeanSpan, Scope, SpanEvent, SpanTemplate
+from subagent.lean_tracing import (
+    EndLeaf,
+    LeanResource,
+    LeanSpan,
+    RecordLeaf,
+    Scope,
+    SpanEvent,
+    SpanTemplate,
+    clean_value,
+    draw_span_id,
+    plain_value,
+)
 from supervision.group import TaskGroup
 from supervision.offload import offload
 
@@ -63,6 +78,9 @@ _BYTES = [bytes((i,)) for i in range(128)]
 _KIND = {id(kind): b"\x30" + _BYTES[kind.value + 1] for kind in SpanKind}
 
 _get_ident = threading.get_ident
+_time_ns = time.time_ns
+_bits = random.getrandbits  # the module's instance: Python reseeds it in a forked child
+_ONLY_BYTES = {bytes}
 _CACHE_LIMIT = 8192  # entries per cache below; emptied when full
 _VALUES_KEPT = 256  # distinct values kept per attribute key; past that its values vary (ids)
 
@@ -156,6 +174,17 @@ def _text_attribute(key_field: bytes, value: str) -> bytes:
     return _field(b"\x4a", key_field + _field(b"\x12", _field(b"\x0a", text)))
 
 
+def _int_attribute(key_field: bytes, value: int) -> bytes:
+    """One `Span.attributes` field of an integer value, its key's field given (a key whose
+    values vary: token counts): written straight out."""
+    body = b"\x18" + _varint(value if value >= 0 else value + (1 << 64))
+    n = len(body)
+    size = len(key_field) + n + 2  # the KeyValue: key, then AnyValue's tag and length
+    if size < 0x80:
+        return b"".join((b"\x4a", _BYTES[size], key_field, b"\x12", _BYTES[n], body))
+    return _field(b"\x4a", key_field + _field(b"\x12", body))
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
     """Repeated `KeyValue` fields under `tag` (uncached: resources, scopes, events, links)."""
     if not attributes:
@@ -169,13 +198,15 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
 
 
 class LeafHead:
-    """What every leaf span under one parent shares on the wire: the trace id's field and the
-    span id's tag (`before`), the parent id's field (`after`), the trace state's field, and the
-    fixed part of the length."""
+    """What every span under one parent shares on the wire: the trace id's field and the span
+    id's tag (`before`), the parent id's field (`after`), the trace state's field, the fixed
+    part of the length; and the scope to queue the spans with (None: the exporter's primary)."""
 
     __slots__ = ("after", "before", "scope", "size", "state")
 
-    def __init__(self, scope: Scope, trace_id: int, parent_id: int, state: TraceState | None):
+    def __init__(
+        self, scope: Scope | None, trace_id: int, parent_id: int, state: TraceState | None
+    ) -> None:
         self.scope = scope
         self.before = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
         self.after = b"\x22\x08" + parent_id.to_bytes(8, "big")
@@ -193,7 +224,7 @@ class Encoder:
     def __init__(self, resource: LeanResource) -> None:
         self._resource = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
         self._names: dict[str, bytes] = {}
-        self._attrs: dict[str, dict[object, bytes]] = {}
+        self.cached: dict[str, dict[object, bytes]] = {}
         self._varying: dict[str, bytes] = {}  # keys whose values vary: their key field
         self._shapes: dict[object, bytes] = {}  # (name, kind, attributes) -> their fields
         self._shapeless: set[str] = set()  # span names whose attributes vary
@@ -228,6 +259,11 @@ class Encoder:
         ]
         return _field(b"\x0a", self._resource + b"".join(groups))
 
+    def scoped(self, scope: Scope, spans: list[bytes]) -> bytes:
+        """One request from spans of one scope, encoded by `span` (the usual batch)."""
+        group = _field(b"\x12", self._scope(scope) + b"".join(spans))
+        return _field(b"\x0a", self._resource + group)
+
     def _scope(self, scope: Scope) -> bytes:
         """The `ScopeSpans.scope` (and `schema_url`) fields of `scope`."""
         found = self._scopes.get(id(scope))
@@ -257,16 +293,18 @@ class Encoder:
         """The whole `Span.attributes` field for one attribute, kept for the next span with the
         same value, unless the key's values vary (an id, a run): then encoded each time."""
         kind = type(value)
-        per_key = self._attrs.get(key)
+        per_key = self.cached.get(key)
         if per_key is None:
             key_field = self._varying.get(key)
             if key_field is not None:
                 if kind is str:
                     return _text_attribute(key_field, value)  # type: ignore[arg-type]  # a str
+                if kind is int:
+                    return _int_attribute(key_field, value)  # type: ignore[arg-type]  # an int
                 return _attribute_field(key, value)
-            if len(self._attrs) >= _CACHE_LIMIT:
-                self._attrs.clear()
-            per_key = self._attrs[key] = {}
+            if len(self.cached) >= _CACHE_LIMIT:
+                self.cached.clear()
+            per_key = self.cached[key] = {}
         # Keyed by type too where values compare equal across types (True == 1 == 1.0).
         cache_key: object = value if kind is str else (kind, value)
         try:
@@ -278,7 +316,7 @@ class Encoder:
             if kind is float or (kind is tuple and not _all_text(value)):
                 return found  # (1,) == (True,) == (1.0,): only text tuples are kept
             if len(per_key) >= _VALUES_KEPT:  # a key whose values vary: stop keeping them
-                del self._attrs[key]
+                del self.cached[key]
                 if len(self._varying) >= _CACHE_LIMIT:
                     self._varying.clear()
                 self._varying[key] = _field(b"\x0a", _text(key))
@@ -312,7 +350,7 @@ class Encoder:
                 self._shapes[shape] = middle
         return middle
 
-    def _template(self, template: SpanTemplate) -> bytes:
+    def template(self, template: SpanTemplate) -> bytes:
         """The name, kind and attribute fields of `template` (kept on it: they never change)."""
         parts = [self._name(template.name), _KIND[id(template.kind)]]
         for key, value in template.attributes:
@@ -354,34 +392,24 @@ class Encoder:
             parts.append(_text_attribute(key_field, value))  # a str by the check
         return b"".join(parts)
 
-    def leaf(
-        self,
-        head: LeafHead,
-        template: SpanTemplate,
-        span_id: int,
-        start_time: int,
-        end_time: int,
-        attributes: Mapping[str, object] | None,
-    ) -> bytes:
-        """A span made and ended in one step (`Subspans.record`) under `head`'s parent: the
-        same bytes as `span` writes for it, from the parts its parent's spans share."""
-        middle = template.wire
-        if middle is None:
-            middle = self._template(template)
-        if attributes:
-            middle += self._own(attributes)
-        n = head.size + len(middle)
-        return b"".join(
-            (
-                _SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n),
-                head.before,
-                _pack_id(span_id),
-                head.after,
-                middle,
-                head.state,
-                _pack_tail(0x39, start_time, 0x41, end_time, 0x85, 1, 0x100),
-            )
-        )
+    def own_attribute(self, key: str, value: object) -> bytes:
+        """One attribute of a span's own (after its template's), for the fused paths (`leaves`)
+        where the cache held nothing ready: the value cleaned as the API's `set_attribute`
+        would (a value it refuses is dropped), a string or an integer of a key whose values vary
+        written straight out."""
+        kind = type(value)
+        if kind is not str and kind is not int:
+            if not plain_value(value):
+                value = clean_value(value)
+                if value is None:
+                    return b""
+            return self._attribute(key, value)
+        key_field = self._varying.get(key)
+        if key_field is None:
+            return self._attribute(key, value)
+        if kind is str:
+            return _text_attribute(key_field, value)  # type: ignore[arg-type]  # a str
+        return _int_attribute(key_field, value)  # type: ignore[arg-type]  # an int
 
     def span(self, span: LeanSpan) -> bytes:
         """One span as its `ScopeSpans.spans` field (tag and length included).
@@ -405,7 +433,7 @@ class Encoder:
         if template is not None:
             middle = template.wire
             if middle is None:
-                middle = self._template(template)
+                middle = self.template(template)
             if attrs:
                 middle += self._own(attrs)
         else:
@@ -624,7 +652,10 @@ class BatchExporter:
         self._max_queue = max_queue
         self._batch = max_batch
         self._delay = delay_s
-        self._queue: deque[tuple[Scope, bytes]] = deque()
+        # Encoded spans: bare bytes for the primary scope (the runtime's, the first one a span
+        # came from), (scope, bytes) for any other; a tuple per span was ~1 % of its cost.
+        self._queue: deque[bytes | tuple[Scope, bytes]] = deque()
+        self._primary: Scope | None = None
         self._woken = False
         self._closed = False
         self._asked = 0  # flush requests made
@@ -652,7 +683,9 @@ class BatchExporter:
         return self._full + self._failed
 
     def on_end(self, span: LeanSpan) -> None:
-        if not self._has_room():
+        queue = self._queue
+        if self._closed or len(queue) >= self._max_queue:
+            self._refuse()
             return
         try:
             encoded = self._encoder.span(span)
@@ -660,59 +693,156 @@ class BatchExporter:
             log.exception("encoding a span failed")
             self._full += 1
             return
-        self._enqueue(span.scope, encoded)
-
-    def _has_room(self) -> bool:
-        """Whether a span ending now can be queued; counts and reports it lost if not."""
-        if self._closed or len(self._queue) >= self._max_queue:
-            self._full += 1
-            self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
-            return False
-        return True
-
-    def _enqueue(self, scope: Scope, encoded: bytes) -> None:
-        """Queue an encoded span and wake the drainer on its thread's side once a batch is
-        full: the hub's greenlet when the span ended on the hub, else the export thread."""
-        queue = self._queue
-        queue.append((scope, encoded))
+        scope = span.scope
+        primary = self._primary
+        if scope is not primary and primary is None:
+            primary = self._primary = scope
+        queue.append(encoded if scope is primary else (scope, encoded))
+        # Past this one check, a span ending on the hub costs nothing more (`_woken`).
         if self._thread is None and _get_ident() == self._hub_thread:
-            if self._green is None:
-                self._green = self._group.spawn(self._run_green)
-            if len(queue) >= self._batch and not self._woken:
-                self._woken = True
-                self._green_wake.set()
-        else:  # off the hub's thread (or after that): the thread drains
-            wake = self._wake if self._thread is not None else self._threaded()
-            if len(queue) >= self._batch and not self._woken:
-                self._woken = True
-                wake.set()
+            if self._green is None or (len(queue) >= self._batch and not self._woken):
+                self._wake_green()
+        else:
+            self._wake_thread()
 
-    def leaf_head(
+    def _refuse(self) -> None:
+        """A span ending now cannot be queued: count it and report it lost."""
+        self._full += 1
+        self._lost("the exporter is shut down" if self._closed else "the batch queue is full")
+
+    def _wake_green(self) -> None:
+        """On the hub: start the drainer greenlet if it is not yet, wake it once a batch is
+        full."""
+        if self._green is None:
+            self._green = self._group.spawn(self._run_green)
+        if len(self._queue) >= self._batch and not self._woken:
+            self._woken = True
+            self._green_wake.set()
+
+    def _wake_thread(self) -> None:
+        """Off the hub's thread (or after that): the thread drains; woken once a batch is full."""
+        wake = self._wake if self._thread is not None else self._threaded()
+        if len(self._queue) >= self._batch and not self._woken:
+            self._woken = True
+            wake.set()
+
+    def leaves(
         self, scope: Scope, trace_id: int, parent_id: int, trace_state: TraceState | None
-    ) -> LeafHead:
-        """What leaf spans under one parent share (`LeafSink`)."""
-        return LeafHead(scope, trace_id, parent_id, trace_state)
+    ) -> tuple[RecordLeaf, EndLeaf]:
+        """The one-frame paths for spans under one parent (`LeafSink`): a span made and ended in
+        one step (`record`) and a templated span's end (`end`), each bound to what the parent's
+        spans share on the wire (`LeafHead`)."""
+        if self._primary is None:
+            self._primary = scope
+        head = LeafHead(None if scope is self._primary else scope, trace_id, parent_id, trace_state)
+        return partial(self._record_leaf, head), partial(self._end_leaf, head)
 
-    def leaf(
+    def _record_leaf(
         self,
         head: LeafHead,
         template: SpanTemplate,
-        span_id: int,
         start_time: int,
-        end_time: int,
-        attributes: Mapping[str, object] | None,
+        attributes: Mapping[str, object] | None = None,
     ) -> None:
-        """A span made and ended in one step (`LeafSink`): encoded and queued as `on_end`
-        does, without its object."""
-        if not self._has_room():
+        """A span that started at `start_time` and ends now, under this parent, from
+        `template` and then `attributes` (cleaned as the API would), with a fresh span id."""
+        queue = self._queue
+        if self._closed or len(queue) >= self._max_queue:
+            self._refuse()
             return
+        end_time = _time_ns()
+        span_id = _bits(64) or draw_span_id()
         try:
-            encoded = self._encoder.leaf(head, template, span_id, start_time, end_time, attributes)
+            middle = template.wire or self._encoder.template(template)
+            if attributes:
+                # The span's own attributes: a repeated string or integer from the cache,
+                # anything else through the encoder.
+                cached = self._encoder.cached
+                for key, value in attributes.items():
+                    kind = type(value)
+                    per_key = cached.get(key)
+                    if per_key is not None and (kind is str or kind is int):
+                        found = per_key.get(value if kind is str else (kind, value))
+                        if found is not None:
+                            middle += found
+                            continue
+                    middle += self._encoder.own_attribute(key, value)
+            n = head.size + len(middle)
+            encoded = b"".join(
+                (
+                    _SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n),
+                    head.before,
+                    _pack_id(span_id),
+                    head.after,
+                    middle,
+                    head.state,
+                    _pack_tail(0x39, start_time, 0x41, end_time, 0x85, 1, 0x100),
+                )
+            )
         except Exception:  # a bug of ours: lose the span, keep tracing
             log.exception("encoding a span failed")
             self._full += 1
             return
-        self._enqueue(head.scope, encoded)
+        scope = head.scope
+        queue.append(encoded if scope is None else (scope, encoded))
+        if self._thread is None and _get_ident() == self._hub_thread:
+            if self._green is None or (len(queue) >= self._batch and not self._woken):
+                self._wake_green()
+        else:
+            self._wake_thread()
+
+    def _end_leaf(self, head: LeafHead, span: LeanSpan) -> None:
+        """End `span`, made under this parent from a template (`Subspans.start_current`): as
+        `span.end()`; encoded here from the parent's shared fields when it kept its template
+        and has no events, links or status (a tool call's usual span), else by `on_end`."""
+        if span.end_time:
+            return  # ended once
+        end_time = span.end_time = _time_ns()
+        template = span.template
+        if template is None or span.event_list or span.link_list or span.status_code:
+            self.on_end(span)
+            return
+        queue = self._queue
+        if self._closed or len(queue) >= self._max_queue:
+            self._refuse()
+            return
+        try:
+            middle = template.wire or self._encoder.template(template)
+            attributes = span.attrs
+            if attributes:  # as in `record`
+                cached = self._encoder.cached
+                for key, value in attributes.items():
+                    kind = type(value)
+                    per_key = cached.get(key)
+                    if per_key is not None and (kind is str or kind is int):
+                        found = per_key.get(value if kind is str else (kind, value))
+                        if found is not None:
+                            middle += found
+                            continue
+                    middle += self._encoder.own_attribute(key, value)
+            n = head.size + len(middle)
+            encoded = b"".join(
+                (
+                    _SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n),
+                    head.before,
+                    _pack_id(span.span_id),
+                    head.after,
+                    middle,
+                    head.state,
+                    _pack_tail(0x39, span.start_time, 0x41, end_time, 0x85, 1, 0x100),
+                )
+            )
+        except Exception:  # a bug of ours: lose the span, keep tracing
+            log.exception("encoding a span failed")
+            self._full += 1
+            return
+        scope = head.scope
+        queue.append(encoded if scope is None else (scope, encoded))
+        if self._thread is None and _get_ident() == self._hub_thread:
+            if self._green is None or (len(queue) >= self._batch and not self._woken):
+                self._wake_green()
+        else:
+            self._wake_thread()
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """Export every span ended before this call; False if not done within `timeout_s`."""
@@ -836,18 +966,26 @@ class BatchExporter:
     def _drain(self) -> None:
         queue = self._queue
         while queue:
-            batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
+            # Popped one at a time (a span may be appended from another thread meanwhile), in
+            # a C loop: a comprehension was a Python step per span.
+            items = list(starmap(queue.popleft, repeat((), min(len(queue), self._batch))))
+            primary = self._primary
             try:
-                body = self._encoder.request(batch)
+                if primary is not None and set(map(type, items)) == _ONLY_BYTES:
+                    body = self._encoder.scoped(primary, items)  # type: ignore[arg-type]
+                else:
+                    body = self._encoder.request(
+                        [(primary, item) if type(item) is bytes else item for item in items]  # type: ignore[misc]
+                    )
             except Exception:  # a bug of ours: lose the batch, keep the drainer
-                log.exception("encoding %d spans failed", len(batch))
-                self._failed += len(batch)
+                log.exception("encoding %d spans failed", len(items))
+                self._failed += len(items)
                 continue
             reason = self._post(body)
             if reason is None:
-                self.exported += len(batch)
+                self.exported += len(items)
             else:
-                self._failed += len(batch)
+                self._failed += len(items)
                 self._lost(f"the export to the collector failed ({reason})")
 
     def _lost(self, reason: str) -> None:

@@ -218,3 +218,29 @@ def test_subspans_only_under_a_recording_lean_span_whose_children_are_sampled(
     assert never.subspans(parent) is None  # type: ignore[attr-defined]  # its sampler decides
     parent.end()
     assert tracer.subspans(parent) is None  # type: ignore[attr-defined]  # ended
+
+
+def test_a_current_subspan_is_the_span_start_makes_every_slot_set(sink: MemorySink) -> None:
+    """`Subspans.start_current` fills a span's slots itself (not through `__init__`): every slot
+    is set, and it reads as `start`'s span does, current in the context it returns; its end
+    (`Subspans.end`, the generic path for a sink without one of its own) reaches the sink."""
+    tracer = tracer_of(sink)
+    parent = tracer.start_span("invoke_agent")
+    fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+    template = fast.template("execute_tool t", SpanKind.INTERNAL, {"op": "execute_tool"})
+    base = trace.set_span_in_context(parent)
+    span, ctx = fast.start_current(template, {"call": "c1", "tags": ["a", "b"]}, base)
+    twin = fast.start(template, {"call": "c1", "tags": ("a", "b")})
+    for slot in LeanSpan.__slots__:
+        getattr(span, slot)  # raises if a slot was left unset
+    different = {"span_id", "start_time", "attrs"}
+    for slot in set(LeanSpan.__slots__) - different:
+        assert getattr(span, slot) == getattr(twin, slot), slot
+    assert dict(span.attributes) == dict(twin.attributes)  # the list cleaned to a tuple
+    assert trace.get_current_span(ctx) is span and span.is_recording()
+    assert span.get_span_context().span_id == span.span_id
+    assert trace.get_current_span(base) is parent  # the base context is unchanged
+    fast.end(span)
+    assert sink.spans == [span] and not span.is_recording()
+    fast.end(span)  # ended once
+    assert sink.spans == [span]

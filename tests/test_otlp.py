@@ -513,3 +513,138 @@ def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_s
         )  # fmt: skip
         twin.end(pb.end_time_unix_nano)
         assert encoder.span(twin) in body
+
+
+def test_a_tool_spans_end_is_encoded_by_the_exporters_own_path_byte_for_byte() -> None:
+    """`Subspans.end` into the batch exporter (the runtime's tool spans): a span that kept its
+    template and has no status, event or link is encoded and queued by the exporter's own path
+    (`on_end` is not called for it), byte for byte what `Encoder.span` writes for it: call ids
+    past what the cache keeps per key, non-ASCII and lone-surrogate ids, integers of a key whose
+    values vary, values the API cleans; a span with a status, an event or its own name goes
+    through `on_end`. Spans of another scope keep theirs, and after shutdown both paths drop
+    and count."""
+    from subagent.otlp import Encoder
+
+    posted: list[bytes] = []
+    exporter = BatchExporter(RESOURCE, posted.append, max_queue=2000, max_batch=2000, delay_s=60)  # type: ignore[arg-type]
+    generic: list[LeanSpan] = []
+    on_end = exporter.on_end
+
+    def counted(span: LeanSpan) -> None:
+        generic.append(span)
+        on_end(span)
+
+    exporter.on_end = counted  # type: ignore[method-assign]
+    group = TaskGroup("test-tool-leaves")
+    ended: list[LeanSpan] = []
+
+    def run() -> None:
+        provider = LeanTracerProvider(RESOURCE, exporter)
+        tracer = provider.get_tracer("subagent-runtime")
+        remote = SpanContext(
+            0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+            trace_state=TraceState([("vendor", "v1")]),
+        )  # fmt: skip
+        parent = tracer.start_span(
+            "invoke_agent", trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        )
+        context = trace.set_span_in_context(parent)
+        fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+        template = fast.template(
+            "execute_tool t\u00e9", SpanKind.INTERNAL,
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t\u00e9"},
+        )  # fmt: skip
+        ids = [f"call_{i}" for i in range(300)] + ["\u00e9" * 100, "x" * 200, "lone \ud800 half"]
+        for i, call_id in enumerate(ids):
+            own: dict[str, object] = {"gen_ai.tool.call.id": call_id, "n": i * 1000 - 150_000}
+            if i % 13 == 0:
+                own.update(listed=["a", "b"], flag=True, ratio=0.5)
+            span, _ = fast.start_current(template, own, context)
+            if i % 5 == 0:
+                span.set_status(StatusCode.ERROR, "TOOL_FAILED")
+            elif i % 7 == 0:
+                span.add_event("e", {"k": i})
+            elif i % 11 == 0:
+                span.update_name("renamed")
+            fast.end(span)
+            ended.append(span)
+        other = provider.get_tracer("host", "2.1").start_span("host span")
+        other.end()
+        ended.append(other)  # type: ignore[arg-type]  # a lean span
+        assert exporter.force_flush(5)
+        exporter.shutdown(5)
+        late, _ = fast.start_current(template, {"gen_ai.tool.call.id": "late"}, context)
+        fast.end(late)
+        fast.record(template, 1, None)
+        assert exporter.dropped == 2
+
+    group.spawn(run).get()
+    group.close(5)
+    assert exporter.exported == len(ended) == 304
+    statusless = [s for i, s in enumerate(ended[:-1]) if i % 5 and i % 7 and i % 11]
+    assert generic == [s for s in ended if s not in statusless]  # only those went through on_end
+    (body,) = posted
+    request = ExportTraceServiceRequest.FromString(body)
+    ours, host = request.resource_spans[0].scope_spans
+    assert (ours.scope.name, host.scope.name) == ("subagent-runtime", "host")
+    assert len(ours.spans) == 303 and len(host.spans) == 1
+    encoder = Encoder(RESOURCE)
+    for span in ended:
+        assert encoder.span(span) in body, span.name
+    decoded = {pb.span_id: pb for pb in ours.spans}
+    first = decoded[ended[1].span_id.to_bytes(8, "big")]
+    assert _attrs(first.attributes) == {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t\u00e9",
+        "gen_ai.tool.call.id": "call_1", "n": -149_000,
+    }  # fmt: skip
+    for i in (298, 299, 301, 302):  # past the values kept per key: written straight out
+        late = _attrs(decoded[ended[i].span_id.to_bytes(8, "big")].attributes)
+        assert late["n"] == i * 1000 - 150_000
+    cleaned = decoded[ended[13].span_id.to_bytes(8, "big")]
+    assert _attrs(cleaned.attributes)["listed"] == ("a", "b")
+    assert first.trace_state == "vendor=v1" and first.flags == 0x100
+
+
+def test_recorded_spans_with_values_the_api_cleans_encode_as_spans_made_through_it() -> None:
+    """`Subspans.record` into the exporter with own attributes it must clean (a list, a str
+    subclass, a value the API refuses, booleans and floats): the bytes are those of the same
+    span made through `start_span`, which cleans them."""
+    from subagent.otlp import Encoder
+
+    class Finish(str):
+        """A str subclass that prints otherwise (as a `(str, Enum)` member does)."""
+
+        def __str__(self) -> str:
+            return "Finish.STOP"
+
+    posted: list[bytes] = []
+    exporter = BatchExporter(RESOURCE, posted.append, max_queue=100, max_batch=100, delay_s=60)  # type: ignore[arg-type]
+    tracer = LeanTracerProvider(RESOURCE, exporter).get_tracer("subagent-runtime")
+    own = {"l": ["a", "b"], "e": Finish("stop"), "bad": object(), "b": True, "f": 1.5, "i": -3}
+
+    def run() -> None:
+        parent = tracer.start_span("invoke_agent")
+        fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
+        template = fast.template("chat m", SpanKind.CLIENT, {"gen_ai.operation.name": "chat"})
+        fast.record(template, 1000, dict(own))
+        assert exporter.force_flush(5)
+
+    group = TaskGroup("test-cleaned-leaves")
+    group.spawn(run).get()
+    group.close(5)
+    (pb,) = ExportTraceServiceRequest.FromString(posted[0]).resource_spans[0].scope_spans[0].spans
+    assert _attrs(pb.attributes) == {
+        "gen_ai.operation.name": "chat", "l": ("a", "b"), "e": "stop", "b": True, "f": 1.5,
+        "i": -3,
+    }  # fmt: skip
+    twin = tracer.start_span(
+        "chat m", trace.set_span_in_context(trace.NonRecordingSpan(SpanContext(
+            int.from_bytes(pb.trace_id, "big"), int.from_bytes(pb.parent_span_id, "big"), False,
+            TraceFlags(1),
+        ))),
+        SpanKind.CLIENT, {"gen_ai.operation.name": "chat", **own}, start_time=1000,
+    )  # fmt: skip
+    assert isinstance(twin, LeanSpan)
+    twin.span_id = int.from_bytes(pb.span_id, "big")
+    twin.end_time = pb.end_time_unix_nano
+    assert Encoder(RESOURCE).span(twin) in posted[0]

@@ -310,6 +310,33 @@ def test_usage_attributes_leave_out_what_the_model_did_not_report() -> None:
     }
 
 
+def test_usage_attributes_are_the_same_keys_in_the_same_order_for_every_report() -> None:
+    """The usual reply (input and output only) takes a short path: every combination of
+    reported counts (and of values that are not counts) gives the convention's attributes in
+    one order: cache reads, cache writes, total input, output (the encoded span follows it)."""
+    import itertools
+
+    keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    for values in itertools.product((None, 0, 3, True, "4"), repeat=4):
+        usage = {
+            k: v for k, v in zip((*keys, "output_tokens"), values, strict=True) if v is not None
+        }
+        counts = {k: v for k, v in usage.items() if type(v) is int}
+        expected: dict[str, int] = {}
+        if "cache_read_input_tokens" in counts:
+            expected["gen_ai.usage.cache_read.input_tokens"] = counts["cache_read_input_tokens"]
+        if "cache_creation_input_tokens" in counts:
+            expected["gen_ai.usage.cache_creation.input_tokens"] = counts[
+                "cache_creation_input_tokens"
+            ]
+        if any(k in counts for k in keys):
+            expected["gen_ai.usage.input_tokens"] = sum(counts.get(k, 0) for k in keys)
+        if "output_tokens" in counts:
+            expected["gen_ai.usage.output_tokens"] = counts["output_tokens"]
+        found = tracing.usage_attributes(usage)
+        assert list(found.items()) == list(expected.items()), usage
+
+
 def test_captured_output_is_the_repaired_reply(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(tracing.CAPTURE_CONTENT_ENV, "true")
     (chat,) = named(run_cached_model(), "chat")

@@ -123,3 +123,22 @@ def test_the_provider_variable_is_honoured_at_the_first_check() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["TracerProvider", "True"]
+
+
+def test_the_context_seam_sets_what_the_api_reads() -> None:
+    """The pin for a tool call's context (`agent.tracing._attach`/`_detach`): under the API's
+    default runtime context they are its context variable's own `set` and `reset`, and what
+    they set is what the API's `get_current` reads, restored after."""
+    from opentelemetry import context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = context._RUNTIME_CONTEXT
+    assert type(runtime) is ContextVarsRuntimeContext
+    assert tracing._attach == runtime._current_context.set  # type: ignore[attr-defined]
+    assert tracing._detach == runtime._current_context.reset  # type: ignore[attr-defined]
+    before = context.get_current()
+    ctx = context.set_value("k", "v")
+    token = tracing._attach(ctx)
+    assert context.get_current() is ctx and context.get_value("k") == "v"
+    tracing._detach(token)
+    assert context.get_current() is before
