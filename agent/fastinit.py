@@ -13,10 +13,9 @@ kept keyword-only, and `__post_init__` called last. `replace`, `fields`, equalit
 `repr` are the dataclass's own. tests/test_fastinit.py holds each class to its dataclass
 signature.
 
-`fast_new` goes further, for the five objects a step makes (`ModelRequest`, `ModelResponse`,
-`ToolCall`, `ToolContext`, `ToolResult`): each is built as a mutable twin of the same slots
-(plain stores) and then becomes the frozen class (see its docstring); `fast_init` stays for
-the once-per-child ones.
+`fast_new` goes further for a class only the loop makes (`ModelRequest`, `ToolContext`): the
+object is built as a mutable twin of the same slots (plain stores) and then becomes the frozen
+class; the class cannot be subclassed (see its docstring).
 """
 
 from __future__ import annotations
@@ -93,24 +92,20 @@ def _parameters(
 
 
 def fast_new(cls: type[T]) -> type[T]:
-    """Construct a frozen, slotted dataclass without a setter call per field (apply above
-    `@dataclass`; for the objects a step makes).
+    """Construct a final, frozen, slotted dataclass without a setter call per field (apply
+    above `@dataclass`; for the step path's largest objects, which only the loop makes).
 
     `fast_init`'s per-field `__set__` is a method-wrapper call with an argument tuple (~45 ns
     above a plain slot store). Here the instance is made as a mutable twin class with the same
-    slots (so each field is a plain store) and then becomes the frozen class by `__class__`
+    slots (so the fields are plain stores) and then becomes the frozen class by `__class__`
     assignment, which CPython allows between classes of one layout: about half the cost for
     six fields or more. The class keeps its dataclass signature (on `__new__`; `__init__` is
-    `object`'s), equality, hashing, `repr`, `replace` and frozenness, and `copy` and `pickle`
-    restore its fields as dataclasses do (`__getstate__`/`__setstate__`). A subclass is made
-    as before: by its own `__init__` if it has one (a dataclass subclass), else by setting the
-    fields through their descriptors; only an `__init__` of a subclass that calls
-    `super().__init__(...)` has nothing to call."""
+    `object`'s), equality, hashing, `repr`, `replace` and frozenness; `copy` and `pickle`
+    restore the fields as dataclasses do. It cannot be subclassed (a subclass's layout or
+    signature would not fit `__new__`): a `TypeError` at class creation says so."""
     fields = _plain_fields(cls, "fast_new")
-    if "__new__" in cls.__dict__ or "__init_subclass__" in cls.__dict__:
-        raise TypeError(f"fast_new: {cls.__name__} has its own __new__ or __init_subclass__")
-    if "__setstate__" not in cls.__dict__:
-        raise TypeError(f"fast_new: {cls.__name__} has no dataclass __setstate__")
+    if "__new__" in cls.__dict__:
+        raise TypeError(f"fast_new: {cls.__name__} has its own __new__")
     twin = type(f"_{cls.__name__}Fields", (), {"__slots__": cls.__dict__["__slots__"]})
     namespace: dict[str, Any] = {
         "_MISSING": dataclasses.MISSING,
@@ -119,59 +114,40 @@ def fast_new(cls: type[T]) -> type[T]:
         "_Cls": cls,
     }
     params, values = _parameters(fields, namespace)
-    stores = [f"    self.{f.name} = {v}" for f, v in zip(fields, values, strict=True)]
-    sets = []
-    for index, (f, value) in enumerate(zip(fields, values, strict=True)):
-        namespace[f"_set{index}"] = cls.__dict__[f.name].__set__  # the slot's descriptor
-        sets.append(f"    _set{index}(self, {value})")
-    post = ["    self.__post_init__()"] if hasattr(cls, "__post_init__") else []
-    source = "\n".join(
-        [
-            f"def __new__({', '.join(['cls', *params])}):",
-            "    self = _new(_Twin)",
-            *stores,
-            "    self.__class__ = _Cls",
-            *post,
-            "    return self",
-            f"def _fill({', '.join(['self', *params])}):",
-            *(sets or ["    pass"]),
-            *post,
-            "",
-        ]
+    body = [f"    self.{f.name} = {value}" for f, value in zip(fields, values, strict=True)]
+    if hasattr(cls, "__post_init__"):
+        body.append("    self.__post_init__()")
+    source = (
+        f"def __new__({', '.join(['cls', *params])}):\n"
+        "    self = _new(_Twin)\n" + "\n".join(body[: len(fields)]) + "\n"
+        "    self.__class__ = _Cls\n"
+        + "".join(line + "\n" for line in body[len(fields) :])
+        + "    return self\n"
     )
     exec(source, namespace)  # the way `dataclasses` itself writes an __init__
     new = namespace["__new__"]
     new.__qualname__ = f"{cls.__qualname__}.__new__"
     new.__module__ = cls.__module__
     new.__doc__ = cls.__init__.__doc__
-    fill = namespace["_fill"]
-
-    def subclass_new(sub: type[T], /, *args: Any, **kwargs: Any) -> T:
-        obj: T = object.__new__(sub)
-        if sub.__init__ is object.__init__:  # no `__init__` of its own to fill the fields
-            fill(obj, *args, **kwargs)
-        return obj
-
-    def __init_subclass__(sub: type[Any], /, **kwargs: Any) -> None:
-        # A subclass's layout is its own (a `__dict__`, more slots): not the twin's.
-        super(cls, sub).__init_subclass__(**kwargs)
-        setattr(sub, "__new__", staticmethod(subclass_new))  # noqa: B010
-
-    setattr(cls, "__new__", staticmethod(new))  # noqa: B010 (class attributes, set once)
+    setattr(cls, "__new__", staticmethod(new))  # noqa: B010 (a class attribute, set once)
     delattr(cls, "__init__")  # `object.__init__`: the arguments were `__new__`'s
-    setattr(cls, "__reduce__", _reduce)  # noqa: B010
+    names = tuple(f.name for f in fields)
+
+    def __reduce__(self: object) -> tuple[Any, ...]:
+        return (_restored, (type(self), tuple(getattr(self, n) for n in names)))
+
+    def __init_subclass__(sub: type, /, **kwargs: Any) -> None:
+        raise TypeError(f"{cls.__name__} cannot be subclassed (agent.fastinit.fast_new)")
+
+    setattr(cls, "__reduce__", __reduce__)  # noqa: B010
     setattr(cls, "__init_subclass__", classmethod(__init_subclass__))  # noqa: B010
     return cls
 
 
-def _reduce(self: Any) -> tuple[Any, ...]:
-    """`copy` and `pickle` without calling `__new__` with no arguments (the default protocol
-    would): the dataclass's own state, restored by its `__setstate__`."""
-    return (_restored, (type(self), self.__getstate__()))
-
-
-def _restored(cls: type[T], state: Any) -> T:
-    obj: Any = object.__new__(cls)
-    obj.__setstate__(state)
-    result: T = obj
-    return result
+def _restored(cls: type[T], values: tuple[Any, ...]) -> T:
+    """An instance with exactly these field values (a copy's, an unpickled one's): the state
+    restored as dataclasses restore it, with no `__post_init__` again."""
+    obj = object.__new__(cls)
+    for f, value in zip(dataclasses.fields(cls), values, strict=True):  # type: ignore[arg-type]
+        object.__setattr__(obj, f.name, value)
+    return obj
