@@ -881,16 +881,7 @@ class SessionLog:
             raise ValueError(f"checkpoint point must be 'step' or 'turn', not {point!r}")
         if self._closed or self._failed is not None:
             self._raise_unusable()
-        # `_flush`, in this frame (a step's path: once a step per child).
-        data = self._buffer
-        if data:
-            self._buffer = bytearray()
-            try:
-                self._sink.write(data)
-            except BaseException as exc:
-                self._failed = exc
-                raise
-            self._unsynced = True
+        self._flush()
         durability = self.durability
         if durability == "step" or (durability == "turn" and point == "turn"):
             self._sync()
