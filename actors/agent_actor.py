@@ -152,7 +152,7 @@ class AgentActor(GeventActor):
         if self._closing:
             raise SubagentError("RUN_DISPOSED", "the agent is closed")
         log_ = self.core.log
-        message_id = message.message_id or f"m{len(log_.events)}"
+        message_id = message.message_id or f"m{log_.next_seq}"
         source = message.source.to_json()
         content = list(message.content)
         log_.append(
@@ -185,7 +185,7 @@ class AgentActor(GeventActor):
             reply.reject(SubagentError("RUN_TERMINAL", "no running turn to steer"))
             return reply
         log_ = self.core.log
-        message_id = f"s{len(log_.events)}"
+        message_id = f"s{log_.next_seq}"
         source = message.source.to_json()
         content = list(message.content)
         log_.append(

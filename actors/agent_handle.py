@@ -6,7 +6,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from pykka import Future
 
@@ -69,9 +70,27 @@ class Agent:
     def __repr__(self) -> str:
         return f"<Agent {self.id} depth={self.depth}>"
 
-    @property
-    def id(self) -> str:
-        return self.core.session_id
+    if TYPE_CHECKING:
+
+        @property
+        def id(self) -> str: ...
+
+        @property
+        def log(self) -> SessionLog: ...
+
+        @property
+        def usage(self) -> UsageAccount:
+            """This session's token spend, its subtree's, and its budget (see `agent.usage`)."""
+
+    else:
+        # Read-only properties with a C getter (`attrgetter`): read several times per child
+        # start and end, without a Python frame each.
+        id = property(attrgetter("core.session_id"), doc="The agent's session id.")
+        log = property(attrgetter("core.log"), doc="The agent's live session log.")
+        usage = property(
+            attrgetter("core.usage"),
+            doc="This session's token spend, its subtree's, and its budget (see `agent.usage`).",
+        )
 
     session_id = id
 
@@ -79,15 +98,6 @@ class Agent:
     def cwd(self) -> str:
         cwd: str = self.header.cwd
         return cwd
-
-    @property
-    def log(self) -> SessionLog:
-        return self.core.log
-
-    @property
-    def usage(self) -> UsageAccount:
-        """This session's token spend, its subtree's, and its budget (see `agent.usage`)."""
-        return self.core.usage
 
     @property
     def status(self) -> str:

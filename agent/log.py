@@ -38,7 +38,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol, overload
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import msgpack
 
@@ -176,8 +177,11 @@ def is_plain_reply(message: object) -> bool:
         or len(message) != 4
         or type(message.get("id")) is not str
         or type(message.get("role")) is not str
-        or not _text_blocks(message.get("content"))
     ):
+        return False
+    content = message.get("content")
+    # A reply with calls often says nothing: an empty list needs no call.
+    if type(content) is not list or (content and not _text_blocks(content)):
         return False
     calls = message.get("tool_calls")
     if type(calls) is not list:
@@ -341,13 +345,9 @@ class LogReplay:
                 raise InvariantError(seq, f"unknown event type {etype!r} (not marked ignorable)")
             self.seq = seq + 1
             return
-        required, optional, handler = rules
-        for key, typ, what in required:
-            if type(data.get(key)) is not typ:
-                raise InvariantError(seq, f"{etype}: {key} must be {what}")
-        for key, typ, what in optional:
-            if key in data and type(data[key]) is not typ:
-                raise InvariantError(seq, f"{etype}: {key} must be {what}")
+        fields_ok, handler = rules
+        if fields_ok is not None and not fields_ok(data):
+            _refuse_fields(seq, etype, data)
         handler(self, seq, data)
         self.seq = seq + 1
         if seq + 1 == self.seed_length and self.turn_open:
@@ -434,15 +434,15 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if type(calls) is not list:
-                raise InvariantError(seq, "assistant/message tool_calls must be a list")
-            if calls and self._announce:
-                self._open_announced(seq, calls)
         self._boundary = False
-
-    def _open_announced(self, seq: int, calls: list[Any]) -> None:
+        calls = message.get("tool_calls")
+        if calls is None:
+            return
+        if type(calls) is not list:
+            raise InvariantError(seq, "assistant/message tool_calls must be a list")
+        if not calls or not self._announce:
+            return
+        # Format 2 and 3: the reply's calls are opened here.
         turn_calls = self._calls
         for call in calls:
             if type(call) is not dict:
@@ -549,11 +549,51 @@ _HANDLERS: dict[str, Callable[[LogReplay, int, dict[str, Any]], None]] = {
 }
 
 
-# One lookup per event: (required fields, optional fields, the per-type state rule).
+def _fields_check(
+    required: tuple[_Field, ...], optional: tuple[_Field, ...]
+) -> Callable[[dict[str, Any]], bool] | None:
+    """A type's field rules as one straight-line test (the replay runs it on every append, so
+    no loop over the rules): True when each required field has its exact type and each
+    optional one present has. None for a type with no field rules. Written as source, the way
+    `dataclasses` writes an `__init__`; `_refuse_fields` names the first field that fails."""
+    if not required and not optional:
+        return None
+    namespace: dict[str, Any] = {}
+    terms = []
+    for i, (key, typ, _what) in enumerate(required):
+        namespace[f"_r{i}"] = typ
+        terms.append(f"type(data.get({key!r})) is _r{i}")
+    for i, (key, typ, _what) in enumerate(optional):
+        namespace[f"_o{i}"] = typ
+        terms.append(f"({key!r} not in data or type(data[{key!r}]) is _o{i})")
+    exec("def check(data):\n    return " + " and ".join(terms) + "\n", namespace)
+    check: Callable[[dict[str, Any]], bool] = namespace["check"]
+    return check
+
+
+def _refuse_fields(seq: int, etype: str, data: dict[str, Any]) -> None:
+    """Raise for the first field of `data` that breaks its type's rules (required, then
+    optional, in their order)."""
+    for key, typ, what in _REQUIRED[etype]:
+        if type(data.get(key)) is not typ:
+            raise InvariantError(seq, f"{etype}: {key} must be {what}")
+    for key, typ, what in _OPTIONAL.get(etype, ()):
+        if key in data and type(data[key]) is not typ:
+            raise InvariantError(seq, f"{etype}: {key} must be {what}")
+    raise InvariantError(seq, f"{etype}: a field breaks its rule")  # pragma: no cover
+
+
+# One lookup per event: (the field rules' test, the per-type state rule).
 _RULES: dict[
     str,
-    tuple[tuple[_Field, ...], tuple[_Field, ...], Callable[[LogReplay, int, dict[str, Any]], None]],
-] = {name: (_REQUIRED[name], _OPTIONAL.get(name, ()), _HANDLERS[name]) for name in _REQUIRED}
+    tuple[
+        Callable[[dict[str, Any]], bool] | None,
+        Callable[[LogReplay, int, dict[str, Any]], None],
+    ],
+] = {
+    name: (_fields_check(_REQUIRED[name], _OPTIONAL.get(name, ())), _HANDLERS[name])
+    for name in _REQUIRED
+}
 
 
 def validate_log(events: Iterable[Event], header: SessionHeader | None = None) -> LogReplay:
@@ -746,6 +786,16 @@ class SessionLog:
     def id(self) -> str:
         return self.header.id
 
+    if TYPE_CHECKING:
+
+        @property
+        def next_seq(self) -> int: ...
+
+    else:
+        # The seq the next event gets (= `len(self.events)`), read through a C getter: the loop
+        # and the actor name messages by it on every reply, steer and prompt.
+        next_seq = property(attrgetter("_replay.seq"), doc="The seq the next event gets.")
+
     @property
     def turn_open(self) -> bool:
         return self._replay.turn_open
@@ -764,7 +814,9 @@ class SessionLog:
         """Calls of the open turn with no tool/result yet (id -> name), in call order."""
         return self._replay.open_calls
 
-    def append(self, type: str, data: dict[str, Any], *, prechecked: bool = False) -> Event:
+    def append(
+        self, type: str, data: dict[str, Any], *, prechecked: bool = False, repair: bool = True
+    ) -> Event:
         """Record one event. The log owns `data` afterwards: do not mutate it.
 
         Atomic: when it raises, nothing changed (no seq taken, no replay state, no frame). Text
@@ -775,6 +827,9 @@ class SessionLog:
         caller says `prechecked` (every value inside `data` already went through an earlier
         append of this log, unchanged since, or the caller checked it as the walk would: e.g.
         an assistant/message whose usage is clean). The strict encoder and the replay still run.
+
+        `repair=False`: text with a lone surrogate raises `UnicodeEncodeError` instead (nothing
+        changed), for a caller that repairs its own objects first (the loop's model replies).
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()
@@ -789,6 +844,8 @@ class SessionLog:
             payload = _pack_strict(event)
         except UnicodeEncodeError:
             # Only a lone surrogate makes a checked value unencodable (rare, slow path).
+            if not repair:
+                raise
             repair_surrogates(data)
             payload = _pack_strict(event)
         except (TypeError, ValueError, OverflowError):

@@ -31,6 +31,7 @@ from gevent.event import Event as GEvent
 
 from agent import tracing
 from agent.context import LiveAgent
+from agent.edits import EDITS
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import Conversation, last_turn_number
 from agent.jsoncheck import is_lossless
@@ -80,6 +81,11 @@ _message_ids = itertools.count(1)
 _KILL_GRACE = 1.0
 
 _NO_STEERS: list[PendingSteer] = []
+
+_EDITS = EDITS
+# (edit count, prompt, tool scope, variables, rendered system prompt, tool specs): what a
+# request shows, kept while nothing it was made from changed (`AgentCore._show`).
+_Shown = tuple[int, SystemPrompt, ToolScope, dict[str, str | None], str, tuple[ToolSpec, ...]]
 
 # The turn/end reason (and the run's stop reason) when a token budget on the chain is used up.
 BUDGET_EXCEEDED = "budget-exceeded"
@@ -185,6 +191,8 @@ class AgentCore:
             cost_limit=cost_limit,
         )
         self._last_header: tuple[str, tuple[ToolSpec, ...]] | None = None
+        # What the last request showed, and when (`_show`).
+        self._shown: _Shown | None = None
         # An older session resumed keeps its log's format: format 1 writes tool/call and
         # step/end events, formats 1 and 2 step/start; format 3 derives all three
         # (docs/decisions.md, "A step in three events" and "Log format 3").
@@ -302,19 +310,29 @@ class AgentCore:
             self.log.checkpoint("step")
             state.partial.clear()
             tt = self._trace
-            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced.
-            response = (
-                without_lone_surrogates(self.model.complete(request, sink))
-                if tt is None
-                else tt.chat(self.model.complete, request, sink, without_lone_surrogates)
-            )
+            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced: with
+            # tracing, before the span sees it; without, the log's encoder is the probe (it
+            # refuses such text, logging nothing) and only a refused reply is repaired.
+            if tt is None:
+                response = self.model.complete(request, sink)
+            else:
+                response = tt.chat(self.model.complete, request, sink, without_lone_surrogates)
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
-            logged_calls = self._log_assistant(response, calls)
+            logged_calls = self._log_assistant(response, calls, tt is not None)
+            if logged_calls is None:
+                response = without_lone_surrogates(response)
+                calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
+                logged_calls = self._log_assistant(response, calls, True)
+                assert logged_calls is not None  # a repairing append does not refuse text
             if response.content:
                 state.last_output = list(response.content)
             if calls:
-                self._run_tools(calls, logged_calls, signal, capture, state)
+                if len(calls) == 1 and not format1 and self.on_progress is None:
+                    # `_run_tools` has nothing to add for a lone call nobody watches.
+                    self._run_lone(calls[0], signal, capture, state)
+                else:
+                    self._run_tools(calls, logged_calls, signal, capture, state)
             if format1:
                 log_append("step/end", {"turn": turn, "step": step})
             state.step = 0
@@ -341,23 +359,43 @@ class AgentCore:
             steer.on_admitted()
 
     def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
-        system = self.prompt.render(self.variables)
+        shown = self._shown
+        variables = self.variables
+        if (
+            shown is None
+            or shown[0] != _EDITS.count
+            or shown[1] is not self.prompt
+            or shown[2] is not self.tools
+            or shown[3] != variables
+        ):
+            shown = self._show(variables)
+        # Positional (session_id, model, system, messages, tools, signal, max_tokens, turn,
+        # step): nine keywords bound by name on every step cost more than the call.
+        return ModelRequest(
+            self.session_id,
+            self.model_name,
+            shown[4],
+            self.history.view(),
+            shown[5],
+            signal,
+            self.options.max_tokens,
+            turn,
+            step,
+        )
+
+    def _show(self, variables: Mapping[str, str | None]) -> _Shown:
+        """What requests show (the rendered prompt, the tool specs), logged as a request
+        header when it differs from the last one, and kept until an edit of a prompt section,
+        a tool registration, a scope's tools or restrictions (`agent.edits`), or a variable."""
+        edits = _EDITS.count  # read first: an edit while rendering leaves the cache stale
+        system = self.prompt.render(variables)
         specs = self.tools.spec_tuple()  # shared and immutable: no copy per request
         last = self._last_header
         if last is None or last[0] is not system or (last[1] is not specs and last[1] != specs):
-            self._last_header = (system, specs)
             self.log.append_request_header(system, specs)
-        return ModelRequest(
-            session_id=self.session_id,
-            model=self.model_name,
-            system=system,
-            messages=self.history.view(),
-            tools=specs,
-            signal=signal,
-            max_tokens=self.options.max_tokens,
-            turn=turn,
-            step=step,
-        )
+            self._last_header = (system, specs)
+        shown = self._shown = (edits, self.prompt, self.tools, dict(variables), system, specs)
+        return shown
 
     def _model_progress(self, state: _TurnState) -> Callable[[Mapping[str, Any]], None]:
         partial = state.partial
@@ -382,9 +420,13 @@ class AgentCore:
         self._note(self.log.append("user/message", {"message": entry})["seq"])
 
     def _log_assistant(
-        self, response: ModelResponse, calls: Sequence[ToolCall]
-    ) -> list[dict[str, Any]]:
-        """Log the reply; returns its `tool_calls` entries as logged (checked by the log)."""
+        self, response: ModelResponse, calls: Sequence[ToolCall], repaired: bool
+    ) -> list[dict[str, Any]] | None:
+        """Log the reply; returns its `tool_calls` entries as logged (checked by the log).
+
+        Unless the reply was `repaired` already (`without_lone_surrogates`), text with a lone
+        surrogate in it is not logged: returns None, and the caller repairs the reply and logs
+        that instead (one encoding a step, where a probe first would make two)."""
         content = list(response.content)
         if len(calls) == 1:  # the common case without a comprehension (a frame each)
             c = calls[0]
@@ -395,7 +437,7 @@ class AgentCore:
             ]
         message = {
             # Unique within the session, also across processes: the event's own seq.
-            "id": f"a{len(self.log.events)}",
+            "id": f"a{self.log.next_seq}",
             "role": "assistant",
             "content": content,
             "tool_calls": tool_calls,
@@ -427,14 +469,17 @@ class AgentCore:
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
-        self._note(
-            self.log.append(
+        try:
+            appended = self.log.append(
                 "assistant/message",
                 data,
                 prechecked=(checked is not None or not counts)
                 and (is_plain_reply(message) or is_lossless(message, 1)),
-            )["seq"]
-        )
+                repair=repaired,
+            )
+        except UnicodeEncodeError:
+            return None
+        self._note(appended["seq"])
         if counts:
             if checked is None:
                 self.usage.charge(counts, cost)
@@ -533,7 +578,9 @@ class AgentCore:
             try:
                 tt = self._trace
                 if tt is None:
-                    result = self.tools.execute(call, self._context(call, signal))
+                    # `_context(call, signal)`, without its frame.
+                    ctx = ToolContext(self.agent, self.session_id, call.id, signal)
+                    result = self.tools.execute(call, ctx)
                 else:
                     result = tt.tool(self.tools.execute, call, self._context, signal)
             except AbortError:

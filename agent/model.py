@@ -93,6 +93,8 @@ def arguments_problem(arguments: object) -> str | None:
     `RecursionError`: the depth is measured level by level, and the lossless-JSON check runs
     only on what is known to be shallow."""
     if type(arguments) is dict:
+        if not arguments:
+            return None
         for x in arguments.values():
             t = type(x)
             if t is dict or t is list:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from agent.edits import EDITS
 from agent.errors import PromptError
 
 __all__ = [
@@ -176,11 +177,13 @@ class SystemPrompt:
         entry = _Section(name, text, order, old.seq if old is not None else next(_seqs))
         self._sections[name] = entry
         self._version = next(_versions)
+        EDITS.bump()
 
         def remove() -> None:
             if self._sections.get(name) is entry:
                 del self._sections[name]
                 self._version = next(_versions)
+                EDITS.bump()
 
         return remove
 

@@ -988,6 +988,9 @@ class _MemoryHandle(_Handle):
         self.file = file
         file.held = True
         self._open = True
+        # `write`, as the file's own bound `extend` (a log writes once a step: no Python frame).
+        # `repair` changes `file.data` in place, so the binding stays the file's.
+        self.write = file.data.extend  # type: ignore[method-assign,assignment]
 
     def read(self) -> bytes:
         return bytes(self.file.data)
@@ -998,7 +1001,7 @@ class _MemoryHandle(_Handle):
         if sync:
             self.file.syncs += 1
 
-    def write(self, data: bytes | bytearray) -> None:
+    def write(self, data: bytes | bytearray) -> None:  # replaced per handle (`__init__`)
         self.file.data += data
 
     def sync(self) -> None:

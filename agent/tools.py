@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from agent.edits import EDITS
 from agent.errors import TOOL_FAILED, ToolError
 from agent.fastcheck import compile_fast_check
 from agent.fastinit import fast_init
@@ -246,6 +247,9 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self._version = next(_versions)
         self._specs: tuple[int, tuple[ToolSpec, ...]] | None = None
+        # The tool `name` names, or None: the dict's own `get` (every tool call resolves
+        # through it; registration changes the dict in place).
+        self.get: Callable[[str], Tool | None] = self._tools.get
 
     @property
     def version(self) -> int:
@@ -272,16 +276,15 @@ class ToolRegistry:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
         self._version = next(_versions)
+        EDITS.bump()
 
         def unregister() -> None:
             if self._tools.get(tool.name) is tool:
                 del self._tools[tool.name]
                 self._version = next(_versions)
+                EDITS.bump()
 
         return unregister
-
-    def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
 
     def names(self) -> list[str]:
         """Registered names in insertion order."""
@@ -353,6 +356,7 @@ class ToolScope:
 
     def _changed(self) -> None:
         self._version = next(_versions)
+        EDITS.bump()
 
     def _key(self) -> tuple[int, ...]:
         key = [self._version]
@@ -525,6 +529,8 @@ class ToolScope:
             if ctx.signal.aborted:  # a failure caused by cancellation is cancellation
                 raise AbortError(reason=ctx.signal.reason) from exc
             return ToolResult.error(TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+        if type(out) is str:  # the common case, without `_normalize`'s frame
+            return ToolResult([{"type": "text", "text": out}])
         return _normalize(tool.name, out)
 
 

@@ -781,3 +781,84 @@ def test_a_plain_reply_is_lossless(arguments: dict[Any, Any], content_text: obje
     }
     if is_plain_reply(message):
         assert is_lossless(message, 1)
+
+
+# Every field rule of every event type, as (type, field, exact type, required): the replay tests
+# them in one generated expression per type (`agent.log._fields_check`); each broken field must
+# still be refused, naming that field, whichever it is.
+_FIELD_RULES = [
+    ("turn/start", "turn", int, True),
+    ("turn/end", "turn", int, True),
+    ("turn/end", "reason", str, True),
+    ("turn/end", "message", str, False),
+    ("step/start", "turn", int, True),
+    ("step/start", "step", int, True),
+    ("step/end", "turn", int, True),
+    ("step/end", "step", int, True),
+    ("user/message", "message", dict, True),
+    ("assistant/message", "message", dict, True),
+    ("assistant/message", "finish", str, True),
+    ("assistant/message", "usage", dict, False),
+    ("tool/call", "call_id", str, True),
+    ("tool/call", "name", str, True),
+    ("tool/call", "arguments", dict, True),
+    ("tool/result", "call_id", str, True),
+    ("tool/result", "name", str, True),
+    ("tool/result", "content", list, True),
+    ("tool/result", "is_error", bool, True),
+    ("tool/result", "code", str, False),
+    ("session/end-seed", "length", int, True),
+    ("subagent/descriptor", "descriptor", dict, True),
+    ("inbox/accepted", "message_id", str, True),
+    ("inbox/accepted", "kind", str, True),
+    ("inbox/accepted", "content", list, True),
+    ("inbox/accepted", "source", dict, True),
+    ("inbox/claimed", "message_id", str, True),
+    ("inbox/discarded", "message_id", str, True),
+    ("inbox/discarded", "reason", str, True),
+]
+_GOOD: dict[type, Any] = {int: 1, str: "x", list: [], dict: {}, bool: False}
+_WRONG: dict[type, Any] = {int: True, str: 1, list: (), dict: [], bool: 0}
+
+
+@pytest.mark.parametrize(("kind", "field", "typ", "required"), _FIELD_RULES)
+def test_each_field_rule_refuses_its_field_by_name(
+    kind: str, field: str, typ: type, required: bool
+) -> None:
+    good = {f: _GOOD[t] for k, f, t, r in _FIELD_RULES if k == kind and r}
+    what = {int: "an int", str: "a str", list: "a list", dict: "a dict", bool: "a bool"}[typ]
+    wrongs = [_WRONG[typ]] + ([None] if required else [])
+    if required:
+        wrongs.append("missing")
+    for wrong in wrongs:
+        data = dict(good)
+        if wrong == "missing":
+            del data[field]
+        else:
+            data[field] = wrong
+        with pytest.raises(InvariantError, match=f"{kind}: {field} must be {what}"):
+            LogReplay(None).feed_next(kind, data)
+    # Fields are checked in their order: the first broken one is named.
+    if required and len(good) > 1:
+        broken = {f: None for f in good}
+        first = next(f for k, f, t, r in _FIELD_RULES if k == kind and r)
+        with pytest.raises(InvariantError, match=f"{kind}: {first} must be"):
+            LogReplay(None).feed_next(kind, broken)
+
+
+def test_next_seq_is_the_seq_the_next_event_gets() -> None:
+    """The loop and the actor name replies, prompts and steers by it (`a{seq}`, `m{seq}`,
+    `s{seq}`): it must be the next event's seq whatever happened, a refused append included,
+    and count the events a log was opened with."""
+    log = make_log(RecordingSink())
+    assert log.next_seq == 0
+    assert log.append("turn/start", {"turn": 1})["seq"] == 0
+    assert log.next_seq == len(log.events) == 1
+    with pytest.raises(InvariantError):
+        log.append("turn/start", {"turn": 2})  # turn 1 is open
+    assert log.next_seq == len(log.events) == 1
+    assert log.append("turn/end", {"turn": 1, "reason": "completed"})["seq"] == log.next_seq - 1
+    loaded = SessionLog(log.header, list(log.events), RecordingSink())
+    assert loaded.next_seq == len(loaded.events) == 2
+    with pytest.raises(AttributeError):
+        loaded.next_seq = 5  # type: ignore[misc]

@@ -222,3 +222,15 @@ def test_bad_arguments() -> None:
     for bad_value in (-1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             AbortSignal.timeout(bad_value)
+
+
+def test_a_signal_is_only_observed_its_state_cannot_be_set() -> None:
+    """`aborted` and `reason` are read-only (C getters, no Python frame per read)."""
+    controller = AbortController()
+    signal = controller.signal
+    for name, value in (("aborted", True), ("reason", "forged")):
+        with pytest.raises(AttributeError):
+            setattr(signal, name, value)
+    assert (signal.aborted, signal.reason) == (False, None)
+    controller.abort("why")
+    assert (signal.aborted, signal.reason) == (True, "why")

@@ -27,6 +27,7 @@ from agent.models import scripted as S
 from agent.models.openai import OpenAIModel
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
+from agent.tools import Tool, ToolContext
 from providers.acp import AcpConfig, AcpProvider
 from subagent.runtime import Runtime
 
@@ -60,6 +61,59 @@ def test_a_failed_append_changes_nothing() -> None:
     log.append("turn/end", {"turn": 1, "reason": "completed"})
     log.close()
     assert [e["seq"] for e in store.load(log.id).events] == [0, 1]
+
+
+def test_an_append_told_not_to_repair_refuses_a_lone_surrogate_and_changes_nothing() -> None:
+    """The loop logs a model reply this way (its encoding is the surrogate probe): the refusal
+    leaves the log and the caller's data as they were, so the repaired reply can be logged."""
+    store = MemoryStore()
+    log = store.create(SessionHeader(id="s1", created_at=1.0, cwd="/"))
+    log.append("turn/start", {"turn": 1})
+    block = {"type": "text", "text": "torn \ud83d"}
+    data = {"turn": 1, "reason": "completed", "message": "torn \ud83d"}
+    with pytest.raises(UnicodeEncodeError):
+        log.append("turn/end", data, repair=False)
+    assert data["message"] == "torn \ud83d" and block["text"] == "torn \ud83d"
+    assert len(log.events) == 1
+    log.append("turn/end", data)  # repairing (the default) logs it, repaired in place
+    assert data["message"] == f"torn {FFFD}"
+    log.close()
+    assert [e["seq"] for e in store.load(log.id).events] == [0, 1]
+
+
+def test_a_torn_reply_is_logged_once_repaired_and_acted_on_repaired() -> None:
+    """Text, call id, tool name and arguments with lone halves: one assistant/message, all
+    repaired, and the tool gets the repaired arguments under the repaired call id."""
+    with kit() as k:
+        got: list[Any] = []
+
+        def respond(request: ModelRequest) -> S.Step:
+            if request.step == 1:
+                return S.tool_call("echo", {"k": "v\ud800"}, "c\ud83d", text="say \udcff")
+            return S.text("done")
+
+        k.respond = respond
+
+        def echo(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+            got.append((dict(arguments), ctx.call_id))
+            return "ok"
+
+        k.runtime.ctx.tools.register(Tool("echo", "echoes", {"type": "object"}, echo))
+        agent = k.parent()
+        agent.send("go").get()
+        assert agent.when_idle().get().reason == "completed"
+        assert got == [({"k": f"v{FFFD}"}, f"c{FFFD}")]
+        events = list(agent.log.events)
+        validate_log(events, agent.header)
+        replies = [e for e in events if e["type"] == "assistant/message"]
+        assert len(replies) == 2
+        message = replies[0]["data"]["message"]
+        assert message["content"] == [{"type": "text", "text": f"say {FFFD}"}]
+        assert message["tool_calls"] == [
+            {"id": f"c{FFFD}", "name": "echo", "arguments": {"k": f"v{FFFD}"}}
+        ]
+        result = next(e for e in events if e["type"] == "tool/result")["data"]
+        assert (result["call_id"], result["is_error"]) == (f"c{FFFD}", False)
 
 
 def test_send_with_a_lone_surrogate_is_repaired_and_the_session_lives_on(tmp_path: Path) -> None:

@@ -274,14 +274,7 @@ class ScriptedModel:
         if entry is None:
             if self._responder is None:
                 raise ModelError(f"scripted model: no script for session {sid!r} and no responder")
-            step = self._responder(request)
-            if isinstance(step, str):
-                return Step("text", text=step)
-            if not isinstance(step, Step):
-                raise ModelError(
-                    f"scripted model: responder returned {type(step).__name__}, expected Step"
-                )
-            return step
+            return _responded(self._responder(request))
         steps, repeat = entry
         i = self._cursors.get(sid, 0)
         if i >= len(steps):
@@ -306,7 +299,13 @@ class ScriptedModel:
                 self._by_session[request.session_id] = [request]
             else:
                 per.append(request)
-        step = self._next_step(request)
+        responder = self._responder
+        if responder is not None and not self._scripts:  # a responder alone: no look-ups
+            step = responder(request)
+            if type(step) is not Step:
+                step = _responded(step)
+        else:
+            step = self._next_step(request)
         kind = step.kind
         if step.latency and signal.wait(step.latency):
             raise _aborted(signal)
@@ -348,3 +347,12 @@ class ScriptedModel:
             )
             return ModelResponse(content, calls, "tool_calls", usage)
         return ModelResponse(content, (), _FINISH[kind], usage)
+
+
+def _responded(step: object) -> Step:
+    """A responder's answer as a step: a str is a text reply."""
+    if isinstance(step, str):
+        return Step("text", text=step)
+    if not isinstance(step, Step):
+        raise ModelError(f"scripted model: responder returned {type(step).__name__}, expected Step")
+    return step
