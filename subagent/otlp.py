@@ -773,12 +773,38 @@ class BatchExporter:
     ) -> None:
         """A span that started at `start_time` and ends now, under this parent, from
         `template` and then `attributes` (cleaned as the API would), with a fresh span id."""
+        self._queue_leaf(
+            head, template, _bits(64) or draw_span_id(), start_time, _time_ns(), attributes
+        )
+
+    def _end_leaf(self, head: LeafHead, span: LeanSpan) -> None:
+        """End `span`, made under this parent from a template (`Subspans.start_current`): as
+        `span.end()`; encoded here from the parent's shared fields when it kept its template
+        and has no events, links or status (a tool call's usual span), else by `on_end`."""
+        if span.end_time:
+            return  # ended once
+        end_time = span.end_time = _time_ns()
+        template = span.template
+        if template is None or span.event_list or span.link_list or span.status_code:
+            self.on_end(span)
+            return
+        self._queue_leaf(head, template, span.span_id, span.start_time, end_time, span.attrs)
+
+    def _queue_leaf(
+        self,
+        head: LeafHead,
+        template: SpanTemplate,
+        span_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: Mapping[str, object] | None,
+    ) -> None:
+        """Encode a leaf span from its parent's shared fields and queue it (both leaf paths):
+        `Encoder.leaf`'s bytes, with the caches read inline."""
         queue = self._queue
         if self._closed or len(queue) >= self._max_queue:
             self._refuse()
             return
-        end_time = _time_ns()
-        span_id = _bits(64) or draw_span_id()
         try:
             middle = template.wire or self._encoder.template(template)
             if attributes:
@@ -816,70 +842,6 @@ class BatchExporter:
                     middle,
                     head.state,
                     _pack_tail(0x39, start_time, 0x41, end_time, 0x85, 1, 0x100),
-                )
-            )
-        except Exception:  # a bug of ours: lose the span, keep tracing
-            log.exception("encoding a span failed")
-            self._full += 1
-            return
-        scope = head.scope
-        queue.append(encoded if scope is None else (scope, encoded))
-        if self._thread is None and _get_ident() == self._hub_thread:
-            if self._green is None or (len(queue) >= self._batch and not self._woken):
-                self._wake_green()
-        else:
-            self._wake_thread()
-
-    def _end_leaf(self, head: LeafHead, span: LeanSpan) -> None:
-        """End `span`, made under this parent from a template (`Subspans.start_current`): as
-        `span.end()`; encoded here from the parent's shared fields when it kept its template
-        and has no events, links or status (a tool call's usual span), else by `on_end`."""
-        if span.end_time:
-            return  # ended once
-        end_time = span.end_time = _time_ns()
-        template = span.template
-        if template is None or span.event_list or span.link_list or span.status_code:
-            self.on_end(span)
-            return
-        queue = self._queue
-        if self._closed or len(queue) >= self._max_queue:
-            self._refuse()
-            return
-        try:
-            middle = template.wire or self._encoder.template(template)
-            attributes = span.attrs
-            if attributes:  # as in `record`
-                encoder = self._encoder
-                cached = encoder.cached
-                for key, value in attributes.items():
-                    kind = type(value)
-                    if kind is str or kind is int:
-                        per_key = cached.get(key)
-                        if per_key is not None:
-                            found = per_key.get(value if kind is str else (kind, value))
-                            if found is not None:
-                                middle += found
-                                continue
-                        else:
-                            key_field = encoder.varying.get(key)
-                            if key_field is not None:
-                                middle += (
-                                    _text_attribute(key_field, value)  # type: ignore[arg-type]
-                                    if kind is str
-                                    else _int_attribute(key_field, value)  # type: ignore[arg-type]
-                                )
-                                continue
-                    middle += encoder.own_attribute(key, value)
-            n = head.size + len(middle)
-            encoded = b"".join(
-                (
-                    _SPAN_TAGS[n] if n < _SPAN_TAGGED else _SPAN_TAG + _varint(n),
-                    head.before,
-                    _pack_id(span.span_id),
-                    head.after,
-                    middle,
-                    head.state,
-                    _pack_tail(0x39, span.start_time, 0x41, end_time, 0x85, 1, 0x100),
                 )
             )
         except Exception:  # a bug of ours: lose the span, keep tracing
