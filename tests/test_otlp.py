@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import gevent.event
 import pytest
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
@@ -406,12 +407,7 @@ def test_templated_spans_encode_byte_for_byte_as_spans_made_through_the_api() ->
         if i % 11 == 0:
             span.set_attribute("gen_ai.tool.name", "renamed")
         span.end()
-        twin = tracer.start_span(
-            span.name, context, SpanKind.INTERNAL, dict(span.attributes),
-            start_time=span.start_time,
-        )  # fmt: skip
-        assert isinstance(twin, LeanSpan)
-        twin.span_id = span.span_id
+        twin = _through_the_api(tracer, span, context)
         twin.set_status(span.status)
         twin.end(span.end_time)
         encoded.append(encoder.span(span))
@@ -457,12 +453,7 @@ def test_a_templated_spans_own_integers_and_strings_encode_as_through_the_api() 
         span, _ = tracer.start_current(template, own, context)  # type: ignore[attr-defined]
         span.add_event("subagent.turn.end", {"subagent.turn": 1, "subagent.turn.reason": "x"})
         span.end()
-        twin = tracer.start_span(
-            span.name, context, SpanKind.INTERNAL, dict(span.attributes),
-            start_time=span.start_time,
-        )  # fmt: skip
-        assert isinstance(twin, LeanSpan)
-        twin.span_id = span.span_id
+        twin = _through_the_api(tracer, span, context)
         twin.event_list = span.event_list
         twin.end(span.end_time)
         mine = encoder.span(span)
@@ -697,3 +688,14 @@ def test_recorded_spans_with_values_the_api_cleans_encode_as_spans_made_through_
     twin.span_id = int.from_bytes(pb.span_id, "big")
     twin.end_time = pb.end_time_unix_nano
     assert Encoder(RESOURCE).span(twin) in posted[0]
+
+
+def _through_the_api(tracer: trace.Tracer, span: LeanSpan, context: Context) -> LeanSpan:
+    """`span` made again through `start_span` (its name, kind, attributes, start and id), for
+    its encoding to be compared byte for byte; not ended yet."""
+    twin = tracer.start_span(
+        span.name, context, span.kind, dict(span.attributes), start_time=span.start_time
+    )
+    assert isinstance(twin, LeanSpan)
+    twin.span_id = span.span_id
+    return twin
