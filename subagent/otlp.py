@@ -388,9 +388,11 @@ class Encoder:
             found = self._event_names[name] = _field(b"\x12", _text(name))
         return found
 
-    def _own(self, attrs: Mapping[str, object]) -> bytes:
-        """A templated span's own attribute fields: a string of a key whose values vary (a
-        call id) is written straight out, anything else goes through the caches."""
+    def own_fields(self, attrs: Mapping[str, object]) -> bytes:
+        """A templated span's own attribute fields: a repeated string or integer from the
+        cache, one of a key whose values vary (a call id) written straight out, anything else
+        cleaned as the API would (`own_attribute`). For a span's encoding and the exporter's
+        leaf paths alike."""
         parts = []
         varying = self.varying
         cached = self.cached
@@ -413,7 +415,7 @@ class Encoder:
                         else:
                             parts.append(_int_attribute(key_field, value))  # type: ignore[arg-type]
                         continue
-            parts.append(self._attribute(key, value))
+            parts.append(self.own_attribute(key, value))
         return b"".join(parts)
 
     def own_attribute(self, key: str, value: object) -> bytes:
@@ -459,7 +461,7 @@ class Encoder:
             if middle is None:
                 middle = self.template(template)
             if attrs:
-                middle += self._own(attrs)
+                middle += self.own_fields(attrs)
         else:
             name = span.span_name
             middle = None
@@ -808,30 +810,7 @@ class BatchExporter:
         try:
             middle = template.wire or self._encoder.template(template)
             if attributes:
-                # The span's own attributes: a repeated string or integer from the cache, one
-                # of a key whose values vary (a call id) written straight out, anything else
-                # through the encoder (`Encoder.own_attribute`, which does the same).
-                encoder = self._encoder
-                cached = encoder.cached
-                for key, value in attributes.items():
-                    kind = type(value)
-                    if kind is str or kind is int:
-                        per_key = cached.get(key)
-                        if per_key is not None:
-                            found = per_key.get(value if kind is str else (kind, value))
-                            if found is not None:
-                                middle += found
-                                continue
-                        else:
-                            key_field = encoder.varying.get(key)
-                            if key_field is not None:
-                                middle += (
-                                    _text_attribute(key_field, value)  # type: ignore[arg-type]
-                                    if kind is str
-                                    else _int_attribute(key_field, value)  # type: ignore[arg-type]
-                                )
-                                continue
-                    middle += encoder.own_attribute(key, value)
+                middle += self._encoder.own_fields(attributes)
             n = head.size + len(middle)
             encoded = b"".join(
                 (
