@@ -514,13 +514,7 @@ def test_recorded_spans_reach_the_exporter_without_a_span_object_and_encode_as_s
 
     def run() -> None:
         tracer = LeanTracerProvider(RESOURCE, exporter).get_tracer("subagent-runtime")
-        remote = SpanContext(
-            0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
-            trace_state=TraceState([("vendor", "v1")]),
-        )  # fmt: skip
-        parent = tracer.start_span(
-            "invoke_agent", trace.set_span_in_context(trace.NonRecordingSpan(remote))
-        )
+        parent = _under_a_remote_parent(tracer)
         fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
         template = fast.template(
             "chat m", SpanKind.CLIENT,
@@ -581,13 +575,7 @@ def test_a_tool_spans_end_is_encoded_by_the_exporters_own_path_byte_for_byte() -
     def run() -> None:
         provider = LeanTracerProvider(RESOURCE, exporter)
         tracer = provider.get_tracer("subagent-runtime")
-        remote = SpanContext(
-            0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
-            trace_state=TraceState([("vendor", "v1")]),
-        )  # fmt: skip
-        parent = tracer.start_span(
-            "invoke_agent", trace.set_span_in_context(trace.NonRecordingSpan(remote))
-        )
+        parent = _under_a_remote_parent(tracer)
         context = trace.set_span_in_context(parent)
         fast = tracer.subspans(parent)  # type: ignore[attr-defined]  # the lean tracer's own
         template = fast.template(
@@ -699,3 +687,15 @@ def _through_the_api(tracer: trace.Tracer, span: LeanSpan, context: Context) -> 
     assert isinstance(twin, LeanSpan)
     twin.span_id = span.span_id
     return twin
+
+
+def _under_a_remote_parent(tracer: trace.Tracer) -> trace.Span:
+    """An `invoke_agent` span whose parent came from another process, with a trace state: the
+    leaf paths' shared head then holds every optional field."""
+    remote = SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+        trace_state=TraceState([("vendor", "v1")]),
+    )  # fmt: skip
+    return tracer.start_span(
+        "invoke_agent", trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    )
