@@ -250,12 +250,19 @@ class ProcessGroup:
         # made gevent reap every child (it uses `gevent.subprocess`), that reaper may take the
         # leader first: a child watcher then gets its status (watching costs nothing more once
         # the reaper is in; installing it ourselves would break the host's own waits).
-        self._pidfd: int | None = os.pidfd_open(self.pid)
-        self._exit_io: Any = loop.io(self._pidfd, 1)  # 1: readable
-        self._exit_io.start(self._on_exit)
+        self._pidfd: int | None = None
+        self._exit_io: Any = None
         self._reaped: Any = None
-        if _gevent_reaps_children():
-            self._reaped = loop.child(self.pid, ref=False)
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfds here (Linux < 5.3): gevent's reaper
+            self._reaped = loop.child(self.pid, ref=True)
+        else:
+            self._exit_io = loop.io(self._pidfd, 1)  # 1: readable
+            self._exit_io.start(self._on_exit)
+            if _gevent_reaps_children():
+                self._reaped = loop.child(self.pid, ref=False)
+        if self._reaped is not None:
             self._reaped.start(self._on_reaped)
         _LIVE.add(self)
 
@@ -267,7 +274,10 @@ class ProcessGroup:
             if self._reaped is None:
                 self._settle(None)  # its status is lost to us; its exit is not
             return  # the child watcher has, or will have, its status
-        self._settle(os.waitstatus_to_exitcode(status) if pid == self.pid else None)
+        if pid == 0:  # not a zombie yet (a pidfd turns readable at exit): wait on
+            self._exit_io.start(self._on_exit)
+            return
+        self._settle(os.waitstatus_to_exitcode(status))
 
     def _on_reaped(self) -> None:
         self._settle(os.waitstatus_to_exitcode(self._reaped.rstatus))
@@ -275,7 +285,8 @@ class ProcessGroup:
     def _settle(self, code: int | None) -> None:
         if self._exited.ready():
             return
-        self._exit_io.stop()
+        if self._exit_io is not None:
+            self._exit_io.stop()
         if self._reaped is not None:
             self._reaped.stop()
         if self._pidfd is not None:

@@ -168,3 +168,19 @@ def test_the_exit_code_is_seen_when_the_host_made_gevent_reap_every_child() -> N
         group.terminate(None, 1.0)
         for pipe in (group.stdin, group.stdout, group.stderr):
             pipe.close()
+
+
+def test_without_pidfds_the_leader_is_still_reaped_with_its_exit_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel without pidfds (Linux < 5.3): gevent's reaper and a child watcher, as before."""
+
+    def no_pidfds(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    group = spawn(sys.executable, "-c", "import sys; sys.exit(6)")
+    assert group.wait_leader(30) == 6
+    group.terminate(None, 1.0)
+    for pipe in (group.stdin, group.stdout, group.stderr):
+        pipe.close()
