@@ -47,7 +47,7 @@ _LIVE: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
 _PR_SET_PDEATHSIG = 1
 
 
-def _load_libc() -> Any:
+def _load_libc() -> ctypes.CDLL | None:
     """libc on Linux (loaded in the parent: nothing is imported after `fork`), else None."""
     if not sys.platform.startswith("linux"):
         return None
