@@ -641,28 +641,22 @@ class LeanTracer(trace.Tracer):
         kept = None
         if links:
             kept = [link for link in links if link.context.is_valid] or None
-        # The slots filled here, not through `LeanSpan.__init__` (fourteen arguments), as in
-        # `Subspans.start_current`; tests/test_lean_tracing.py checks every slot is set.
-        made = _new_span(LeanSpan)
-        made.span_name = template.name
-        made.trace_id = trace_id
-        made.span_id = span_id
-        made.parent_id = parent_id
-        made.parent_remote = remote
-        made.trace_state = state
-        made.kind = template.kind
-        made.start_time = _time_ns()
-        made.end_time = 0
-        made.attrs = attributes or None
-        made.event_list = None
-        made.link_list = kept
-        made.status_code = 0
-        made.status_message = None
-        made.scope = self._scope
-        made.sink = self._sink
-        made.exit_records = True
-        made.cached_context = None
-        made.template = template
+        made = LeanSpan(
+            template.name,
+            trace_id,
+            span_id,
+            parent_id,
+            remote,
+            state,
+            template.kind,
+            _time_ns(),
+            attributes or None,
+            kept,
+            self._scope,
+            self._sink,
+            True,
+            template,
+        )
         return made, Context({**base, _SPAN_KEY: made})
 
     def subspans(self, parent: trace.Span) -> Subspans | None:

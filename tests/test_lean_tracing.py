@@ -221,8 +221,8 @@ def test_subspans_only_under_a_recording_lean_span_whose_children_are_sampled(
 
 
 def test_a_templated_span_started_current_has_every_slot_set(sink: MemorySink) -> None:
-    """`LeanTracer.start_current` (a child's activation span) fills the span's slots itself:
-    every slot is set, and it holds what the same span made by `start_span` holds (its
+    """`LeanTracer.start_current` (a child's activation span): every slot is set, and it
+    holds what the same span made by `start_span` holds (its
     template's attributes first, then its own, cleaned; its links), current in its context."""
     tracer = tracer_of(sink)
     parent = tracer.start_span("p")
