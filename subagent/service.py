@@ -480,7 +480,8 @@ class SubagentService:
         store = self._ctx.store
         request, trace = telemetry.begin_resume(request, name, run_id, parent_id, store, known)
         resume = known.resume
-        return self._launch(known, run_id, ticket, parent_id, lambda: resume(request), trace)
+        run = self._started(known, run_id, ticket, parent_id, lambda: resume(request), trace)
+        return self._publish(run)
 
     def _admit(
         self, message: reg.Admit | reg.AdmitResume, signal: AbortSignal
@@ -522,17 +523,6 @@ class SubagentService:
         """Give an admission slot back; a registry already stopped needs nothing back."""
         with contextlib.suppress(ActorDeadError):
             self._ref.tell(reg.Released(ticket))
-
-    def _launch(
-        self,
-        provider: SubagentProvider,
-        run_id: str,
-        ticket: int,
-        parent_id: str,
-        start: Callable[[], SubagentRun],
-        trace: tracing.Activation | None = None,
-    ) -> RunHandle:
-        return self._publish(self._started(provider, run_id, ticket, parent_id, start, trace))
 
     def _started(
         self,
