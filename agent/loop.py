@@ -310,16 +310,19 @@ class AgentCore:
             self.log.checkpoint("step")
             state.partial.clear()
             tt = self._trace
-            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced: with
-            # tracing, before the span sees it; without, the log's encoder is the probe (it
-            # refuses such text, logging nothing) and only a refused reply is repaired.
+            # Lone UTF-16 halves repaired before the reply is logged, acted on or traced: when
+            # the `chat` span records the reply's text, before the span sees it; otherwise the
+            # log's encoder is the probe (it refuses such text, logging nothing) and only a
+            # refused reply is repaired.
             if tt is None:
                 response = self.model.complete(request, sink)
+                repaired = False
             else:
                 response = tt.chat(self.model.complete, request, sink, without_lone_surrogates)
+                repaired = tt.captures_content
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
-            logged_calls = self._log_assistant(response, calls, tt is not None)
+            logged_calls = self._log_assistant(response, calls, repaired)
             if logged_calls is None:
                 response = without_lone_surrogates(response)
                 calls = response.tool_calls if finish in ("tool_calls", "stop") else ()

@@ -418,18 +418,25 @@ class Subspans(Protocol):
         """End a span `start_current` made (as `span.end()`, by the tracer's own path)."""
 
 
+# A `chat` span's name, its model, its fixed attributes and its templates by finish reason.
+_Chat = tuple[str, str | None, dict[str, Any], dict[str, object]]
+# What a turn holds until its first model call (no model yet: `None` matches no request's).
+_NO_CHAT: _Chat = ("", None, {}, {})
+
+
 class _Templates:
-    """The `chat` and `execute_tool` templates of one kind of `Subspans`, kept across turns:
-    by (provider, model) then finish reason, and by tool name."""
+    """The `chat` and `execute_tool` templates of one kind of `Subspans` (or of the API's path,
+    `None`), kept across turns: a `chat` span's name, attributes and templates by (provider,
+    model), and by tool name."""
 
     __slots__ = ("chat", "tool")
 
     def __init__(self) -> None:
-        self.chat: dict[tuple[str, str], dict[str, object]] = {}
+        self.chat: dict[tuple[str, str], _Chat] = {}
         self.tool: dict[str, object] = {}
 
 
-_TEMPLATES: dict[type, _Templates] = {}
+_TEMPLATES: dict[type | None, _Templates] = {None: _Templates()}
 
 
 def _subspans(found: Tracer, span: Span) -> tuple[Subspans, _Templates] | None:
@@ -453,12 +460,12 @@ class TurnTrace:
 
     __slots__ = (
         "_chat",
-        "_content",
         "_fast",
         "_here",
         "_own",
         "_provider",
         "_templates",
+        "captures_content",
         "context",
         "recording",
         "span",
@@ -466,25 +473,27 @@ class TurnTrace:
     )
 
     def __init__(self, found: Tracer, span: Span, context: Context, own: bool, provider: str):
-        self._content = capture_content()
+        # Whether the reply's text goes on the `chat` spans (`capture_content`): only then is a
+        # reply repaired here, before the span sees it (`chat`).
+        self.captures_content = capture_content()
         self.tracer = found
         self.span = span
         self.context = context
         self._own = own
         self._provider = provider
-        # The `chat` span's name and fixed attributes, built once for the model the turn asks
-        # (rebuilt only if a request names another): each step copies the dict, builds nothing.
-        # With `Subspans`, the last element holds the model's templates by finish reason.
-        self._chat: tuple[str, str, dict[str, Any], dict[str, object]] = ("", "", {}, {})
+        # The `chat` span's name and fixed attributes for the model the turn asks, kept across
+        # turns (`_Templates`) and looked up again only if a request names another model.
+        self._chat = _NO_CHAT
         # An agent span the sampler dropped: its model and tool spans would be dropped too
         # (parent-based sampling, the default), so they are not made at all; the context still
         # travels, so the children it starts stay out of the sample with it.
         self.recording = span.is_recording()
         self._here: TraceParent | None = None  # the parent a tool call gets, if not recording
         fast = _subspans(found, span) if self.recording else None
-        self._fast: Subspans | None = None
-        self._templates = _Templates()
-        if fast is not None:
+        if fast is None:
+            self._fast: Subspans | None = None
+            self._templates = _TEMPLATES[None]
+        else:
             self._fast, self._templates = fast
 
     def chat(
@@ -494,10 +503,15 @@ class TurnTrace:
         sink: ProgressSink | None,
         repair: Callable[[ModelResponse], ModelResponse],
     ) -> ModelResponse:
-        """Run one model call inside a `chat` span; `repair` (the loop's lone-surrogate repair)
-        runs before anything of the reply is recorded, and its result is returned."""
+        """Run one model call inside a `chat` span.
+
+        `repair` (the loop's lone-surrogate repair) runs before the reply is recorded, and its
+        result is returned, only when the span records the reply's text (`captures_content`).
+        Otherwise the span holds none of it and the reply goes back as the model gave it, for
+        the loop's log to probe: one encoding a step, not two."""
         if not self.recording:
-            return repair(complete(request, sink))
+            response = complete(request, sink)
+            return repair(response) if self.captures_content else response
         # The span is made when the call returns, with the call's start time and every
         # attribute in one dict: nothing nests under a model call, and a span object held
         # across the model's wait would outlive young collections (docs/performance.md).
@@ -507,7 +521,8 @@ class TurnTrace:
         except BaseException as exc:
             _fail(self._chat_span(request, None, start), exc)
             raise
-        response = repair(response)  # what the loop logs and acts on is what the span records
+        if self.captures_content:
+            response = repair(response)  # what the loop logs and acts on is what the span records
         fast = self._fast
         if fast is None:
             self._chat_span(request, response, start).end()
@@ -523,7 +538,7 @@ class TurnTrace:
         if template is None:
             template = self._chat_template(fast, chat, finish)
         own: dict[str, Any] | None = None
-        if self._content:
+        if self.captures_content:
             own = {"gen_ai.output.messages": output_messages(response)}
         if response.usage:
             usage = usage_attributes(response.usage)
@@ -534,29 +549,25 @@ class TurnTrace:
         fast.record(template, start, own)
         return response
 
-    def _chat_for(self, model: str) -> tuple[str, str, dict[str, Any], dict[str, object]]:
+    def _chat_for(self, model: str) -> _Chat:
         """The `chat` span's name, fixed attributes and templates for `model` (kept)."""
-        base = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": self._provider,
-            "gen_ai.request.model": model,
-        }
         by_model = self._templates.chat
         key = (self._provider, model)
-        templates = by_model.get(key)
-        if templates is None:
+        chat = by_model.get(key)
+        if chat is None:
             if len(by_model) >= _NAMES_KEPT:
                 by_model.clear()
-            templates = by_model[key] = {}
-        chat = self._chat = (f"chat {model}", model, base, templates)
+            base = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": self._provider,
+                "gen_ai.request.model": model,
+            }
+            chat = by_model[key] = (f"chat {model}", model, base, {})
+        self._chat = chat
         return chat
 
     @staticmethod
-    def _chat_template(
-        fast: Subspans,
-        chat: tuple[str, str, dict[str, Any], dict[str, object]],
-        finish: str,
-    ) -> object:
+    def _chat_template(fast: Subspans, chat: _Chat, finish: str) -> object:
         name, _, base, templates = chat
         if len(templates) >= _NAMES_KEPT:
             templates.clear()
@@ -572,7 +583,7 @@ class TurnTrace:
         attributes = base.copy()
         if response is not None:
             attributes["gen_ai.response.finish_reasons"] = _finish_reasons(response.finish)
-            if self._content:
+            if self.captures_content:
                 attributes["gen_ai.output.messages"] = output_messages(response)
             if response.usage:
                 attributes.update(usage_attributes(response.usage))

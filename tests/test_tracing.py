@@ -348,6 +348,52 @@ def test_captured_output_is_the_repaired_reply(monkeypatch: pytest.MonkeyPatch) 
     assert message["finish_reason"] == "stop"
 
 
+def test_a_torn_reply_is_logged_repaired_once_when_the_span_records_no_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With content capture off the `chat` span holds none of the reply's text, so the reply
+    is not repaired before it: the log's encoding probes it, as without tracing. Text, call id
+    and arguments with lone halves still reach the log, the tool and the tool's span repaired."""
+    monkeypatch.delenv(tracing.CAPTURE_CONTENT_ENV, raising=False)
+    fffd = "\ufffd"
+    got: list[Any] = []
+
+    def respond(request: ModelRequest) -> S.Step:
+        if request.step == 1:
+            return S.tool_call("echo", {"k": "v\ud800"}, "c\ud83d", text="say \udcff")
+        return S.text("done")
+
+    def echo(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        got.append((dict(arguments), ctx.call_id))
+        return "ok"
+
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore(), scripted=S.ScriptedModel(respond))
+        try:
+            rt.ctx.tools.register(Tool("echo", "echoes", {"type": "object"}, echo))
+            agent = rt.agent()
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+            replies = [e for e in agent.log.events if e["type"] == "assistant/message"]
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    assert got == [({"k": f"v{fffd}"}, f"c{fffd}")]
+    assert len(replies) == 2
+    message = replies[0]["data"]["message"]
+    assert message["content"] == [{"type": "text", "text": f"say {fffd}"}]
+    assert message["tool_calls"] == [
+        {"id": f"c{fffd}", "name": "echo", "arguments": {"k": f"v{fffd}"}}
+    ]
+    assert [attr(s, "gen_ai.response.finish_reasons") for s in named(spans, "chat")] == [
+        ("tool_calls",),
+        ("stop",),
+    ]
+    (tool,) = named(spans, "execute_tool")
+    assert attr(tool, "gen_ai.tool.call.id") == f"c{fffd}"
+    assert all(attr(s, "gen_ai.output.messages") is None for s in spans)
+
+
 def test_output_is_not_captured_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(tracing.CAPTURE_CONTENT_ENV, raising=False)
     (chat,) = named(run_cached_model(), "chat")
