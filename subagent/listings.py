@@ -5,7 +5,10 @@ runtime: `subagent ls` and `subagent tree` build a `Listings` over the store alo
 runtime's service builds one over its live agents too, plus the continuation manager's view of
 its live activations (`ActivationView`: a remote child has no local agent to ask).
 
-Rows are live-preferred: a live agent's own header and status override the stored ones.
+Rows are live-preferred: a live agent's own header and status override the stored ones. A live
+run that has neither (a one-shot ACP child: a remote process, no log in this store) is listed
+from the service's run table (`RemoteRunView`) while it runs: a parent told a child's id sees
+that child in its next listing, whichever provider runs it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ __all__ = [
     "ListedAgent",
     "ListingStore",
     "Listings",
+    "RemoteRun",
+    "RemoteRunView",
     "add_subtree_usage",
 ]
 
@@ -50,6 +55,20 @@ class Activation:
 
 # The continuation manager's answer for one child id, or None for a child it does not track.
 ActivationView = Callable[[str], Activation | None]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRun:
+    """A live run with no local agent (ACP, Ray), as the service's run table knows it: it is
+    listed from this when the store holds no log of it."""
+
+    id: str
+    parent_id: str
+    created_at: float  # epoch seconds, like a header's
+
+
+# The live remote runs, every parent's (the service's run table).
+RemoteRunView = Callable[[], Sequence[RemoteRun]]
 
 
 class _Loaded(Protocol):
@@ -115,6 +134,10 @@ def _untracked(_child_id: str) -> Activation | None:
     return None
 
 
+def _no_runs() -> Sequence[RemoteRun]:
+    return ()
+
+
 class Listings:
     """`list_children` / `list_descendants` over a store, live agents and live activations."""
 
@@ -123,21 +146,23 @@ class Listings:
         store: ListingStore,
         agents: Mapping[str, ListedAgent] | None = None,
         activations: ActivationView = _untracked,
+        remote_runs: RemoteRunView = _no_runs,
     ) -> None:
         self._store = store
         self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
+        self._remote_runs = remote_runs
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         """The parent's direct children (live-preferred), ordered by creation time."""
-        headers = self._headers()
+        headers, remote = self._headers()
         parents = {h.parent_session for h in headers.values()}
         mine = [h for h in headers.values() if h.parent_session == parent_session_id]
-        return self._rows(mine, parents)
+        return self._rows(mine, parents, remote)
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         """Every descendant of `root_session_id` (rows carry `parent_id` and `depth`)."""
-        headers = self._headers()
+        headers, remote = self._headers()
         by_parent: dict[str, list[SessionHeader]] = {}
         for header in headers.values():
             by_parent.setdefault(header.parent_session or "", []).append(header)
@@ -154,20 +179,45 @@ class Listings:
                     found.append(header)
                     nxt.append(header.id)
             frontier = nxt
-        return add_subtree_usage(self._rows(found, set(by_parent)))
+        return add_subtree_usage(self._rows(found, set(by_parent), remote))
 
-    def _headers(self) -> dict[str, SessionHeader]:
-        """Subagent session headers: stored ones, overridden by the live agents' own."""
+    def _headers(self) -> tuple[dict[str, SessionHeader], set[str]]:
+        """Subagent session headers: stored ones, overridden by the live agents' own; then one
+        made up for each live remote run that has neither (their ids: the second value)."""
         headers = {h.id: h for h in self._store.list() if h.origin == "subagent"}
         for agent_id, agent in list(self._agents.items()):
             if agent.header.origin == "subagent":
                 headers[agent_id] = agent.header
-        return headers
+        remote: set[str] = set()
+        for run in self._remote_runs():
+            if run.id in headers:
+                continue  # its log (a continuable ACP child's, a Ray child's) says more
+            parent = self._agents.get(run.parent_id)
+            above = parent.header if parent is not None else headers.get(run.parent_id)
+            headers[run.id] = SessionHeader(
+                id=run.id,
+                created_at=run.created_at,
+                cwd=above.cwd if above is not None else "",
+                parent_session=run.parent_id,
+                origin="subagent",
+                delegation_depth=above.delegation_depth + 1 if above is not None else 1,
+            )
+            remote.add(run.id)
+        return headers, remote
 
-    def _rows(self, headers: Sequence[SessionHeader], parents: set[str | None]) -> list[ChildRow]:
+    def _rows(
+        self, headers: Sequence[SessionHeader], parents: set[str | None], remote: set[str]
+    ) -> list[ChildRow]:
         rows: list[ChildRow] = []
         for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
             child_id = header.id
+            if child_id in remote:
+                # Nothing of it is stored here and its spend is counted when it ends.
+                activation = self._activations(child_id)
+                label = activation.label if activation is not None else None
+                mode = "continuable" if label else "one-shot"
+                rows.append(_child_row(header, parents, mode, label, "running"))
+                continue
             agent = self._agents.get(child_id)
             try:
                 descriptor, usage, cost = self._descriptor_of(child_id, agent)

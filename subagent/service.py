@@ -42,7 +42,7 @@ from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
-from subagent.listings import ChildRow, Listings
+from subagent.listings import ChildRow, Listings, RemoteRun
 from subagent.live import LiveAgents, live_agent
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.types import (
@@ -270,7 +270,9 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        self._listings = Listings(ctx.store, LiveAgents(ctx), self._continuation.activation)
+        self._listings = Listings(
+            ctx.store, LiveAgents(ctx), self._continuation.activation, self._remote_runs
+        )
         ctx.lifecycle.on_published(self._on_agent_published)
         ctx.lifecycle.on_closing(self._on_parent_closing)
         ctx.lifecycle.on_cancelled(self._on_parent_cancelled)
@@ -648,6 +650,22 @@ class SubagentService:
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         return self._listings.list_descendants(root_session_id)
+
+    def _remote_runs(self) -> list[RemoteRun]:
+        """The live runs with no local agent, for the listings: a one-shot ACP child has no log
+        in the store, yet it is a child from its publication on (before `start` returned)."""
+        if self._closed:
+            return []
+        try:
+            runs = self.runs()
+        except SubagentError:  # closed meanwhile: no run is live any more
+            return []
+        wall, now = time.time(), time.monotonic()
+        return [
+            RemoteRun(run.id, run.parent_id, wall - (now - run.started_at))
+            for run in runs
+            if run.local_agent is None
+        ]
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from gevent.queue import Queue
 from subagent.serve import mcp_server
 from subagent.serve.mcp_server import McpServer
 from subagent.serve.stdio import ProtocolPipes
-from subagent.serve.wiring import ServeConfig, build_served
+from subagent.serve.wiring import ServeConfig, acp_config_from_flag, build_served
 
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
@@ -27,12 +28,14 @@ INTERNAL_ERROR = -32603
 class Wire:
     """A raw MCP client: writes JSON-RPC lines, collects every message the server writes."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *acp: str) -> None:
         to_server_r, to_server_w = os.pipe()
         to_client_r, to_client_w = os.pipe()
-        served = build_served(
-            ServeConfig(store_dir=str(tmp_path / "sessions")), fork=False, child_options=True
+        config = ServeConfig(
+            store_dir=str(tmp_path / "sessions"),
+            acp=tuple(acp_config_from_flag(flag) for flag in acp),
         )
+        served = build_served(config, fork=False, child_options=True)
         pipes = ProtocolPipes(
             FileObjectPosix(to_server_r, "rb"), FileObjectPosix(to_client_w, "wb")
         )
@@ -181,3 +184,50 @@ def test_every_call_waiting_on_a_child_hears_its_progress(wire: Wire) -> None:
     assert wire.answer(5)["result"]["isError"] is False
     assert "result" in wire.answer(2) and "result" in wire.answer(3)
     assert progress_of(wire, "first") == progress_of(wire, "second") != []
+
+
+def text_of(answer: dict[str, Any]) -> str:
+    text: str = answer["result"]["content"][0]["text"]
+    return text
+
+
+def test_a_background_child_is_in_the_next_listing(wire: Wire) -> None:
+    """Once an answer names a child, a call sent after it lists that child: the spawn child is
+    a live agent with its log stored before the answer is written, whether it still runs or
+    already ended."""
+    for prompt in ("/hang", "quick"):
+        wire.call(
+            prompt, "subagent", {"description": prompt, "prompt": prompt, "run_in_background": True}
+        )
+        child = text_of(wire.answer(prompt)).split()[3]
+        wire.call(f"list {prompt}", "list_agents", {})
+        assert f"{child}  status=" in text_of(wire.answer(f"list {prompt}"))
+
+
+PEER = Path(__file__).resolve().parent / "acp_peers" / "sdk_agent.py"
+
+
+def test_a_background_acp_child_is_listed_while_it_runs(tmp_path: Path) -> None:
+    """A one-shot ACP child has no local agent and no log in the store: it is listed from the
+    service's run table, from the answer that names it until it ends."""
+    wire = Wire(tmp_path, f"peer={sys.executable} {PEER} wait")
+    try:
+        args = {"description": "remote", "prompt": "wait here", "run_in_background": True}
+        wire.call(1, "subagent_peer", args)
+        started = text_of(wire.answer(1, timeout=60))
+        child, task = started.split()[2], started.split()[8].rstrip(".")
+        wire.call(2, "list_agents", {})
+        (line,) = text_of(wire.answer(2)).splitlines()
+        assert line.startswith(f"{child}  status=running  mode=one-shot  depth=1  ")
+        assert line.endswith("  label=remote")
+        wire.call(3, "list_agents", {"scope": "descendants"})
+        assert text_of(wire.answer(3)).startswith(f"{child}  status=running  ")
+        wire.call(4, "task_kill", {"task_id": task})
+        assert wire.answer(4)["result"]["isError"] is False
+        wire.call(5, "task_output", {"task_id": task, "wait": True})
+        assert "killed" in text_of(wire.answer(5, timeout=60))
+        # Ended: nothing of it is kept here but its task.
+        wire.call(6, "list_agents", {})
+        assert text_of(wire.answer(6)) == "No subagents."
+    finally:
+        wire.close()
