@@ -23,6 +23,7 @@ from subagent.serve.wiring import ServeConfig, acp_config_from_flag, build_serve
 
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
+INVALID_PARAMS = -32602
 
 
 class Wire:
@@ -231,3 +232,63 @@ def test_a_background_acp_child_is_listed_while_it_runs(tmp_path: Path) -> None:
         assert text_of(wire.answer(6)) == "No subagents."
     finally:
         wire.close()
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"method": "ping"},
+        {"method": "tools/list"},
+        {"method": "initialize", "params": {}},
+        {"method": "tools/call", "params": {"name": "list_agents", "arguments": {}}},
+    ],
+    ids=["ping", "tools/list", "initialize", "tools/call"],
+)
+def test_any_request_reusing_a_running_calls_id_is_refused(
+    wire: Wire, request_: dict[str, Any]
+) -> None:
+    """Whatever its method, a request under the id of a call still running is an invalid
+    request: answering it would give the client two answers under one id."""
+    child = hang(7, wire)
+    wire.send({"jsonrpc": "2.0", "id": 7, **request_})
+    refused = wire.answer(7)
+    assert refused["error"]["code"] == INVALID_REQUEST
+    assert "still running" in refused["error"]["message"]
+    wire.call(8, "interrupt_agent", {"agent_id": child})
+    assert wire.answer(8)["result"]["isError"] is False
+    ended = wire.answer(7)  # the running call's own answer, once
+    assert "result" in ended
+    answers = [m for m in wire.seen if m.get("id") == 7 and "method" not in m]
+    assert answers == [refused, ended]
+    wire.call(7, "list_agents", {})  # over: the id may be used again
+    assert wire.answer(7)["result"]["isError"] is False
+
+
+def test_a_progress_token_of_a_running_call_is_refused(wire: Wire) -> None:
+    """MCP: a progress token is unique among the active requests; a second call under a token
+    in use could not be told apart in the progress stream, so it is refused, not run."""
+    child = hang("first", wire)
+    wire.call("second", "list_agents", {}, progressToken="first")
+    refused = wire.answer("second")
+    assert refused["error"]["code"] == INVALID_PARAMS
+    assert "progressToken" in refused["error"]["message"]
+    wire.call("stop", "interrupt_agent", {"agent_id": child})
+    assert wire.answer("stop")["result"]["isError"] is False
+    assert "result" in wire.answer("first")
+    wire.call("third", "list_agents", {}, progressToken="first")  # free again
+    assert wire.answer("third")["result"]["isError"] is False
+
+
+def test_the_server_sends_no_requests_of_its_own(wire: Wire) -> None:
+    """Server-to-client traffic is answers and notifications only: the server has no request
+    id of its own to reuse (docs/decisions.md)."""
+    hang("a", wire)
+    wire.call("b", "subagent", {"description": "bg", "prompt": "hi", "run_in_background": True})
+    wire.answer("b")
+    wire.call("c", "tools/list", {})
+    wire.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "a"}})
+    wire.send({"jsonrpc": "2.0", "id": "d", "method": "ping"})
+    wire.answer("d")
+    assert wire.seen
+    for message in wire.seen:
+        assert ("method" in message) != ("id" in message), message

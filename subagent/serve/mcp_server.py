@@ -92,6 +92,7 @@ class McpServer:
         self._feed: ChildFeed | None = None
         self._version: str | None = None
         self._calls: dict[object, AbortController] = {}  # by JSON-RPC request id
+        self._tokens: set[str | int] = set()  # the progress tokens of the running calls
         self._group = Group()
         self._stop = Event()
         self._ticks = itertools.count(1)
@@ -130,6 +131,10 @@ class McpServer:
     # -- requests --------------------------------------------------------------------------
 
     def _on_request(self, method: str, params: object) -> dict[str, Any] | gevent.Greenlet:
+        if self.conn.request_id in self._calls:
+            # Whatever the method: its answer, its cancel and the running call's could not be
+            # told apart. (The connection answers only ids it can echo: all hashable.)
+            raise RpcFault(INVALID_REQUEST, "a call with this request id is still running")
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
@@ -180,31 +185,44 @@ class McpServer:
         arguments = {} if arguments is None else arguments
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, Mapping) else None
+        if not isinstance(token, (str, int)) or isinstance(token, bool):
+            token = None  # MCP's tokens are strings or integers: no progress for another kind
+        elif token in self._tokens:
+            # MCP: unique across the active requests; two calls' progress could not be told apart.
+            raise RpcFault(INVALID_PARAMS, "the progressToken is in use by a running call")
         rid = self.conn.request_id
         if isinstance(rid, bool) or not isinstance(rid, (str, int, float)):
             raise RpcFault(INVALID_REQUEST, "a tools/call request id must be a string or a number")
-        if rid in self._calls:
-            # Its cancel and its answer could not be told apart from the running call's.
-            raise RpcFault(INVALID_REQUEST, "a call with this request id is still running")
         call = ToolCall(f"mcp-{rid}", name, arguments)
         controller = AbortController()
-        # Registered last, and only with its greenlet: `_run_call` removes it when it ends.
+        # Registered last, and only with its greenlet: `_forget` removes it (linked below).
         self._calls[rid] = controller
+        if token is not None:
+            self._tokens.add(token)
         try:
             greenlet: gevent.Greenlet = self._group.spawn(
-                self._run_call, root, rid, call, controller, token
+                self._run_call, root, call, controller, token
             )
         except BaseException:
-            del self._calls[rid]
+            self._forget(rid, token)
             raise
+        # Linked before the connection links its answer, so both run in one pass of the
+        # greenlet's links: the id and the token are free exactly when the answer is queued
+        # (never while the client could not yet have it), and never before.
+        greenlet.rawlink(lambda _done: self._forget(rid, token))
         return greenlet
 
+    def _forget(self, rid: object, token: str | int | None) -> None:
+        self._calls.pop(rid, None)
+        if token is not None:
+            self._tokens.discard(token)
+
     def _run_call(
-        self, root: Agent, rid: object, call: ToolCall, controller: AbortController, token: object
+        self, root: Agent, call: ToolCall, controller: AbortController, token: str | int | None
     ) -> object:
         """The call's `CallToolResult`, or `NO_REPLY` when the client cancelled it."""
         feed = None
-        if isinstance(token, (str, int)) and not isinstance(token, bool) and self._feed:
+        if token is not None and self._feed:
             # Only this call's children: calls overlap on one root agent, each with its token.
             feed = self._feed.add_call(lambda event: self._progress(token, event))
         ctx = ToolContext(
@@ -221,7 +239,6 @@ class McpServer:
         finally:
             if feed is not None:
                 feed.close()
-            self._calls.pop(rid, None)
         if controller.signal.aborted:
             return NO_REPLY  # the client cancelled: it expects no answer
         return tool_result_json(result)
