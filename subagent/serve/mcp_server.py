@@ -14,7 +14,10 @@ client sent a `progressToken`, about that call's own children only (calls overla
 root agent; the subagent tools name each child they start to the call). Any tool failure (a
 crashing child, a bad argument, a depth or capability refusal) is a result with `isError: true`
 whose text starts with the seam's code in brackets (also in `_meta`), never a JSON-RPC error; an
-unknown tool name or malformed params is a JSON-RPC `-32602`, as the spec asks.
+unknown tool name or malformed params is a JSON-RPC `-32602`, as the spec asks. Any request
+under the id of a call still running is `-32600`, a call reusing a running call's progress token
+`-32602`: answers, cancels and progress are matched by them. The server sends no requests of its
+own (docs/decisions.md).
 """
 
 from __future__ import annotations
