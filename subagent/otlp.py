@@ -976,7 +976,11 @@ class BatchExporter:
                 log.exception("encoding %d spans failed", len(items))
                 self._failed += len(items)
                 continue
-            reason = self._post(body)
+            try:
+                reason = self._post(body)
+            except Exception as exc:  # a bug of ours or the HTTP client's: lose the batch only
+                log.debug("posting %d spans failed", len(items), exc_info=True)
+                reason = type(exc).__name__
             if reason is None:
                 self.exported += len(items)
             else:

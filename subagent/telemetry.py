@@ -16,6 +16,7 @@ import keyword
 import logging
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -415,19 +416,49 @@ def otlp_endpoint(env: Mapping[str, str]) -> str:
     return base.rstrip("/") + "/v1/traces"
 
 
+# What an HTTP header may be (RFC 9110): a name is a token; a value has no control character
+# but tab. `http.client` refuses the rest only when the first batch is posted.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+_HEADER_VALUE_REFUSED = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def otlp_headers(env: Mapping[str, str]) -> dict[str, str]:
-    """`OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`: `key=value` pairs, comma-separated, URL-encoded."""
-    text = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+    """`OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`: `key=value` pairs, comma-separated, URL-encoded.
+
+    A pair that is not one, or that decodes to what HTTP cannot carry (a CR/LF, another control
+    character, a character beyond Latin-1, a name that is not a token), is a `ValueError` here,
+    naming the variable and the pair's place but never echoing a value (headers carry tokens)."""
+    variable = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    text = env.get(variable)
+    if not text:
+        variable = "OTEL_EXPORTER_OTLP_HEADERS"
+        text = env.get(variable, "")
     out: dict[str, str] = {}
-    for item in text.split(","):
+    for place, item in enumerate(text.split(","), 1):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         key = urllib.parse.unquote(key.strip()).lower()
         if not sep or not key:
-            raise ValueError(f"OTEL_EXPORTER_OTLP_HEADERS: not key=value: {item.strip()!r}")
-        out[key] = urllib.parse.unquote(value.strip())
+            raise ValueError(f"{variable}: pair {place} is not key=value")
+        value = urllib.parse.unquote(value.strip())
+        if not _HEADER_NAME.fullmatch(key):
+            raise ValueError(f"{variable}: pair {place}: {key!r} is not an HTTP header name")
+        if _HEADER_VALUE_REFUSED.search(value) or not _latin1(value):
+            raise ValueError(
+                f"{variable}: pair {place} ({key}): the value has a control character or a "
+                "character beyond Latin-1, which an HTTP header cannot carry"
+            )
+        out[key] = value
     return out
+
+
+def _latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def otlp_timeout_s(env: Mapping[str, str]) -> float:
