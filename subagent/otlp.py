@@ -695,7 +695,7 @@ class BatchExporter:
         self._served = 0  # flush requests whose spans have been exported (or dropped)
         self._full = 0  # dropped at the queue (the hub's count)
         self._failed = 0  # dropped by a failed post (the drainer's count)
-        self._warned = False
+        self.first_loss: str | None = None  # why the first span was lost (said once)
         self.exported = 0
         self._draining = threading.Lock()  # one drainer at a time: the greenlet, thread or caller
         # The hub's drainer: a greenlet, started by the first span ended on this thread's hub.
@@ -988,6 +988,6 @@ class BatchExporter:
                 self._lost(f"the export to the collector failed ({reason})")
 
     def _lost(self, reason: str) -> None:
-        if not self._warned:
-            self._warned = True
+        if self.first_loss is None:
+            self.first_loss = reason
             log.warning("dropping spans: %s; later losses are counted, not logged again", reason)
