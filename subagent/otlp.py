@@ -613,7 +613,9 @@ class HttpPoster:
                 # In a greenlet the whole exchange is bounded, not each socket call alone: a
                 # server that drips its answer a byte a second would hold the drainer forever.
                 limit = (
-                    gevent.Timeout(self._timeout, TimeoutError(f"no answer in {self._timeout} s"))
+                    gevent.Timeout(
+                        self._timeout, TimeoutError(f"timed out after {self._timeout} s")
+                    )
                     if cooperative
                     else _NO_LIMIT
                 )
