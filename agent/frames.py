@@ -280,8 +280,10 @@ def iter_frames(
         end, payload, torn = _next_frame(src, offset, name)
         if torn or payload is None:
             return
-        if index >= start:
-            yield _event(payload, name, offset)
+        event = _event(payload, name, offset) if index >= start else None
+        payload = None  # not held while suspended: the window may move on the next read
+        if event is not None:
+            yield event
         index += 1
         offset = end
 
