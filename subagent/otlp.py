@@ -695,7 +695,7 @@ class BatchExporter:
         self._served = 0  # flush requests whose spans have been exported (or dropped)
         self._full = 0  # dropped at the queue (the hub's count)
         self._failed = 0  # dropped by a failed post (the drainer's count)
-        self._warned = False
+        self.first_loss: str | None = None  # why the first span was lost (said once)
         self.exported = 0
         self._draining = threading.Lock()  # one drainer at a time: the greenlet, thread or caller
         # The hub's drainer: a greenlet, started by the first span ended on this thread's hub.
@@ -976,7 +976,11 @@ class BatchExporter:
                 log.exception("encoding %d spans failed", len(items))
                 self._failed += len(items)
                 continue
-            reason = self._post(body)
+            try:
+                reason = self._post(body)
+            except Exception as exc:  # a bug of ours or the HTTP client's: lose the batch only
+                log.debug("posting %d spans failed", len(items), exc_info=True)
+                reason = type(exc).__name__
             if reason is None:
                 self.exported += len(items)
             else:
@@ -984,6 +988,6 @@ class BatchExporter:
                 self._lost(f"the export to the collector failed ({reason})")
 
     def _lost(self, reason: str) -> None:
-        if not self._warned:
-            self._warned = True
+        if self.first_loss is None:
+            self.first_loss = reason
             log.warning("dropping spans: %s; later losses are counted, not logged again", reason)

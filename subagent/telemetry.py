@@ -16,6 +16,7 @@ import keyword
 import logging
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from agent.store import MemoryStore, SessionStore
     from subagent.lean_tracing import LeanTracerProvider
+    from subagent.otlp import BatchExporter
 
 __all__ = ["begin_resume", "begin_start", "configure_from_env", "first_activation", "flush"]
 
@@ -48,6 +50,8 @@ DEFAULT_MAX_QUEUE_SIZE = 16_384
 
 # The provider this module installed (never a host's): flushed by `flush()`.
 _installed: list[Any] = []
+# The lean provider's exporters among them: their losses are read by `lost_spans()`.
+_exporters: list[BatchExporter] = []
 
 
 def begin_start(
@@ -265,14 +269,19 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return False  # the host (or an earlier call) set one: never replaced
     lean = lean_settings(env, names)
-    provider: LeanTracerProvider | SdkTracerProvider = (
-        _lean_provider(lean) if lean is not None else _sdk_provider(env, names)
-    )
+    provider: LeanTracerProvider | SdkTracerProvider
+    exporter: BatchExporter | None = None
+    if lean is not None:
+        provider, exporter = _lean_provider(lean)
+    else:
+        provider = _sdk_provider(env, names)
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
         return False
     _installed.append(provider)
+    if exporter is not None:
+        _exporters.append(exporter)
     return True
 
 
@@ -348,7 +357,7 @@ def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | No
     return LeanSettings(env)
 
 
-def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
+def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, BatchExporter]:
     from subagent.lean_tracing import LeanResource, LeanTracerProvider, Sampling
     from subagent.otlp import BatchExporter, HttpPoster
 
@@ -369,7 +378,7 @@ def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
     # As the SDK's provider: what is still queued at interpreter exit is exported then (no hub
     # runs by then, so the wait is the calling thread's).
     atexit.register(exporter.shutdown, settings.export_timeout_s, False)
-    return provider
+    return provider, exporter
 
 
 def _sdk_provider(env: Mapping[str, str], names: list[str]) -> SdkTracerProvider:
@@ -415,19 +424,49 @@ def otlp_endpoint(env: Mapping[str, str]) -> str:
     return base.rstrip("/") + "/v1/traces"
 
 
+# What an HTTP header may be (RFC 9110): a name is a token; a value has no control character
+# but tab. `http.client` refuses the rest only when the first batch is posted.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+_HEADER_VALUE_REFUSED = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def otlp_headers(env: Mapping[str, str]) -> dict[str, str]:
-    """`OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`: `key=value` pairs, comma-separated, URL-encoded."""
-    text = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+    """`OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`: `key=value` pairs, comma-separated, URL-encoded.
+
+    A pair that is not one, or that decodes to what HTTP cannot carry (a CR/LF, another control
+    character, a character beyond Latin-1, a name that is not a token), is a `ValueError` here,
+    naming the variable and the pair's place but never echoing a value (headers carry tokens)."""
+    variable = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    text = env.get(variable)
+    if not text:
+        variable = "OTEL_EXPORTER_OTLP_HEADERS"
+        text = env.get(variable, "")
     out: dict[str, str] = {}
-    for item in text.split(","):
+    for place, item in enumerate(text.split(","), 1):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         key = urllib.parse.unquote(key.strip()).lower()
         if not sep or not key:
-            raise ValueError(f"OTEL_EXPORTER_OTLP_HEADERS: not key=value: {item.strip()!r}")
-        out[key] = urllib.parse.unquote(value.strip())
+            raise ValueError(f"{variable}: pair {place} is not key=value")
+        value = urllib.parse.unquote(value.strip())
+        if not _HEADER_NAME.fullmatch(key):
+            raise ValueError(f"{variable}: pair {place}: {key!r} is not an HTTP header name")
+        if _HEADER_VALUE_REFUSED.search(value) or not _latin1(value):
+            raise ValueError(
+                f"{variable}: pair {place} ({key}): the value has a control character or a "
+                "character beyond Latin-1, which an HTTP header cannot carry"
+            )
+        out[key] = value
     return out
+
+
+def _latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def otlp_timeout_s(env: Mapping[str, str]) -> float:
@@ -579,3 +618,12 @@ def flush(timeout_s: float = 30.0) -> None:
             provider.force_flush(int(timeout_s * 1000))
         except Exception:
             log.exception("flushing spans failed")
+
+
+def lost_spans() -> tuple[int, str | None]:
+    """How many spans the lean exporter this module installed could not export so far, and
+    why the first was lost (logged once as a warning, which a CLI command that draws a live
+    view does not show; the SDK's exporter logs its own). For a CLI to say so at exit."""
+    lost = sum(exporter.dropped for exporter in _exporters)
+    why = next((e.first_loss for e in _exporters if e.first_loss is not None), None)
+    return lost, why

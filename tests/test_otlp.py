@@ -239,6 +239,41 @@ def test_a_collector_that_is_down_loses_spans_counted_never_hangs(
     assert len(warnings) == 1 and "ConnectionRefusedError" in warnings[0]
 
 
+def test_a_post_that_raises_loses_its_batch_and_the_drainer_lives_on(
+    local: Collector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception the poster does not turn into a reason (a bug, or the HTTP client refusing
+    something) used to end the drainer greenlet: every later span waited in the queue and each
+    flush (the CLI's at exit) waited out its whole timeout. Now the batch is lost, counted and
+    said once, and the next batch is posted."""
+    poster = HttpPoster(local.endpoint, timeout_s=5)
+    calls: list[int] = []
+
+    def post(body: bytes) -> str | None:
+        calls.append(len(body))
+        if len(calls) == 1:
+            raise RuntimeError("a post that breaks")
+        return poster(body)
+
+    exporter = BatchExporter(RESOURCE, post, close=poster.close, max_batch=5, delay_s=60)
+    tracer = LeanTracerProvider(RESOURCE, exporter).get_tracer("t")
+    with caplog.at_level(logging.WARNING, logger="subagent.otlp"):
+        for i in range(5):
+            tracer.start_span(f"lost{i}").end()
+        assert exporter.force_flush(10)
+        for i in range(3):
+            tracer.start_span(f"kept{i}").end()
+        done = gevent.event.Event()
+        flushed = gevent.spawn(lambda: (exporter.force_flush(10), done.set()))
+        assert done.wait(10), "the drainer died: the flush waits out its timeout"
+        flushed.join()
+        exporter.shutdown(5)
+    assert exporter.dropped == 5 and exporter.exported == 3
+    assert sorted(s.name for s in local.spans()) == ["kept0", "kept1", "kept2"]
+    warnings = [r.getMessage() for r in caplog.records if "dropping spans" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError" in warnings[0]
+
+
 def test_an_error_answer_counts_the_batch_as_dropped(local: Collector) -> None:
     local.status = 503
     exporter, tracer = _exporter(local.endpoint, delay_s=60)

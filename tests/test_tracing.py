@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -694,6 +695,7 @@ def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> No
             timeout=120,
         )
     assert proc.returncode == 0, proc.stderr
+    assert "spans were not exported" not in proc.stderr
     assert local.paths and set(local.paths) == {"/v1/traces"}
     assert local.services() == {"subagent"}
     assert local.scopes() == {tracing.INSTRUMENTATION}
@@ -701,6 +703,28 @@ def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> No
     names = {s.name for s in spans}
     assert {"subagent demo", "invoke_agent coordinator", "execute_tool send_message"} <= names
     assert len({s.trace_id for s in spans}) == 1
+
+
+def test_the_cli_says_at_exit_how_many_spans_it_could_not_export(tmp_path: Path) -> None:
+    """The exporter's warning is library logging, which `demo` and `run` do not show (it would
+    tear the live view): a wrong endpoint used to lose every span without a word."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    proc = gsub.run(
+        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (said,) = [line for line in proc.stderr.splitlines() if "spans were not exported" in line]
+    assert said.startswith("subagent: tracing: ") and "ConnectionRefusedError" in said
+    assert int(said.split()[2]) > 0
 
 
 NO_OTEL_SCRIPT = """

@@ -90,13 +90,20 @@ def test_bad_lean_settings_are_refused() -> None:
         ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, "SAMPLER_ARG"),
         ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "3"}, "ratio"),
         ({"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, "HEADERS"),
+        # What HTTP cannot carry is refused when read, not when the first batch is posted.
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "a=s3cret%0D%0AX-Evil:%201"}, "pair 1 \\(a\\)"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "ok=1,b=s3cret%00"}, "TRACES_HEADERS: pair 2"),
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "c=s3cret\u20ac"}, "Latin-1"),
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "bad%0Aname=s3cret"}, "not an HTTP header name"),
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "x y=s3cret"}, "not an HTTP header name"),
         ({"OTEL_RESOURCE_ATTRIBUTES": "a=1,=2"}, "RESOURCE"),
         ({"OTEL_EXPORTER_OTLP_TIMEOUT": "-1"}, "TIMEOUT"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4318"}, "http"),
     ]
     for extra, match in bad:
-        with no_provider(), pytest.raises(ValueError, match=match):
+        with no_provider(), pytest.raises(ValueError, match=match) as refused:
             telemetry.configure_from_env({**otlp, **extra})
+        assert "s3cret" not in str(refused.value)  # a header value is never echoed
         with no_provider():
             assert tracing.tracer() is None  # nothing half-installed
 

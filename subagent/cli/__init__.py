@@ -106,6 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if terminate is not None:
             terminate.cancel()
         telemetry.flush()
+        _say_lost_spans()
+
+
+def _say_lost_spans() -> None:
+    """One line on stderr when spans were lost: the exporter's own warning is library logging,
+    which commands that draw a live view do not show (a wrong endpoint would go unnoticed)."""
+    lost, why = telemetry.lost_spans()
+    if lost:
+        reason = f": {_one_line(why)}" if why else ""
+        sys.stderr.write(f"subagent: tracing: {lost} spans were not exported{reason}\n")
 
 
 class _DataFormatter(logging.Formatter):
