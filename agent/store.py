@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 import gevent
 import gevent.lock
@@ -394,18 +394,18 @@ class _Store:
         """Stored events from index `start`, read and decoded lazily as consumed (see
         `frames.iter_frames`): for lookups that stop early; never writes, never validates.
 
-        The file is opened now (a missing or irregular one raises here) and closed when the
-        iteration ends or the iterator is dropped."""
+        The file is opened and its size taken now (a missing or irregular one raises here);
+        it is closed when the iteration ends or the iterator is dropped."""
         validate_session_id(session_id)
         events = self._scan(self._reader(session_id), self._name(session_id), start)
         next(events)  # runs up to the first read: the reader is the generator's to close now
-        return events  # type: ignore[return-value]  # the priming `None` is consumed
+        return cast(Iterator[Event], events)  # the priming `None` is consumed
 
     @staticmethod
     def _scan(reader: _Reader, name: str, start: int) -> Iterator[Event | None]:
         try:
-            yield None
             size = reader.size()
+            yield None
             read_at: ReadAt = reader.read_at
             if size >= _THREADPOOL_READ:
                 # Consumed on the hub: each chunk is read in the thread pool, as a load's is.
