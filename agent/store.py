@@ -489,13 +489,8 @@ class _Store:
 
     def _load_locked(self, session_id: str, handle: _Handle) -> tuple[LoadedSession, LogReplay]:
         decoded, replay = self._decode(session_id, handle)
-        header, events, good, torn = (
-            decoded.header,
-            decoded.events,
-            decoded.good_length,
-            decoded.torn,
-        )
-        torn_bytes = decoded.size - good
+        header, events, good, torn, size = decoded
+        torn_bytes = size - good
         closing = closing_events(replay)
         if not torn and not closing:
             return LoadedSession(header, events, repaired=False), replay
