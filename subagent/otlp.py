@@ -563,6 +563,11 @@ class _CooperativeHTTPSConnection(http.client.HTTPSConnection):
         self._create_connection = gevent.socket.create_connection
 
 
+# How much of a collector's answer is read (an OTLP answer is an empty or short message).
+MAX_ANSWER = 64 * 1024
+_NO_LIMIT = contextlib.nullcontext()
+
+
 class HttpPoster:
     """POSTs encoded requests to an OTLP/HTTP endpoint over a kept-alive connection, called by
     one drainer at a time. In a greenlet the connection is a gevent socket's (cooperative, the
@@ -605,15 +610,28 @@ class HttpPoster:
             if conn is None:
                 conn = self._conns[cooperative] = self._connect(cooperative)
             try:
-                conn.request("POST", self._path, body, self._headers)
-                response = conn.getresponse()
-                response.read()
+                # In a greenlet the whole exchange is bounded, not each socket call alone: a
+                # server that drips its answer a byte a second would hold the drainer forever.
+                limit = (
+                    gevent.Timeout(
+                        self._timeout, TimeoutError(f"timed out after {self._timeout} s")
+                    )
+                    if cooperative
+                    else _NO_LIMIT
+                )
+                with limit:
+                    conn.request("POST", self._path, body, self._headers)
+                    response = conn.getresponse()
+                    # A collector answers with a few bytes; a wrong endpoint may send pages (or
+                    # stream forever): at most MAX_ANSWER are read, then the connection goes.
+                    response.read(MAX_ANSWER)
+                    unread = not response.isclosed() and bool(response.read(1))
             except (OSError, http.client.HTTPException) as exc:
                 self._close(cooperative)
                 if reused:
                     continue  # a kept-alive connection the collector had closed: once more
                 return f"{type(exc).__name__}: {exc}"
-            if response.will_close:
+            if response.will_close or unread:
                 self._close(cooperative)
             if 200 <= response.status < 300:
                 return None

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import Callable, Iterator
 
 import gevent.event
 import pytest
@@ -20,7 +21,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFl
 from otlp_collector import Collector, collector
 
 from subagent.lean_tracing import LeanResource, LeanSpan, LeanTracerProvider, MemorySink
-from subagent.otlp import BatchExporter, HttpPoster, encode_request
+from subagent.otlp import MAX_ANSWER, BatchExporter, HttpPoster, encode_request
 from supervision.group import TaskGroup
 from supervision.offload import offload
 
@@ -346,6 +347,106 @@ def test_a_collector_that_does_not_answer_bounds_flush_and_shutdown(local: Colle
     assert exporter.force_flush(10) is True
     assert [s.name for s in local.spans()] == ["held"]
     exporter.shutdown(5)
+
+
+class _RawServer:
+    """An HTTP server on 127.0.0.1 (a thread, raw sockets) that reads each request and answers
+    with `answer(connection)`: for collectors that misbehave in ways `http.server` cannot."""
+
+    def __init__(self, answer: Callable[[socket.socket], None]) -> None:
+        self.connections = 0
+        self._answer = answer
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(8)
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1/traces"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                while True:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        more = conn.recv(65536)
+                        if not more:
+                            return
+                        head += more
+                    header, _, body = head.partition(b"\r\n\r\n")
+                    length = int(header.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    while len(body) < length:
+                        body += conn.recv(65536)
+                    self._answer(conn)
+            except OSError:
+                return  # the client closed the connection: what a bounded read does
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+
+def test_a_long_answer_is_not_read_whole_and_its_connection_is_not_kept() -> None:
+    """An endpoint that answers with a page (a wrong URL) or more: at most `MAX_ANSWER` bytes
+    are read, then the connection is dropped (its unread rest would corrupt the next answer)."""
+    page = 20 * 1024 * 1024
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % page)
+        chunk = b"x" * 65536
+        for _ in range(page // len(chunk)):
+            conn.sendall(chunk)
+
+    server = _RawServer(answer)
+    try:
+        poster = HttpPoster(server.endpoint, timeout_s=10)
+        tracemalloc.start()
+        try:
+            assert poster(b"batch") is None
+            assert poster(b"batch") is None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        poster.close()
+    finally:
+        server.close()
+    assert peak < 2 * MAX_ANSWER + 1024 * 1024, peak  # not the 20 MB page
+    assert server.connections == 2  # the first connection was not reused mid-answer
+
+
+def test_an_answer_that_never_ends_is_cut_at_the_timeout() -> None:
+    """A server that streams its answer a chunk at a time, forever: every socket read returns
+    within the timeout, so only a bound on the whole exchange ends the post."""
+    stop = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while not stop.wait(0.05):
+            conn.sendall(b"1\r\nx\r\n")
+
+    server = _RawServer(answer)
+    try:
+        poster = HttpPoster(server.endpoint, timeout_s=0.5)
+        done = TaskGroup("post")
+        posted = done.spawn(poster, b"batch")
+        posted.join(timeout=30)
+        assert posted.ready(), "the post never ended"
+        assert posted.value is not None and "TimeoutError" in posted.value
+        done.close()
+        poster.close()
+    finally:
+        stop.set()
+        server.close()
 
 
 def _export_threads() -> list[threading.Thread]:
