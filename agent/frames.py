@@ -20,7 +20,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 import msgpack
 
@@ -32,11 +32,16 @@ __all__ = [
     "FRAME_HEADER_SIZE",
     "MAGIC",
     "MAX_FRAME",
+    "READ_CHUNK",
     "CorruptSessionError",
+    "Decoded",
+    "ReadAt",
     "decode_frames",
     "encode_event",
     "encode_header",
     "iter_events",
+    "iter_frames",
+    "read_frames",
 ]
 
 MAGIC: Final = "subagent-session/1"
@@ -85,53 +90,151 @@ def _frame(payload: bytes) -> bytes:
     return _pack_prefix(len(payload), _crc32(payload)) + payload
 
 
+class ReadAt(Protocol):
+    """Up to `size` bytes of a session file from `offset`; fewer only where the file ends."""
+
+    def __call__(self, offset: int, size: int, /) -> bytes | bytearray | memoryview: ...
+
+
+class Decoded(NamedTuple):
+    """A decoded session file. `good_length` is the byte length of the intact prefix; `torn`
+    says bytes after it were dropped as an incomplete tail write; `size` is how many bytes the
+    file had as read (less than asked for when it shrank meanwhile)."""
+
+    header: SessionHeader
+    events: list[Event]
+    good_length: int
+    torn: bool
+    size: int
+
+
+# How much of a file a streaming read holds at once (more only for a frame that is bigger):
+# a load's transient memory is this, not the file's size (docs/performance.md, "load memory").
+READ_CHUNK: Final = 1 << 20
+_EMPTY: Final = memoryview(b"")
+
+
+class _Window:
+    """A session file seen through one window of its bytes at a time.
+
+    The window moves forward as frames are consumed, so reading a file of any size holds one
+    chunk (or one frame, when a frame is bigger), not the file. Over a buffer already in memory
+    the window is the whole buffer, as a view: nothing is copied.
+    """
+
+    __slots__ = ("base", "chunk", "read_at", "size", "view")
+
+    def __init__(self, read_at: ReadAt, size: int, chunk: int) -> None:
+        self.read_at = read_at
+        self.size = size
+        self.chunk = max(chunk, 1)
+        self.view = _EMPTY
+        self.base = 0
+
+    def at(self, offset: int, need: int) -> tuple[memoryview, int]:
+        """(window, index of `offset` in it): the window holds `need` bytes from `offset`, or
+        every byte up to the end of the file when fewer are left."""
+        view = self.view
+        rel = offset - self.base
+        if rel >= 0 and (rel + need <= len(view) or self.base + len(view) >= self.size):
+            return view, rel
+        del view
+        self.view = _EMPTY  # the old window goes before the next is read: one held at a time
+        want = min(max(need, self.chunk), self.size - offset)
+        data = self.read_at(offset, want)
+        if len(data) < want:  # the file shrank since its size was taken: it ends here now
+            self.size = offset + len(data)
+        self.view = memoryview(data)
+        self.base = offset
+        return self.view, 0
+
+
+def _slices(view: memoryview) -> ReadAt:
+    """A reader over a buffer in memory: views of it, never copies."""
+
+    def read_at(offset: int, size: int) -> memoryview:
+        return view[offset : offset + size]
+
+    return read_at
+
+
 def decode_frames(
     data: bytes | bytearray | memoryview, name: str
 ) -> tuple[SessionHeader, list[Event], int, bool]:
-    """Decode a whole session file: (header, events, good_length, torn).
-
-    `good_length` is the byte length of the intact prefix; `torn` says bytes after it were
-    dropped as an incomplete tail write.
-    """
+    """Decode a whole session file held in memory: (header, events, good_length, torn)."""
     view = memoryview(data)
-    size = len(view)
-    if size == 0:
+    decoded = read_frames(_slices(view), len(view), name, chunk=len(view))
+    return decoded.header, decoded.events, decoded.good_length, decoded.torn
+
+
+def read_frames(read_at: ReadAt, size: int, name: str, chunk: int = READ_CHUNK) -> Decoded:
+    """Decode a session file of `size` bytes, read through `read_at` a chunk at a time.
+
+    Blocking wherever `read_at` blocks: the store calls this in the hub's thread pool for a
+    file of any size that matters. Holds one chunk of the file at a time, plus the events.
+    """
+    if size <= 0:
         raise CorruptSessionError(name, 0, "empty file (no header frame)")
-    end, payload, torn = _next_frame(view, 0, size, name)
-    if torn or payload is None:
+    src = _Window(read_at, size, chunk)
+    end, frame, torn = _next_frame(src, 0, name)
+    if torn or frame is None:
         raise CorruptSessionError(name, 0, "torn header frame")
-    header = _decode_header(payload, name)
+    header = _decode_header(frame, name)
+    del frame
     events: list[Event] = []
     append = events.append
     unpackb = msgpack.unpackb
     offset = end
-    while offset < size:
-        # Fast path: a complete frame whose CRC matches.
-        if size - offset >= 8:
-            length, crc = _unpack_prefix(view, offset)
-            stop = offset + 8 + length
-            if 0 < length <= MAX_FRAME and stop <= size:
-                payload = view[offset + 8 : stop]
-                if _crc32(payload) == crc:
-                    try:
-                        event = unpackb(payload)
-                    except Exception as exc:
-                        raise CorruptSessionError(
-                            name, offset, f"bad msgpack: {_why(exc)}"
-                        ) from None
-                    # The envelope's fields are checked by the invariant replay (by seq).
-                    if type(event) is not dict:
-                        raise CorruptSessionError(name, offset, "frame is not an event")
-                    if _suspect(payload) is not None and not is_lossless(event):
-                        raise _not_json(event, name, offset)
-                    append(cast(Event, event))
-                    offset = stop
-                    continue
-        end, payload, torn = _next_frame(view, offset, size, name)
-        if torn:
-            return header, events, offset, True
-        raise AssertionError("unreachable: slow path accepted a frame the fast path refused")
-    return header, events, offset, False
+    while offset < src.size:
+        # Fast path: the complete, CRC-valid frames the window holds.
+        view = src.view
+        base = src.base
+        limit = len(view)
+        rel = offset - base
+        while rel + 8 <= limit:
+            length, crc = _unpack_prefix(view, rel)
+            stop = rel + 8 + length
+            if length == 0 or length > MAX_FRAME or stop > limit:
+                break
+            payload = view[rel + 8 : stop]
+            if _crc32(payload) != crc:
+                break
+            try:
+                event = unpackb(payload)
+            except Exception as exc:
+                raise CorruptSessionError(name, base + rel, f"bad msgpack: {_why(exc)}") from None
+            # The envelope's fields are checked by the invariant replay (by seq).
+            if type(event) is not dict:
+                raise CorruptSessionError(name, base + rel, "frame is not an event")
+            if _suspect(payload) is not None and not is_lossless(event):
+                raise _not_json(event, name, base + rel)
+            append(cast(Event, event))
+            rel = stop
+        offset = base + rel
+        if offset >= src.size:
+            break
+        # A frame the window cuts, or one that is not a plain good frame: classified against
+        # the whole file (the window moves on to hold it).
+        view = payload = _EMPTY
+        end, frame, torn = _next_frame(src, offset, name)
+        if torn or frame is None:
+            return Decoded(header, events, offset, True, src.size)
+        append(_event(frame, name, offset))
+        offset = end
+    return Decoded(header, events, offset, False, src.size)
+
+
+def _event(payload: memoryview, name: str, offset: int) -> Event:
+    """One event frame's payload, decoded and checked (the envelope's fields are the replay's)."""
+    try:
+        event = msgpack.unpackb(payload)
+    except Exception as exc:
+        raise CorruptSessionError(name, offset, f"bad msgpack: {_why(exc)}") from None
+    if type(event) is not dict:
+        raise CorruptSessionError(name, offset, "frame is not an event")
+    if _suspect(payload) is not None and not is_lossless(event):
+        raise _not_json(event, name, offset)
+    return cast(Event, event)
 
 
 def decode_header(data: bytes | bytearray | memoryview, name: str) -> SessionHeader:
@@ -140,7 +243,7 @@ def decode_header(data: bytes | bytearray | memoryview, name: str) -> SessionHea
     size = len(view)
     if size == 0:
         raise CorruptSessionError(name, 0, "empty file (no header frame)")
-    _end, payload, torn = _next_frame(view, 0, size, name)
+    _end, payload, torn = _next_frame(_Window(_slices(view), size, size), 0, name)
     if torn or payload is None:
         raise CorruptSessionError(name, 0, "torn header frame")
     return _decode_header(payload, name)
@@ -153,54 +256,56 @@ _SEARCH_BUDGET_MIN = 1 << 20
 
 
 def iter_events(data: bytes | bytearray | memoryview, name: str, start: int = 0) -> Iterator[Event]:
-    """The events of a session file, decoded one at a time as they are consumed.
+    """The events of a session file held in memory, decoded one at a time as consumed."""
+    view = memoryview(data)
+    return iter_frames(_slices(view), len(view), name, start, chunk=len(view))
+
+
+def iter_frames(
+    read_at: ReadAt, size: int, name: str, start: int = 0, chunk: int = READ_CHUNK
+) -> Iterator[Event]:
+    """The events of a session file, read a chunk at a time and decoded as they are consumed.
 
     For scans that stop early (the first descriptor after a fork seed): frames before index
-    `start` are CRC-checked but not unpacked, and nothing after the consumer stops is touched.
+    `start` are CRC-checked but not unpacked, and nothing after the consumer stops is read.
     Corruption met on the way raises `CorruptSessionError`; a torn tail ends the iteration.
     No invariant replay: a scan reads, it does not vouch for the log.
     """
-    view = memoryview(data)
-    size = len(view)
-    offset, payload, torn = _next_frame(view, 0, size, name) if size else (0, None, True)
+    src = _Window(read_at, size, chunk)
+    offset, payload, torn = _next_frame(src, 0, name) if size > 0 else (0, None, True)
     if torn or payload is None:
         raise CorruptSessionError(name, 0, "torn or missing header frame")
     index = 0
-    while offset < size:
-        end, payload, torn = _next_frame(view, offset, size, name)
+    while offset < src.size:
+        end, payload, torn = _next_frame(src, offset, name)
         if torn or payload is None:
             return
-        if index >= start:
-            try:
-                event = msgpack.unpackb(payload)
-            except Exception as exc:
-                raise CorruptSessionError(name, offset, f"bad msgpack: {_why(exc)}") from None
-            if type(event) is not dict:
-                raise CorruptSessionError(name, offset, "frame is not an event")
-            if _suspect(payload) is not None and not is_lossless(event):
-                raise _not_json(event, name, offset)
-            yield cast(Event, event)
+        event = _event(payload, name, offset) if index >= start else None
+        payload = None  # not held while suspended: the window may move on the next read
+        if event is not None:
+            yield event
         index += 1
         offset = end
 
 
-def _next_frame(
-    view: memoryview, offset: int, size: int, name: str
-) -> tuple[int, memoryview | None, bool]:
+def _next_frame(src: _Window, offset: int, name: str) -> tuple[int, memoryview | None, bool]:
     """Classify the frame at `offset`: (end, payload, False), (offset, None, True) or raise."""
-    rest = size - offset
-    if _all_zero(view, offset):
-        return offset, None, True  # zero-filled tail (also covers a short all-zero prefix)
-    if rest < 8:
-        return offset, None, True
-    length, crc = _unpack_prefix(view, offset)
+    view, rel = src.at(offset, 8)
+    if src.size - offset < 8:
+        return offset, None, True  # a prefix shorter than a frame's (zero-filled or not)
+    length, crc = _unpack_prefix(view, rel)
     if length == 0:
+        if _zero_to_end(src, offset):
+            return offset, None, True  # zero-filled tail
         raise CorruptSessionError(name, offset, "zero-length frame")
     if length > MAX_FRAME:
         raise CorruptSessionError(name, offset, f"frame length {length} exceeds {MAX_FRAME}")
+    del view
+    view, rel = src.at(offset, 8 + length)
     stop = offset + 8 + length
-    if stop > size:
-        found = _valid_frame_within(view, offset + 1, size, name)
+    if stop > src.size:
+        del view
+        found = _valid_frame_within(src, offset, name)
         if found is not None:
             raise CorruptSessionError(
                 name,
@@ -209,12 +314,28 @@ def _next_frame(
                 f"byte {found}",
             )
         return offset, None, True
-    payload = view[offset + 8 : stop]
+    payload = view[rel + 8 : rel + 8 + length]
     if _crc32(payload) != crc:
-        if stop == size:
+        if stop == src.size:
             return offset, None, True
         raise CorruptSessionError(name, offset, "CRC mismatch")
     return stop, payload, False
+
+
+def _zero_to_end(src: _Window, start: int) -> bool:
+    """Whether every byte of the file from `start` on is zero, read a chunk at a time (a
+    zero-filled extent can be hundreds of MB: it is checked, never held whole)."""
+    step = 64  # a frame, whose prefix has a nonzero byte within 8, is told at once
+    while start < src.size:
+        chunk = src.read_at(start, min(step, src.size - start))
+        if not chunk:
+            src.size = start  # the file shrank meanwhile: it ends here now
+            break
+        if not _all_zero(memoryview(chunk), 0):
+            return False
+        start += len(chunk)
+        step = src.chunk
+    return True
 
 
 def _all_zero(view: memoryview, start: int) -> bool:
@@ -232,19 +353,27 @@ def _all_zero(view: memoryview, start: int) -> bool:
     return True
 
 
-def _valid_frame_within(view: memoryview, start: int, size: int, name: str) -> int | None:
-    """First offset in [start, size) where a complete, CRC-valid frame begins, if any.
+def _valid_frame_within(src: _Window, offset: int, name: str) -> int | None:
+    """First offset after `offset` where a complete, CRC-valid frame begins, if any.
 
-    A real torn tail is one partial frame whose bytes rarely even look like a frame, so the
-    search is cheap: only offsets followed, 8 bytes on, by the event envelope's msgpack marker
-    are candidates (found by a C-speed `find`). Crafted bytes could still offer a long candidate
-    at every few offsets, so CRC work is capped; past the cap the tail cannot be told from a
-    damaged length field, and that is reported as corruption rather than guessed.
+    Called when the frame at `offset` claims a length that runs past the end of the file, so
+    the rest of the file is shorter than one frame (at most `MAX_FRAME` + 8 bytes): it is read
+    whole. A real torn tail is one partial frame whose bytes rarely even look like a frame, so
+    the search is cheap: only offsets followed, 8 bytes on, by the event envelope's msgpack
+    marker are candidates (found by a C-speed `find`). Crafted bytes could still offer a long
+    candidate at every few offsets, so CRC work is capped; past the cap the tail cannot be told
+    from a damaged length field, and that is reported as corruption rather than guessed.
     """
-    raw = view.obj if isinstance(view.obj, bytes) and len(view.obj) == size else view.tobytes()
-    budget = max(_SEARCH_BUDGET_MIN, 4 * (size - start))
+    window, rel = src.at(offset, src.size - offset)
+    tail = window[rel : rel + src.size - offset]
+    del window
+    obj = tail.obj
+    raw = obj if rel == 0 and isinstance(obj, bytes) and len(obj) == len(tail) else tail.tobytes()
+    view = memoryview(raw)
+    size = len(raw)
+    budget = max(_SEARCH_BUDGET_MIN, 4 * (size - 1))
     marker = bytes([_ENVELOPE_MAP])
-    at = raw.find(marker, start + 8, size)
+    at = raw.find(marker, 1 + 8, size)
     while at >= 0:
         pos = at - 8
         length, crc = _unpack_prefix(view, pos)
@@ -253,12 +382,12 @@ def _valid_frame_within(view: memoryview, start: int, size: int, name: str) -> i
             if budget < 0:
                 raise CorruptSessionError(
                     name,
-                    start - 1,
+                    offset,
                     "a frame length runs past end of file over bytes that cannot be "
                     "classified cheaply",
                 )
             if _crc32(view[pos + 8 : pos + 8 + length]) == crc:
-                return pos
+                return offset + pos
         at = raw.find(marker, at + 1, size)
     return None
 

@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import errno
 import fcntl
+import functools
 import gc
 import hashlib
 import logging
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import gevent
 import gevent.lock
@@ -48,12 +49,14 @@ from agent.frames import (
     FRAME_HEADER_SIZE,
     MAX_FRAME,
     CorruptSessionError,
+    Decoded,
+    ReadAt,
     _crc32,
     _frame,
-    decode_frames,
     decode_header,
     encode_header,
-    iter_events,
+    iter_frames,
+    read_frames,
 )
 from agent.jsoncheck import check_json, repair_surrogates
 from agent.log import (
@@ -89,6 +92,8 @@ SUFFIX: Final = ".session"
 _TMP_SUFFIX: Final = ".tmp"
 # Files at least this big are read and decoded in the hub's thread pool, not on the hub: a
 # 256 KiB log decodes in a few milliseconds, and a torn tail's search stays off the hub too.
+# Either way a file is read a chunk at a time as it is decoded (`frames.read_frames`), never
+# held whole: a load's transient memory is one chunk, not the file's size.
 _THREADPOOL_READ: Final = 1 << 18
 # Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
 HEADERS_DIR: Final = "headers"
@@ -176,7 +181,8 @@ class _Store:
         """An exclusive handle, or None when the session is busy; SessionNotFoundError."""
         raise NotImplementedError
 
-    def _read_unlocked(self, session_id: str) -> bytes:
+    def _reader(self, session_id: str) -> _Reader:
+        """A read-only view of the stored bytes, taking nothing (close it when done)."""
         raise NotImplementedError
 
     def ids(self) -> list[str]:
@@ -371,21 +377,42 @@ class _Store:
     def inspect(self, session_id: str) -> LoadedSession:
         """What is stored, as is: never writes, never takes the session."""
         validate_session_id(session_id)
-        data = self._read_unlocked(session_id)
-        header, events, good, torn, replay = self._decode(session_id, data)
+        reader = self._reader(session_id)
+        try:
+            decoded, replay = self._decode(session_id, reader)
+        finally:
+            reader.close()
         return LoadedSession(
-            header,
-            events,
+            decoded.header,
+            decoded.events,
             repaired=False,
-            torn_bytes=len(data) - good,
-            needs_repair=torn or replay.turn_open,
+            torn_bytes=decoded.size - decoded.good_length,
+            needs_repair=decoded.torn or replay.turn_open,
         )
 
     def scan(self, session_id: str, start: int = 0) -> Iterator[Event]:
-        """Stored events from index `start`, decoded lazily as consumed (see
-        `frames.iter_events`): for lookups that stop early; never writes, never validates."""
+        """Stored events from index `start`, read and decoded lazily as consumed (see
+        `frames.iter_frames`): for lookups that stop early; never writes, never validates.
+
+        The file is opened and its size taken now (a missing or irregular one raises here);
+        it is closed when the iteration ends or the iterator is dropped."""
         validate_session_id(session_id)
-        return iter_events(self._read_unlocked(session_id), self._name(session_id), start)
+        events = self._scan(self._reader(session_id), self._name(session_id), start)
+        next(events)  # runs up to the first read: the reader is the generator's to close now
+        return cast(Iterator[Event], events)  # the priming `None` is consumed
+
+    @staticmethod
+    def _scan(reader: _Reader, name: str, start: int) -> Iterator[Event | None]:
+        try:
+            size = reader.size()
+            yield None
+            read_at: ReadAt = reader.read_at
+            if size >= _THREADPOOL_READ:
+                # Consumed on the hub: each chunk is read in the thread pool, as a load's is.
+                read_at = functools.partial(offload, reader.read_at)
+            yield from iter_frames(read_at, size, name, start)
+        finally:
+            reader.close()
 
     def header(self, session_id: str) -> SessionHeader:
         """One stored session's header, read alone: it is readable even when the body is not."""
@@ -439,31 +466,31 @@ class _Store:
 
     # -- shared internals ---------------------------------------------------------------------
 
-    def _decode(
-        self, session_id: str, data: bytes
-    ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
-        if len(data) >= _THREADPOOL_READ:
-            # Decoding a big log is tens of ms of CPU: do it off the hub so greenlets keep running.
-            return offload(self._decode_now, session_id, data)
-        return self._decode_now(session_id, data)
+    def _decode(self, session_id: str, reader: _Reader) -> tuple[Decoded, LogReplay]:
+        size = reader.size()
+        if size >= _THREADPOOL_READ:
+            # Reading and decoding a big log is tens of ms of I/O and CPU: off the hub, so
+            # greenlets keep running.
+            return offload(self._decode_now, session_id, reader, size)
+        return self._decode_now(session_id, reader, size)
 
-    def _decode_now(
-        self, session_id: str, data: bytes
-    ) -> tuple[SessionHeader, builtins.list[Event], int, bool, LogReplay]:
+    def _decode_now(self, session_id: str, reader: _Reader, size: int) -> tuple[Decoded, LogReplay]:
         name = self._name(session_id)
         with gc_paused():
-            header, events, good, torn = decode_frames(data, name)
+            decoded = read_frames(reader.read_at, size, name)
+        header = decoded.header
         if header.id != session_id:
             raise CorruptSessionError(name, 0, f"header names session {header.id!r}")
         try:
-            replay = validate_log(events, header)
+            replay = validate_log(decoded.events, header)
         except InvariantError as exc:
             raise InvariantError(exc.seq, f"{name}: {exc.message}") from None
-        return header, events, good, torn, replay
+        return decoded, replay
 
     def _load_locked(self, session_id: str, handle: _Handle) -> tuple[LoadedSession, LogReplay]:
-        data = handle.read()
-        header, events, good, torn, replay = self._decode(session_id, data)
+        decoded, replay = self._decode(session_id, handle)
+        header, events, good, torn, size = decoded
+        torn_bytes = size - good
         closing = closing_events(replay)
         if not torn and not closing:
             return LoadedSession(header, events, repaired=False), replay
@@ -478,16 +505,30 @@ class _Store:
         logger.info(
             "repaired session %s: dropped %d torn bytes, closed %d events",
             session_id,
-            len(data) - good,
+            torn_bytes,
             len(added),
         )
-        return LoadedSession(header, events, repaired=True, torn_bytes=len(data) - good), replay
+        return LoadedSession(header, events, repaired=True, torn_bytes=torn_bytes), replay
+
+
+class _Reader(Protocol):
+    """A session's stored bytes, read a piece at a time (`read_at` may block: for a big file it
+    is called in the hub's thread pool)."""
+
+    def size(self) -> int: ...
+
+    def read_at(self, offset: int, size: int, /) -> bytes | bytearray: ...
+
+    def close(self) -> None: ...
 
 
 class _Handle:
-    """An exclusive hold on one session's bytes; also the SessionLog's sink."""
+    """An exclusive hold on one session's bytes; also the SessionLog's sink (and a `_Reader`)."""
 
-    def read(self) -> bytes:
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
         raise NotImplementedError
 
     def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
@@ -515,11 +556,11 @@ class _FileHandle(_Handle):
         # Makes what this log may name (shared request headers) durable before the log is.
         self._before_sync = before_sync
 
-    def read(self) -> bytes:
-        size = os.fstat(self.fd).st_size
-        if size >= _THREADPOOL_READ:
-            return offload(_pread_all, self.fd, size)
-        return _pread_all(self.fd, size)
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
+        return _pread_at(self.fd, offset, size)
 
     def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
         with self._lock:
@@ -544,17 +585,20 @@ class _FileHandle(_Handle):
                 os.close(fd)  # also releases the flock
 
 
-def _pread_all(fd: int, size: int) -> bytes:
-    """The file's first `size` bytes (its size when looked at): a read is always bounded."""
-    chunks: list[bytes] = []
-    offset = 0
-    while offset < size:
-        chunk = os.pread(fd, min(size - offset, 1 << 24), offset)
-        if not chunk:
+def _pread_at(fd: int, offset: int, size: int) -> bytes | bytearray:
+    """`size` bytes from `offset`, fewer only where the file ends: one buffer, never chunks
+    joined into a second copy (a short read, rare on a regular file, is finished in place)."""
+    data = os.pread(fd, size, offset)
+    if len(data) == size or not data:
+        return data
+    buffer = bytearray(data)
+    del data
+    while len(buffer) < size:
+        more = os.pread(fd, size - len(buffer), offset + len(buffer))
+        if not more:
             break
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
+        buffer += more
+    return buffer
 
 
 def _truncate_append(fd: int, good_length: int, tail: bytes, sync: bool) -> None:
@@ -749,12 +793,9 @@ class SessionStore(_Store):
             return None
         return _FileHandle(fd, self._path(session_id), self._sync_shared)
 
-    def _read_unlocked(self, session_id: str) -> bytes:
+    def _reader(self, session_id: str) -> _Reader:
         fd = self._open_fd(session_id, os.O_RDONLY)  # reading needs read access only
-        try:
-            return _FileHandle(fd, self._path(session_id)).read()
-        finally:
-            os.close(fd)
+        return _FileHandle(fd, self._path(session_id))
 
     def _read_header_bytes(self, session_id: str) -> bytes:
         fd = self._open_fd(session_id, os.O_RDONLY)
@@ -966,7 +1007,7 @@ class SessionStore(_Store):
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise CorruptSessionError(str(path), 0, _not_regular(path))
-            return _pread_all(fd, min(info.st_size, MAX_FRAME + FRAME_HEADER_SIZE))
+            return bytes(_pread_at(fd, 0, min(info.st_size, MAX_FRAME + FRAME_HEADER_SIZE)))
         finally:
             os.close(fd)
 
@@ -992,8 +1033,11 @@ class _MemoryHandle(_Handle):
         # `repair` changes `file.data` in place, so the binding stays the file's.
         self.write = file.data.extend  # type: ignore[method-assign,assignment]
 
-    def read(self) -> bytes:
-        return bytes(self.file.data)
+    def size(self) -> int:
+        return len(self.file.data)
+
+    def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
+        return self.file.data[offset : offset + size]  # a copy of this piece alone
 
     def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
         del self.file.data[good_length:]
@@ -1011,6 +1055,25 @@ class _MemoryHandle(_Handle):
         if self._open:
             self._open = False
             self.file.held = False
+
+
+class _MemoryReader:
+    """An unlocked reader of a memory file: pieces are copied out, so a live log appending to
+    the same bytearray meanwhile is never refused for an outstanding view of it."""
+
+    __slots__ = ("file",)
+
+    def __init__(self, file: _MemoryFile) -> None:
+        self.file = file
+
+    def size(self) -> int:
+        return len(self.file.data)
+
+    def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
+        return self.file.data[offset : offset + size]
+
+    def close(self) -> None:
+        pass
 
 
 class MemoryStore(_Store):
@@ -1054,11 +1117,14 @@ class MemoryStore(_Store):
         file = self._file(session_id)
         return None if file.held else _MemoryHandle(file)
 
-    def _read_unlocked(self, session_id: str) -> bytes:
-        return bytes(self._file(session_id).data)
+    def _reader(self, session_id: str) -> _Reader:
+        return _MemoryReader(self._file(session_id))
 
     def _read_header_bytes(self, session_id: str) -> bytes:
-        return self._read_unlocked(session_id)
+        data = self._file(session_id).data
+        if len(data) < FRAME_HEADER_SIZE:
+            return bytes(data)
+        return bytes(data[: FRAME_HEADER_SIZE + int.from_bytes(data[:4], "big")])
 
     def _ids(self) -> Iterable[str]:
         return list(self.files)

@@ -34,7 +34,14 @@ if TYPE_CHECKING:
     from subagent.lean_tracing import LeanTracerProvider
     from subagent.otlp import BatchExporter
 
-__all__ = ["begin_resume", "begin_start", "configure_from_env", "first_activation", "flush"]
+__all__ = [
+    "begin_resume",
+    "begin_start",
+    "configure_from_env",
+    "first_activation",
+    "flush",
+    "lost_spans",
+]
 
 log = logging.getLogger(__name__)
 

@@ -595,18 +595,22 @@ def test_without_tracing_the_acp_child_gets_no_meta(tmp_path: Path) -> None:
     assert json.loads(result.output[0]["text"])["meta"] == {}
 
 
-def test_otel_traces_exporter_console_prints_the_demo_spans(tmp_path: Path) -> None:
+def _demo(home: Path, otel: Mapping[str, str]) -> gsub.CompletedProcess[str]:
+    """`subagent demo --no-live` in a fresh interpreter, with `otel` as its only `OTEL_*`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_TRACES_EXPORTER"] = "console"
-    env["OTEL_SERVICE_NAME"] = "demo-under-test"
-    proc = gsub.run(
-        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
+    return gsub.run(
+        [sys.executable, "-m", "subagent.cli", "--home", str(home), "demo", "--no-live"],
         cwd=REPO,
-        env=env,
+        env={**env, **otel},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_otel_traces_exporter_console_prints_the_demo_spans(tmp_path: Path) -> None:
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "demo-under-test"}
+    proc = _demo(tmp_path, env)
     assert proc.returncode == 0, proc.stderr
     decoder = json.JSONDecoder()
     text = proc.stdout
@@ -684,16 +688,8 @@ def test_otlp_endpoint_sends_the_demo_trace_to_a_collector(tmp_path: Path) -> No
     from otlp_collector import collector
 
     with collector() as local:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = local.endpoint.removesuffix("/v1/traces")
-        proc = gsub.run(
-            [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        base = local.endpoint.removesuffix("/v1/traces")
+        proc = _demo(tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": base})
     assert proc.returncode == 0, proc.stderr
     assert "spans were not exported" not in proc.stderr
     assert local.paths and set(local.paths) == {"/v1/traces"}
@@ -711,16 +707,7 @@ def test_the_cli_says_at_exit_how_many_spans_it_could_not_export(tmp_path: Path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
-    proc = gsub.run(
-        [sys.executable, "-m", "subagent.cli", "--home", str(tmp_path), "demo", "--no-live"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _demo(tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"})
     assert proc.returncode == 0, proc.stderr
     (said,) = [line for line in proc.stderr.splitlines() if "spans were not exported" in line]
     assert said.startswith("subagent: tracing: ") and "ConnectionRefusedError" in said
