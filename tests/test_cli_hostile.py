@@ -243,3 +243,19 @@ def test_a_home_that_is_not_a_directory_is_a_bad_argument(
     assert proc.returncode == 2, proc.stderr
     line = one_error_line(proc)
     assert "is not a directory" in line and line.endswith("(see --help)")
+
+
+def test_tree_of_a_root_whose_body_is_corrupt_still_shows_its_children(tmp_path: Path) -> None:
+    """The root's row needs its header, which is readable on its own: a damaged body costs
+    the root's spend figures, not the whole tree (and the log is not decoded twice)."""
+    child = _header("schild", parent_session="sroot", origin="subagent", delegation_depth=1)
+    home = _store(
+        tmp_path,
+        {
+            "sroot": _header("sroot") + _frame(raw=b"\x84\xa4type" + b"\xc1" * 40),
+            "schild": child + _event(0, "turn/start", {"turn": 1}),
+        },
+    )
+    tree = cli("tree", "sroot", home=home)
+    assert tree.returncode == 0, tree.stderr
+    assert "schild" in tree.stdout

@@ -236,7 +236,7 @@ def _tree_root_row(store: SessionStore, root_id: str, rows: list[ChildRow]) -> C
     from agent.usage import PICO, add_usage, pico_to_usd
     from subagent.listings import ChildRow
 
-    header = store.inspect(root_id).header
+    header = store.header(root_id)
     # A child row's shape, its `mode` saying what the root itself is (`root` or `subagent`).
     row = ChildRow(
         id=root_id,

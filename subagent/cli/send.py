@@ -55,7 +55,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     message = read_prompt(args.message, args.message_file, "message")
     store = open_store(args)
     require_session(store, args.child)
-    header = store.inspect(args.child).header
+    header = store.header(args.child)
     if header.parent_session is None:
         raise CliError(f"{args.child} is a root session, not a subagent")
     if not store.exists(header.parent_session):

@@ -433,7 +433,7 @@ class AcpAgentServer:
             store = self.runtime.store
             if not store.exists(session_id):
                 raise RpcFault(INVALID_PARAMS, f"no stored session {session_id!r}")
-            header = store.inspect(session_id).header
+            header = store.header(session_id)
             if header.parent_session is not None:
                 raise RpcFault(INVALID_PARAMS, f"{session_id} is a subagent, not a coordinator")
             agent = self.runtime.resume_agent(session_id, options=self._options(depth))
