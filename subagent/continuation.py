@@ -437,15 +437,45 @@ class ContinuationManager:
 
     # -- interrupt ---------------------------------------------------------------------------
 
-    def interrupt(self, child_id: str, *, by: Agent) -> bool:
-        """Cancel the child's current turn, keeping its inbox. Only an ancestor may."""
+    def interrupt(self, child_id: str, *, by: Agent, remote: ActivationRun | None = None) -> bool:
+        """Cancel the child's current turn, keeping its inbox. Only an ancestor may.
+
+        `remote` is the child's live run when it has no agent in this process (a one-shot ACP
+        or Ray child, a continuable ACP child's activation: the service's run table). Such a
+        run is one turn, so interrupting the turn cancels the run: it settles `aborted` through
+        the provider's cancellation, and True means it did. Its parent is a local agent (it
+        may have no header here at all): the ancestor walk starts from there.
+        """
         validate_session_id(child_id)
+        if remote is not None:
+            return self._interrupt_run(remote, by)
         self._authorize_ancestor(by, child_id)
         agent = live_agent(self._ctx, child_id)
         if agent is None or agent.status != "running":
             return False
         agent.cancel(f"interrupted by {by.id}", keep_inbox=True).get()
         return True
+
+    def _interrupt_run(self, run: ActivationRun, by: Agent) -> bool:
+        """Cancel a remote run for an ancestor of it; wait until its result settled."""
+        if self._live(by) is not by:
+            raise SubagentError("UNAUTHORIZED", "the sender is not a live agent")
+        if run.parent_id != by.id:
+            try:
+                self._authorize_ancestor(by, run.parent_id)  # `by` above the run's parent
+            except SubagentError as exc:
+                if exc.code != "UNKNOWN_CHILD":
+                    raise
+                # A parent known nowhere (closed meanwhile) has no ancestor `by` can be.
+                raise SubagentError(
+                    "UNAUTHORIZED", "only an ancestor may interrupt a child"
+                ) from None
+        if run.settled:
+            return False
+        run.cancel(f"interrupted by {by.id}")
+        # The provider settles it `aborted` (or it had completed just before: not interrupted).
+        outcome = settlement.outcome_of(run.result)
+        return not isinstance(outcome, BaseException) and outcome.stop_reason == ABORTED
 
     # -- the listings' view -------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from actors.run_actor import CancelRun, DisposeRun, RunActor
 from actors.supervised import ActorChild
 from agent import tracing
 from agent.context import AgentContext
+from agent.events import validate_session_id
 from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
@@ -640,10 +641,31 @@ class SubagentService:
         )
 
     def interrupt(self, child_id: str, *, by: Agent) -> bool:
-        """Cancel a child's current turn, keeping its inbox. Only an ancestor may."""
+        """Cancel a child's current turn, keeping its inbox. Only an ancestor may.
+
+        A child with no agent in this process (ACP, Ray) is interrupted through its live run in
+        the run table: its one turn is cancelled, so the run ends `aborted` (the provider's
+        cancel; an ACP agent is reaped once the run's owner disposes it). True once it settled
+        so and the registry handled its end: a listing asked after this no longer shows it."""
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
-        return self._continuation.interrupt(child_id, by=by)
+        validate_session_id(child_id)
+        remote = None if live_agent(self._ctx, child_id) is not None else self._live_run(child_id)
+        stopped = self._continuation.interrupt(child_id, by=by, remote=remote)
+        if stopped and remote is not None:
+            self.sync()  # the registry has seen its end
+        return stopped
+
+    def _live_run(self, child_id: str) -> RunHandle | None:
+        """The live run of `child_id` that has no local agent, if the run table holds one."""
+        try:
+            runs = self.runs()
+        except SubagentError:  # closed meanwhile: no run is live any more
+            return None
+        for run in runs:
+            if run.id == child_id and run.local_agent is None and not run.settled:
+                return run
+        return None
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         return self._listings.list_children(parent_session_id)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 from agent.events import validate_session_id
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
-from subagent.live import calling_agent
+from subagent.live import calling_agent, live_agent
 from subagent.tools.delegate import child_labels
 from subagent.types import MessageSource, text_block
 
@@ -104,10 +104,20 @@ def interrupt_agent_tool(service: SubagentService) -> Tool:
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         agent_id = _agent_id(arguments["agent_id"])
+        by = calling_agent(ctx)
+        # A child with no agent here (an ACP or Ray child) has one turn per run: the interrupt
+        # ends that run, and the answer must not promise it waits with its queue.
+        remote = live_agent(by.ctx, agent_id) is None
         try:
-            stopped = service.interrupt(agent_id, by=calling_agent(ctx))
+            stopped = service.interrupt(agent_id, by=by)
         except SubagentError as exc:
             raise _error(exc) from exc
+        if stopped and remote:
+            return (
+                f"Interrupted {agent_id}: its turn was cancelled, which ended its run (stop "
+                "reason aborted). A one-shot subagent is over (its task holds what it produced); "
+                "a continuable one can be resumed with send_message."
+            )
         if stopped:
             return f"Interrupted {agent_id}: its current turn was cancelled; queued messages stay."
         return f"{agent_id} was not running; nothing was interrupted."
