@@ -500,6 +500,17 @@ class AcpRun(RemoteRun):
         except Exception:
             log.exception("acp run %s: progress callback raised", self._id)
 
+    def cancel(self, cause: object = None) -> None:
+        """Cancel the turn (a parent's cancel, an ancestor's interrupt): settle `aborted` with
+        the cause as its diagnostic, ask the agent to stop (`session/cancel`) and reap it off
+        the caller's greenlet, as `dispose` would: a cancelled turn leaves no agent running.
+        Without this method the run's actor disposed the run, whose diagnostic then read "the
+        run was disposed" whatever the cancel's cause."""
+        if self._settled or self._disposing:
+            return
+        self._cancel("cancelled" if cause is None else str(cause))
+        self._tasks.spawn(self._reap)
+
     def dispose(self) -> None:
         """Settle `aborted` (if still running) at once, then reap the whole process group.
 

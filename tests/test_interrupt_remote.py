@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from acp_peers.support import Notifier, group_alive, peer_config, pid_alive
+from acp_peers.support import Notifier, group_alive, peer_config, pid_alive, wait_until
 from seam_kit import Kit, kit
 from test_serve_mcp_wire import PEER, Wire, text_of
 
@@ -119,10 +119,16 @@ def test_only_an_ancestor_may_interrupt_a_remote_run(k: Kit) -> None:
 
 def test_the_parent_interrupts_its_remote_run(k: Kit) -> None:
     parent = k.parent()
+    before = peer_pids()
     remote = k.start(parent, "wait here", provider="acp")
+    (pid,) = peer_pids() - before
     try:
         assert k.service.interrupt(remote.id, by=parent) is True
-        assert remote.result.get(timeout=0).stop_reason == "aborted"
+        result = remote.result.get(timeout=0)
+        # The cause is the result's (`AcpRun.cancel`), not "the run was disposed".
+        assert (result.stop_reason, result.diagnostic) == ("aborted", f"interrupted by {parent.id}")
+        # The cancel reaps the agent itself, before the run is disposed.
+        wait_until(lambda: not group_alive(pid) and not pid_alive(pid))
         # Ended: an id the runtime no longer knows, the answer for any unknown id.
         with pytest.raises(SubagentError) as info:
             k.service.interrupt(remote.id, by=parent)
