@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import gevent
@@ -37,6 +37,7 @@ __all__ = [
     "group_has_live_member",
     "kill_all_groups",
     "live_groups",
+    "process_stats",
 ]
 
 log = logging.getLogger(__name__)
@@ -157,10 +158,19 @@ def group_has_live_member(pgid: int) -> bool:
     if not sys.platform.startswith("linux"):
         return True
     try:
-        entries = os.listdir("/proc")
-    except OSError:
+        for _pid, fields in process_stats():
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    except OSError:  # no /proc to read: the group answered the signal, so say it lives
         return True
-    for entry in entries:
+    return False
+
+
+def process_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """Each process's pid and its `/proc/PID/stat` fields after the command name (state, ppid,
+    pgrp, ...), on Linux; a process that ends meanwhile is skipped. `OSError` if `/proc`
+    cannot be listed."""
+    for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
@@ -169,10 +179,7 @@ def group_has_live_member(pgid: int) -> bool:
         except OSError:
             continue
         # Fields after the command name (which may hold spaces and parentheses).
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+        yield int(entry), stat[stat.rfind(b")") + 2 :].split()
 
 
 class ChildInput(Protocol):

@@ -4,13 +4,19 @@ the task says so and the listings drop it. Only an ancestor may, as for a local 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from acp_peers.support import Notifier, group_alive, peer_config, pid_alive, wait_until
+from acp_peers.support import (
+    Notifier,
+    child_processes,
+    group_alive,
+    peer_config,
+    pid_alive,
+    wait_until,
+)
 from seam_kit import Kit, kit
 from test_serve_mcp_wire import PEER, Wire, text_of
 
@@ -25,22 +31,15 @@ TIMEOUT = 60.0
 
 def peer_pids() -> set[int]:
     """The test peers this process started that are alive now (children of this process)."""
-    found: set[int] = set()
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:  # it ended meanwhile
-            continue
-        ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
-        if ppid == me and str(PEER).encode() in argv and pid_alive(int(entry)):
-            found.add(int(entry))
-    return found
+    return {pid for pid in child_processes() if _runs_peer(pid)}
+
+
+def _runs_peer(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return str(PEER).encode() in f.read().split(b"\0")
+    except OSError:  # it ended meanwhile
+        return False
 
 
 def test_interrupting_a_running_one_shot_acp_child_ends_it_aborted(tmp_path: Path) -> None:

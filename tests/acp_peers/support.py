@@ -17,7 +17,7 @@ import gevent.queue
 import gevent.socket
 
 from providers.acp import AcpConfig
-from providers.acp_process import group_has_live_member
+from providers.acp_process import group_has_live_member, process_stats
 
 PEER = str(Path(__file__).parent / "sdk_agent.py")
 FAKE = str(Path(__file__).parent / "fake_agent.py")
@@ -122,3 +122,13 @@ class Notifier:
         gevent.killall(self._greenlets, block=True)
         self.sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def child_processes() -> list[int]:
+    """Live (non-zombie) processes whose parent is this process."""
+    me = os.getpid()
+    return [
+        pid
+        for pid, fields in process_stats()
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] not in (b"Z", b"X")
+    ]

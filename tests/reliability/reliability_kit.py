@@ -59,21 +59,3 @@ def describe_greenlets(ids: set[int]) -> list[str]:
             run: Any = getattr(g, "_run", None) or getattr(g, "run", None)
             out.append(f"{type(g).__name__} run={getattr(run, '__qualname__', run)!r}")
     return out
-
-
-def child_processes() -> list[int]:
-    """Live (non-zombie) processes whose parent is this process."""
-    me = str(os.getpid())
-    found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and fields[1].decode() == me and fields[0] not in (b"Z", b"X"):
-            found.append(int(entry))
-    return found

@@ -29,8 +29,9 @@ from typing import Any
 import gevent
 import gevent.pool
 import pytest
+from acp_peers.support import child_processes
 from gevent.event import Event
-from reliability_kit import child_processes, describe_greenlets, live_greenlets, size
+from reliability_kit import describe_greenlets, live_greenlets, size
 
 from actors import gevent_actor
 from agent.log import validate_log

@@ -21,7 +21,8 @@ from typing import Any
 import gevent
 import gevent.event
 import pytest
-from reliability_kit import child_processes, size
+from acp_peers.support import child_processes
+from reliability_kit import size
 from seam_kit import Kit, assert_log_valid, kit
 
 from agent.model import ModelRequest
