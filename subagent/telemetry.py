@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
     from agent.store import MemoryStore, SessionStore
     from subagent.lean_tracing import LeanTracerProvider
-    from subagent.otlp import BatchExporter
 
 __all__ = [
     "begin_resume",
@@ -57,8 +56,6 @@ DEFAULT_MAX_QUEUE_SIZE = 16_384
 
 # The provider this module installed (never a host's): flushed by `flush()`.
 _installed: list[Any] = []
-# The lean provider's exporters among them: their losses are read by `lost_spans()`.
-_exporters: list[BatchExporter] = []
 
 
 def begin_start(
@@ -276,19 +273,14 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return False  # the host (or an earlier call) set one: never replaced
     lean = lean_settings(env, names)
-    provider: LeanTracerProvider | SdkTracerProvider
-    exporter: BatchExporter | None = None
-    if lean is not None:
-        provider, exporter = _lean_provider(lean)
-    else:
-        provider = _sdk_provider(env, names)
+    provider: LeanTracerProvider | SdkTracerProvider = (
+        _lean_provider(lean) if lean is not None else _sdk_provider(env, names)
+    )
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
         return False
     _installed.append(provider)
-    if exporter is not None:
-        _exporters.append(exporter)
     return True
 
 
@@ -364,7 +356,7 @@ def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | No
     return LeanSettings(env)
 
 
-def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, BatchExporter]:
+def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
     from subagent.lean_tracing import LeanResource, LeanTracerProvider, Sampling
     from subagent.otlp import BatchExporter, HttpPoster
 
@@ -385,7 +377,7 @@ def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, BatchExp
     # As the SDK's provider: what is still queued at interpreter exit is exported then (no hub
     # runs by then, so the wait is the calling thread's).
     atexit.register(exporter.shutdown, settings.export_timeout_s, False)
-    return provider, exporter
+    return provider
 
 
 def _sdk_provider(env: Mapping[str, str], names: list[str]) -> SdkTracerProvider:
@@ -631,6 +623,16 @@ def lost_spans() -> tuple[int, str | None]:
     """How many spans the lean exporter this module installed could not export so far, and
     why the first was lost (logged once as a warning, which a CLI command that draws a live
     view does not show; the SDK's exporter logs its own). For a CLI to say so at exit."""
-    lost = sum(exporter.dropped for exporter in _exporters)
-    why = next((e.first_loss for e in _exporters if e.first_loss is not None), None)
+    if not _installed:
+        return 0, None
+    from subagent.lean_tracing import LeanTracerProvider  # installed: the extra is there
+    from subagent.otlp import BatchExporter
+
+    exporters = [
+        p.sink
+        for p in _installed
+        if isinstance(p, LeanTracerProvider) and isinstance(p.sink, BatchExporter)
+    ]
+    lost = sum(exporter.dropped for exporter in exporters)
+    why = next((e.first_loss for e in exporters if e.first_loss is not None), None)
     return lost, why

@@ -157,25 +157,26 @@ def _session(store: SessionStore | MemoryStore, sid: str = "s1") -> SessionLog:
     return log
 
 
-def test_a_zero_filled_tail_longer_than_a_chunk_is_torn_and_repaired(tmp_path: Path) -> None:
+def _with_tail(tmp_path: Path, tail: bytes) -> tuple[SessionStore, Path, int]:
+    """A stored session "s1" with `tail` appended: (store, its file, its size before)."""
     store = SessionStore(tmp_path)
     _session(store).close()
     path = tmp_path / "s1.session"
     good = path.stat().st_size
     with path.open("ab") as f:
-        f.write(bytes(3 << 20))
+        f.write(tail)
+    return store, path, good
+
+
+def test_a_zero_filled_tail_longer_than_a_chunk_is_torn_and_repaired(tmp_path: Path) -> None:
+    store, path, good = _with_tail(tmp_path, bytes(3 << 20))
     loaded = store.load("s1")
     assert loaded.repaired and loaded.torn_bytes == 3 << 20
     assert path.stat().st_size == good
 
 
 def test_a_nonzero_byte_chunks_into_a_zero_tail_is_corruption(tmp_path: Path) -> None:
-    store = SessionStore(tmp_path)
-    _session(store).close()
-    path = tmp_path / "s1.session"
-    good = path.stat().st_size
-    with path.open("ab") as f:
-        f.write(bytes(3 << 20) + b"\x01")
+    store, path, good = _with_tail(tmp_path, bytes(3 << 20) + b"\x01")
     with pytest.raises(CorruptSessionError, match="zero-length frame") as info:
         store.load("s1")
     assert info.value.offset == good

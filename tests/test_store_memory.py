@@ -122,16 +122,22 @@ def _transient(read: Callable[[], Any]) -> tuple[int, Any]:
     return peak - held, result
 
 
+def _events_read_in_a_chunk(store: AnyStore, size: int, how: str) -> list[Any]:
+    """The events `READS[how]` returns, checked to have held less than `TRANSIENT_SHARE` of
+    the file's `size` beyond them, and to end with the log's last event."""
+    transient, result = _transient(lambda: READS[how](store))
+    assert transient < TRANSIENT_SHARE * size, f"{how}: {transient / size:.2f} x the file"
+    events: list[Any] = result if isinstance(result, list) else result.events
+    assert events[-1]["type"] == "turn/end"
+    return events
+
+
 @pytest.mark.parametrize("how", sorted(READS))
 def test_reading_a_stored_log_holds_a_chunk_of_it_not_the_whole_file(
     file_store: tuple[SessionStore, int], how: str
 ) -> None:
-    store, size = file_store
-    transient, result = _transient(lambda: READS[how](store))
-    assert transient < TRANSIENT_SHARE * size, f"{how}: {transient / size:.2f} x the file"
-    events = result if isinstance(result, list) else result.events
+    events = _events_read_in_a_chunk(*file_store, how)
     assert len(events) > 1000
-    assert events[-1]["type"] == "turn/end"
 
 
 @pytest.mark.parametrize("how", ["load", "inspect"])
@@ -139,10 +145,7 @@ def test_the_memory_store_reads_a_chunk_at_a_time_too(
     memory_store: tuple[MemoryStore, int], how: str
 ) -> None:
     """It used to copy the whole bytearray out before decoding it."""
-    store, size = memory_store
-    transient, result = _transient(lambda: READS[how](store))
-    assert transient < TRANSIENT_SHARE * size, f"{how}: {transient / size:.2f} x the file"
-    assert result.events[-1]["type"] == "turn/end"
+    _events_read_in_a_chunk(*memory_store, how)
 
 
 @pytest.fixture
