@@ -15,7 +15,7 @@ from typing import Any, Literal, cast
 from actors.agent_handle import Agent
 from agent.context import AgentContext
 from agent.events import Event, SessionHeader
-from agent.log import SessionLog
+from agent.log import SessionLog, events_of_types
 from agent.loop import AgentCore
 from agent.model import ModelAdapter
 from agent.options import AgentOptions
@@ -130,10 +130,13 @@ def _publish(ctx: AgentContext, agent: Agent) -> Agent:
     return agent
 
 
+_INBOX = frozenset({"inbox/accepted", "inbox/claimed", "inbox/discarded"})
+
+
 def pending_inbox(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Accepted sends that were never claimed nor discarded, in acceptance order."""
     pending: dict[str, dict[str, Any]] = {}
-    for event in events:
+    for event in events_of_types(events, _INBOX):
         kind = event["type"]
         if kind == "inbox/accepted" and event["data"]["kind"] == "send":
             data = event["data"]

@@ -11,9 +11,10 @@ model.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
+
+from agent.log import event_positions, events_of_types
 
 __all__ = [
     "MESSAGE_TYPES",
@@ -63,11 +64,8 @@ class Conversation(Sequence[dict[str, Any]]):
 
     def __init__(self, events: Sequence[Mapping[str, Any]]) -> None:
         self._events = events
-        self._seqs = array("q")
-        note = self._seqs.append
-        for index, event in enumerate(events):
-            if event["type"] in MESSAGE_TYPES:
-                note(index)
+        # A log's view finds its loaded messages without decoding them.
+        self._seqs = event_positions(events, MESSAGE_TYPES)
 
     def note(self, event: Mapping[str, Any]) -> None:
         """Record that `event` (just appended to the log) is the conversation's next message."""
@@ -167,10 +165,12 @@ def history_from_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, A
 
 def last_turn_number(events: Iterable[Mapping[str, Any]]) -> int:
     turn = 0
-    for event in events:
-        if event["type"] == "turn/start":
-            turn = event["data"]["turn"]
+    for event in events_of_types(events, _TURN_START):
+        turn = event["data"]["turn"]
     return turn
+
+
+_TURN_START = frozenset({"turn/start"})
 
 
 def with_tool_calls(

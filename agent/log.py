@@ -34,10 +34,13 @@ A log may end with a turn still open (a live session, or a torn tail before repa
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from itertools import compress
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
@@ -61,12 +64,16 @@ _pack_strict = msgpack.Packer(use_bin_type=True, autoreset=True, strict_types=Tr
 
 __all__ = [
     "Durability",
+    "EventView",
     "InvariantError",
     "LogReplay",
+    "Payloads",
     "SessionLog",
     "SharedHeaders",
     "ToolLike",
     "completed_turn_prefix",
+    "event_positions",
+    "events_of_types",
     "is_plain_reply",
     "request_header_data",
     "validate_log",
@@ -692,23 +699,83 @@ class LogSink(Protocol):
     def close(self) -> None: ...
 
 
-class EventView(Sequence[Event]):
-    """A live session's events, kept as their encoded frames and decoded on access.
+# One code per known event type (0 for any other), so a view finds the events of a type among
+# those it was built with without decoding them. In memory only: never written.
+_KIND_NAMES: tuple[str, ...] = ("", *sorted(ev.EVENT_TYPES))
+_KIND_OF: dict[str, int] = {name: code for code, name in enumerate(_KIND_NAMES) if name}
+_OTHER = 0
+_NO_BYTES = memoryview(b"")
+_NO_ENDS = array("I")
+_NO_KINDS = b""
 
-    A live child holds its whole log in memory. As dicts and lists that is a couple of hundred
-    objects per child for the cyclic collector to rescan on every full collection; as bytes it
-    is none, and it is smaller. Events given at creation (a loaded log, a fork seed) stay as
-    they are. Each access decodes a fresh copy: the log never hands out its own state.
+
+class Payloads:
+    """The events a view starts with (a loaded log, a fork's seed), gathered as the msgpack
+    payloads they were read or encoded as: end to end in one buffer, with where each ends and
+    its type's code. Nothing per event is a Python object: the collector never sees them, and
+    the memory is the payloads' bytes plus 5 bytes an event (a frame's prefix is 8).
+
+    `add` each payload in order, then hand this to one `EventView`, which takes it over.
+    `capacity` bounds the payloads' total size (a file's size will do).
     """
 
-    __slots__ = ("_loaded", "_payloads")
+    __slots__ = ("_buffer", "_ends", "_kinds", "_tell", "_write")
 
-    def __init__(self, loaded: list[Event]) -> None:
-        self._loaded = loaded
+    def __init__(self, capacity: int) -> None:
+        self._buffer: io.BytesIO | None = io.BytesIO()
+        self._write = self._buffer.write
+        self._tell = self._buffer.tell
+        self._ends = array("I" if capacity <= 0xFFFFFFFF else "Q")
+        self._kinds = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def add(self, payload: bytes | bytearray | memoryview, kind: object) -> None:
+        """Keep one event's payload (copied); `kind` is its type."""
+        self._write(payload)
+        self._ends.append(self._tell())
+        self._kinds.append(_KIND_OF.get(kind, _OTHER) if _type_of(kind) is str else _OTHER)
+
+    def take(self) -> tuple[memoryview, array[int], bytes | bytearray]:
+        """(payloads end to end, end offsets, type codes); the builder is spent."""
+        buffer = self._buffer
+        if buffer is None:
+            raise ValueError("these payloads were already taken by a view")
+        self._buffer = None
+        # The buffer's own bytes, trimmed to size, not a copy (BytesIO shares them when no
+        # view of it is out), then released by the builder.
+        data = buffer.getvalue()
+        buffer.close()
+        return memoryview(data), self._ends, self._kinds
+
+
+class EventView(Sequence[Event]):
+    """A session's events, kept as their encoded payloads and decoded on access.
+
+    A live child holds its whole log in memory. As dicts and lists that is a couple of hundred
+    objects per event group for the cyclic collector to rescan on every full collection, and
+    about twice the file; as bytes it is none, and it is the file's size. The events it is
+    built with (`Payloads`: a loaded log, a fork's seed) sit in one buffer; those appended
+    later are the frames' payloads as the log encoded them. Each access decodes a fresh copy:
+    the log never hands out its own state.
+    """
+
+    __slots__ = ("_blob", "_ends", "_kinds", "_loaded", "_payloads")
+
+    def __init__(self, loaded: Payloads | None = None) -> None:
+        self._blob: memoryview
+        self._ends: array[int]
+        self._kinds: bytes | bytearray
+        if loaded is None:
+            self._blob, self._ends, self._kinds = _NO_BYTES, _NO_ENDS, _NO_KINDS
+        else:
+            self._blob, self._ends, self._kinds = loaded.take()
+        self._loaded = len(self._ends)
         self._payloads: list[bytes] = []
 
     def __len__(self) -> int:
-        return len(self._loaded) + len(self._payloads)
+        return self._loaded + len(self._payloads)
 
     @overload
     def __getitem__(self, index: int) -> Event: ...
@@ -719,21 +786,69 @@ class EventView(Sequence[Event]):
     def __getitem__(self, index: int | slice) -> Event | list[Event]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        size = len(self)
+        loaded = self._loaded
+        size = loaded + len(self._payloads)
         if index < 0:
             index += size
         if not 0 <= index < size:
             raise IndexError("event index out of range")
-        loaded = len(self._loaded)
+        event: Event
         if index < loaded:
-            return self._loaded[index]
-        event: Event = _unpackb(self._payloads[index - loaded])
+            ends = self._ends
+            event = _unpackb(self._blob[ends[index - 1] if index else 0 : ends[index]])
+        else:
+            event = _unpackb(self._payloads[index - loaded])
         return event
 
     def __iter__(self) -> Iterator[Event]:
-        yield from self._loaded
+        blob = self._blob
+        start = 0
+        for end in self._ends:
+            yield _unpackb(blob[start:end])
+            start = end
         for payload in self._payloads:
             yield _unpackb(payload)
+
+    def positions(self, types: Collection[str], start: int = 0) -> array[int]:
+        """The indexes of the events of `types`, from `start` on, in order. Those the view was
+        built with are found by their type codes, decoding none (but those of a type outside
+        the known vocabulary, when `types` names one); later ones are decoded."""
+        loaded = self._loaded
+        start = max(start, 0)
+        found = array("q")
+        if start < loaded:
+            codes = bytearray(256)
+            unknown = False
+            for name in types:
+                code = _KIND_OF.get(name, _OTHER)
+                codes[code] = 1
+                unknown = unknown or code == _OTHER
+            kinds = self._kinds
+            picked = compress(range(start, loaded), kinds[start:loaded].translate(codes))
+            if not unknown:
+                found.extend(picked)
+            else:
+                for index in picked:
+                    if kinds[index] != _OTHER or self[index]["type"] in types:
+                        found.append(index)
+        payloads = self._payloads
+        for index in range(max(start, loaded), loaded + len(payloads)):
+            if _unpackb(payloads[index - loaded])["type"] in types:
+                found.append(index)
+        return found
+
+    def select(self, types: Collection[str], start: int = 0) -> Iterator[Event]:
+        """Fresh copies of the events of `types` from `start` on (`positions`): a scan for a
+        few types decodes only those events."""
+        blob = self._blob
+        ends = self._ends
+        loaded = self._loaded
+        payloads = self._payloads
+        for index in self.positions(types, start):
+            if index < loaded:
+                yield _unpackb(blob[ends[index - 1] if index else 0 : ends[index]])
+            else:
+                yield _unpackb(payloads[index - loaded])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (EventView, list, tuple)):
@@ -751,6 +866,42 @@ class EventView(Sequence[Event]):
         return self._payloads.append
 
 
+def event_positions(
+    events: Sequence[Mapping[str, Any]], types: Collection[str], start: int = 0
+) -> array[int]:
+    """The indexes of the events of `types` from `start` on: an `EventView` finds them without
+    decoding (`EventView.positions`), any other sequence is read."""
+    if isinstance(events, EventView):
+        return events.positions(types, start)
+    found = array("q")
+    for index in range(max(start, 0), len(events)):
+        kind = events[index].get("type")
+        if _type_of(kind) is str and kind in types:
+            found.append(index)
+    return found
+
+
+def events_of_types(
+    events: Iterable[Mapping[str, Any]], types: Collection[str], start: int = 0
+) -> Iterator[Mapping[str, Any]]:
+    """The events of `types` from index `start` on, in order: an `EventView` decodes only those
+    (`EventView.select`), any other iterable is filtered."""
+    if isinstance(events, EventView):
+        return events.select(types, start)
+    return _filtered(events, types, start)
+
+
+def _filtered(
+    events: Iterable[Mapping[str, Any]], types: Collection[str], start: int
+) -> Iterator[Mapping[str, Any]]:
+    for index, event in enumerate(events):
+        if index < start:
+            continue
+        kind = event.get("type")
+        if _type_of(kind) is str and kind in types:
+            yield event
+
+
 class SessionLog:
     """The live, appendable log of one session.
 
@@ -762,19 +913,26 @@ class SessionLog:
     def __init__(
         self,
         header: SessionHeader,
-        events: list[Event],
+        events: Sequence[Event] | EventView,
         sink: LogSink,
         durability: Durability = "turn",
         replay: LogReplay | None = None,
         shared: SharedHeaders | None = None,
     ) -> None:
+        """`events` are those the sink already holds: a view the log takes over (a store's
+        load, keeping the payloads it read), or events it encodes once (with no `replay`, it
+        replays them first)."""
         if durability not in DURABILITY_SETTINGS:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
+        if replay is None:
+            replay = validate_log(events, header)
+        if not isinstance(events, EventView):
+            events = EventView(encode_payloads(events)) if events else EventView()
         self.header = header
-        self.events = EventView(events)
+        self.events = events
         self.durability: Durability = durability
         self._sink = sink
-        self._replay = replay if replay is not None else validate_log(events, header)
+        self._replay = replay
         self._shared = shared
         self._payloads_append = self.events.append_payload
         self._buffer = bytearray()
@@ -942,3 +1100,16 @@ class SessionLog:
 def encode_events(events: Iterable[Event]) -> bytes:
     """Frames for already-validated events (seeds, repairs)."""
     return b"".join(_frame(_packb(e)) for e in events)
+
+
+def encode_payloads(events: Sequence[Event], frames: list[bytes] | None = None) -> Payloads:
+    """Already-validated events, each encoded once, as a view's `Payloads`; with `frames`,
+    each one's frame is appended to it too (a seed written and kept from one encoding)."""
+    packed = [_packb(e) for e in events]
+    payloads = Payloads(sum(map(len, packed)))
+    add = payloads.add
+    for event, payload in zip(events, packed, strict=True):
+        add(payload, event["type"])
+        if frames is not None:
+            frames.append(_frame(payload))
+    return payloads

@@ -50,9 +50,11 @@ from agent.frames import (
     MAX_FRAME,
     CorruptSessionError,
     Decoded,
+    EventSink,
     ReadAt,
     _crc32,
     _frame,
+    _packb,
     decode_header,
     encode_header,
     iter_frames,
@@ -62,12 +64,15 @@ from agent.jsoncheck import check_json, repair_surrogates
 from agent.log import (
     DURABILITY_SETTINGS,
     Durability,
+    EventView,
     InvariantError,
     LogReplay,
+    Payloads,
     SessionLog,
     ToolLike,
     closing_events,
     encode_events,
+    encode_payloads,
     request_header_data,
     validate_log,
 )
@@ -288,6 +293,9 @@ class _Store:
         refs = {
             e["data"]["ref"] for e in events if e["type"] == REQUEST_HEADER and "ref" in e["data"]
         }
+        self._check_refs(session_id, refs)
+
+    def _check_refs(self, session_id: str, refs: Iterable[str]) -> None:
         for ref in sorted(refs):
             if not self._has_shared(ref):
                 raise SharedHeaderMissingError(ref, self._name(session_id))
@@ -317,16 +325,12 @@ class _Store:
             raise ValueError("invalid seed: it ends inside an open turn")
         if seed:
             self._check_shared(header.id, seed)  # type: ignore[arg-type]
-        data = encode_header(header) + encode_events(seed)  # type: ignore[arg-type]
-        handle = self._create_bytes(header.id, data)
-        return SessionLog(
-            header,
-            seed,  # type: ignore[arg-type]
-            handle,
-            self.durability,
-            replay,
-            shared=self,
-        )
+        # Each seed event encoded once: its frame is written, its payload kept by the log.
+        frames = [encode_header(header)]
+        payloads = encode_payloads(seed, frames)  # type: ignore[arg-type]
+        del seed
+        handle = self._create_bytes(header.id, b"".join(frames))
+        return SessionLog(header, EventView(payloads), handle, self.durability, replay, shared=self)
 
     def open(self, session_id: str) -> SessionLog:
         """Load (repairing a torn or open tail durably) and hold the session for appending."""
@@ -335,14 +339,15 @@ class _Store:
         if handle is None:
             raise SessionBusyError(f"session {session_id} is already open")
         try:
-            loaded, replay = self._load_locked(session_id, handle)
-            self._check_shared(session_id, loaded.events)
+            loaded, replay, kept = self._load_locked(session_id, handle, keep=True)
+            assert kept is not None
+            self._check_refs(session_id, kept.refs)
         except BaseException:
             handle.close()
             raise
-        return SessionLog(
-            loaded.header, loaded.events, handle, self.durability, replay, shared=self
-        )
+        # The events stay the payloads read from the file (decoded once, to replay them).
+        events = EventView(kept.payloads)
+        return SessionLog(loaded.header, events, handle, self.durability, replay, shared=self)
 
     def load(self, session_id: str) -> LoadedSession:
         """The session's header and events, with a torn or open tail repaired durably.
@@ -368,7 +373,7 @@ class _Store:
                     raise SessionBusyError(f"session {session_id} is open and mid-turn")
             else:
                 try:
-                    loaded = self._load_locked(session_id, handle)[0]
+                    loaded = self._load_locked(session_id, handle, keep=False)[0]
                 finally:
                     handle.close()
         self._check_shared(session_id, loaded.events)
@@ -379,7 +384,7 @@ class _Store:
         validate_session_id(session_id)
         reader = self._reader(session_id)
         try:
-            decoded, replay = self._decode(session_id, reader)
+            decoded, replay, _kept = self._decode(session_id, reader, keep=False)
         finally:
             reader.close()
         return LoadedSession(
@@ -466,49 +471,121 @@ class _Store:
 
     # -- shared internals ---------------------------------------------------------------------
 
-    def _decode(self, session_id: str, reader: _Reader) -> tuple[Decoded, LogReplay]:
+    def _decode(
+        self, session_id: str, reader: _Reader, keep: bool
+    ) -> tuple[Decoded, LogReplay, _Keeper | None]:
+        """Read, decode and replay a stored log. `keep`: the events are kept as the payloads read
+        (`_Keeper`), replayed as each is decoded, and `Decoded.events` is empty; else they are
+        the decoded list."""
         size = reader.size()
         if size >= _THREADPOOL_READ:
             # Reading and decoding a big log is tens of ms of I/O and CPU: off the hub, so
             # greenlets keep running.
-            return offload(self._decode_now, session_id, reader, size)
-        return self._decode_now(session_id, reader, size)
+            return offload(self._decode_now, session_id, reader, size, keep)
+        return self._decode_now(session_id, reader, size, keep)
 
-    def _decode_now(self, session_id: str, reader: _Reader, size: int) -> tuple[Decoded, LogReplay]:
+    def _decode_now(
+        self, session_id: str, reader: _Reader, size: int, keep: bool
+    ) -> tuple[Decoded, LogReplay, _Keeper | None]:
         name = self._name(session_id)
+        kept = _Keeper(size) if keep else None
         with gc_paused():
-            decoded = read_frames(reader.read_at, size, name)
+            decoded = read_frames(
+                reader.read_at, size, name, sink=kept.start if kept is not None else None
+            )
         header = decoded.header
+        # Corruption anywhere in the file outranks a wrong id, which outranks a broken rule.
         if header.id != session_id:
             raise CorruptSessionError(name, 0, f"header names session {header.id!r}")
         try:
-            replay = validate_log(decoded.events, header)
+            replay = kept.replay() if kept is not None else validate_log(decoded.events, header)
         except InvariantError as exc:
             raise InvariantError(exc.seq, f"{name}: {exc.message}") from None
-        return decoded, replay
+        return decoded, replay, kept
 
-    def _load_locked(self, session_id: str, handle: _Handle) -> tuple[LoadedSession, LogReplay]:
-        decoded, replay = self._decode(session_id, handle)
+    def _load_locked(
+        self, session_id: str, handle: _Handle, keep: bool
+    ) -> tuple[LoadedSession, LogReplay, _Keeper | None]:
+        decoded, replay, kept = self._decode(session_id, handle, keep)
         header, events, good, torn, size = decoded
         torn_bytes = size - good
         closing = closing_events(replay)
         if not torn and not closing:
-            return LoadedSession(header, events, repaired=False), replay
+            return LoadedSession(header, events, repaired=False), replay, kept
         now = time.time()
         added: builtins.list[Event] = []
         for etype, edata in closing:
             event: Event = {"type": etype, "seq": replay.seq, "time": now, "data": edata}
             replay.feed(event)
             added.append(event)
-        handle.repair(good, encode_events(added), sync=self.durability != "none")
-        events.extend(added)
+        if kept is None:
+            tail = encode_events(added)
+            events.extend(added)
+        else:
+            frames: builtins.list[bytes] = []
+            for event in added:
+                payload = _packb(event)
+                frames.append(_frame(payload))
+                kept.payloads.add(payload, event["type"])
+            tail = b"".join(frames)
+        handle.repair(good, tail, sync=self.durability != "none")
         logger.info(
             "repaired session %s: dropped %d torn bytes, closed %d events",
             session_id,
             torn_bytes,
             len(added),
         )
-        return LoadedSession(header, events, repaired=True, torn_bytes=torn_bytes), replay
+        loaded = LoadedSession(header, events, repaired=True, torn_bytes=torn_bytes)
+        return loaded, replay, kept
+
+
+class _Keeper:
+    """How `open` reads a log: each event, as it is decoded, is replayed and its payload kept
+    (as read: the same msgpack the live log appends), and the dict is dropped; the shared
+    request headers named are noted. One decode per event, and no decoded log held.
+
+    The first broken rule is kept, not raised, and the frames are still read to the end: a
+    corrupt frame anywhere outranks it, as when the whole file was decoded before the replay.
+    """
+
+    __slots__ = ("_error", "_replay", "payloads", "refs")
+
+    def __init__(self, size: int) -> None:
+        self.payloads = Payloads(size)
+        self.refs: set[str] = set()
+        self._replay: LogReplay | None = None
+        self._error: InvariantError | None = None
+
+    def start(self, header: SessionHeader) -> EventSink:
+        replay = self._replay = LogReplay(header)
+        feed = replay.feed
+        add = self.payloads.add
+        note_ref = self.refs.add
+
+        def keep(event: Event, payload: memoryview) -> None:
+            if self._error is not None:
+                return
+            try:
+                feed(event)
+            except InvariantError as exc:
+                self._error = exc
+                return
+            kind = event["type"]
+            add(payload, kind)
+            if kind == REQUEST_HEADER:
+                ref = event["data"].get("ref")
+                if ref is not None:
+                    note_ref(ref)
+
+        return keep
+
+    def replay(self) -> LogReplay:
+        """The replay of every event read; the first rule an event broke raises here."""
+        if self._error is not None:
+            raise self._error
+        if self._replay is None:  # pragma: no cover - read_frames reads the header first
+            raise RuntimeError("no header was read")
+        return self._replay
 
 
 class _Reader(Protocol):

@@ -25,6 +25,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Final
 
+from agent.log import events_of_types
+
 __all__ = [
     "PICO",
     "USAGE_KEYS",
@@ -222,6 +224,10 @@ def total_tokens(usage: Mapping[str, Any]) -> int:
     return total
 
 
+# The events that carry a response's usage and cost.
+_REPLIES: Final = frozenset({"assistant/message"})
+
+
 def usage_of_events(events: Iterable[Mapping[str, Any]], seed_length: int = 0) -> dict[str, int]:
     """A session's own usage from its log: the `usage` of its `assistant/message` events.
 
@@ -229,9 +235,7 @@ def usage_of_events(events: Iterable[Mapping[str, Any]], seed_length: int = 0) -
     for them, so they never count.
     """
     out: dict[str, int] = {}
-    for index, event in enumerate(events):
-        if index < seed_length or event.get("type") != "assistant/message":
-            continue
+    for event in events_of_types(events, _REPLIES, seed_length):
         data = event.get("data")
         usage = data.get("usage") if isinstance(data, Mapping) else None
         if isinstance(usage, Mapping):
@@ -367,9 +371,7 @@ class PriceTable:
 def cost_of_events(events: Iterable[Mapping[str, Any]], seed_length: int = 0) -> int:
     """A session's own cost in picodollars from its log (`cost_usd` of its responses)."""
     total = 0
-    for index, event in enumerate(events):
-        if index < seed_length or event.get("type") != "assistant/message":
-            continue
+    for event in events_of_types(events, _REPLIES, seed_length):
         data = event.get("data")
         cost = data.get("cost_usd") if isinstance(data, Mapping) else None
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.events import Event, SessionHeader
-from agent.log import SessionLog
+from agent.log import SessionLog, event_positions
 
 __all__ = ["ACP_RECORD_EVENT", "AcpRecord", "ChildLog", "SessionStoreLike", "read_record"]
 
 ACP_RECORD_EVENT = "acp/session"
+_TURN_START = frozenset({"turn/start"})
 
 
 class SessionStoreLike(Protocol):
@@ -147,7 +148,7 @@ class ChildLog:
         turn, or `release` the log.
         """
         log = store.open(child_id)
-        turns = sum(1 for e in log.events if e["type"] == "turn/start")
+        turns = len(event_positions(log.events, _TURN_START))
         return cls(log, turns + 1)
 
     def begin(self, prompt: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> None:

@@ -14,15 +14,16 @@ that child in its next listing, whichever provider runs it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NotRequired, Protocol, TypedDict
 
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
-from agent.log import SessionLog
+from agent.log import SessionLog, events_of_types
 from agent.usage import PICO, UsageAccount, add_usage, cost_of_events, pico_to_usd, usage_of_events
 from subagent.descriptor import (
+    DESCRIPTOR_EVENT,
     DescriptorError,
     SubagentDescriptor,
     Unclassifiable,
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_DESCRIPTOR_ONLY = frozenset({DESCRIPTOR_EVENT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +267,11 @@ class Listings:
     ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
         """The child's descriptor, its own token usage and cost in picodollars (live: its
         account; else its log)."""
-        events: Sequence[Event]
+        events: Iterable[Mapping[str, object]]
         if agent is not None:
-            events = agent.log.events
-            seed_length = agent.header.seed_length
+            # Only the descriptor events after the seed are decoded from the live log.
+            events = events_of_types(agent.log.events, _DESCRIPTOR_ONLY, agent.header.seed_length)
+            seed_length = 0
             usage = dict(agent.usage.own)
             cost = agent.usage.cost_own
         else:
