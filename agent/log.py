@@ -722,7 +722,9 @@ class Payloads:
     __slots__ = ("_buffer", "_ends", "_kinds", "_tell", "_write")
 
     def __init__(self, capacity: int) -> None:
-        self._buffer: io.BytesIO | None = io.BytesIO()
+        # Written over zeros allocated at once (calloc: pages untouched until written), so the
+        # buffer never grows by copies or over-allocates; `take` trims it to what was written.
+        self._buffer: io.BytesIO | None = io.BytesIO(bytes(max(capacity, 0)))
         self._write = self._buffer.write
         self._tell = self._buffer.tell
         self._ends = array("I" if capacity <= 0xFFFFFFFF else "Q")
@@ -743,6 +745,7 @@ class Payloads:
         if buffer is None:
             raise ValueError("these payloads were already taken by a view")
         self._buffer = None
+        buffer.truncate()  # what was written, not the capacity
         # The buffer's own bytes, trimmed to size, not a copy (BytesIO shares them when no
         # view of it is out), then released by the builder.
         data = buffer.getvalue()

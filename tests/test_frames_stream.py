@@ -14,11 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.events import Event, SessionHeader
 from agent.frames import (
+    _SUSPECT,
     CorruptSessionError,
+    _suspect,
     decode_frames,
     encode_event,
     encode_header,
@@ -69,6 +74,27 @@ def _streamed(data: bytes, chunk: int) -> tuple[Any, ...]:
     return tuple(read_frames(_file_reader(data), len(data), "s", chunk))[:4]
 
 
+def _kept(data: bytes, chunk: int) -> tuple[Any, ...]:
+    """`read_frames` with a sink: what the sink was handed, where the list would have it."""
+    got: list[tuple[Event, bytes]] = []
+    headers: list[SessionHeader] = []
+
+    def sink(header: SessionHeader) -> Callable[[Event, memoryview], None]:
+        headers.append(header)
+        return lambda event, payload: got.append((event, bytes(payload)))
+
+    decoded = read_frames(_file_reader(data), len(data), "s", chunk, sink=sink)
+    assert decoded.events == [] and headers == [decoded.header]
+    # Each payload is its frame's, as the file holds it, and decodes to the event handed over.
+    offset = 8 + struct.unpack_from(">I", data, 0)[0]
+    for event, payload in got:
+        length = struct.unpack_from(">I", data, offset)[0]
+        assert payload == data[offset + 8 : offset + 8 + length]
+        assert msgpack.unpackb(payload) == event
+        offset += 8 + length
+    return (decoded.header, [event for event, _payload in got], *decoded[2:4])
+
+
 def _scanned(data: bytes, chunk: int) -> list[Event]:
     return list(iter_frames(_file_reader(data), len(data), "s", 1, chunk))
 
@@ -102,6 +128,7 @@ def test_every_chunk_size_decodes_as_the_whole_buffer_does(what: str, data: byte
     scanned_whole = _outcome(lambda: list(iter_events(data, "s", 1)))
     for chunk in CHUNKS:
         assert _outcome(_streamed, data, chunk) == whole, (what, chunk)
+        assert _outcome(_kept, data, chunk) == whole, (what, chunk)
         assert _outcome(_scanned, data, chunk) == scanned_whole, (what, chunk)
 
 
@@ -220,3 +247,31 @@ def test_a_scan_closes_its_file_when_done_or_dropped(tmp_path: Path) -> None:
     assert _open_fds() == before
     store.scan("s1")  # never iterated at all
     assert _open_fds() == before
+
+
+# Bytes that matter to the JSON-suspect check, often, among any others.
+_SUSPECT_BYTES = st.sampled_from([0xC4, 0xC6, 0xC9, 0xCA, 0xCB, 0xD4, 0xD8, 0x7F, 0xFF, 0xF0, 0x80])
+
+
+@given(st.lists(st.one_of(_SUSPECT_BYTES, st.integers(0, 255)), max_size=40).map(bytes))
+def test_the_suspect_check_is_the_pattern(data: bytes) -> None:
+    """A byte class first, the alternation only where it can match: the same answer."""
+    assert _suspect(memoryview(data)) == (_SUSPECT.search(data) is not None)
+
+
+def test_values_json_cannot_hold_are_still_refused() -> None:
+    """NaN, infinities and bin values, in the envelope or deep in data, at any chunk size."""
+    header = encode_header(SessionHeader(id="s1", created_at=1.0, cwd="/"))
+    for bad in (float("nan"), float("inf"), float("-inf"), b"raw", {"deep": [1.5, float("nan")]}):
+        for where in ("data", "time"):
+            event: dict[str, Any] = {"type": "x/note", "seq": 0, "time": 1.0}
+            event["data"] = {"ignorable": True, "value": bad} if where == "data" else {}
+            if where == "time":
+                if not isinstance(bad, float):
+                    continue
+                event["time"] = bad
+            frame = encode_event(cast(Event, event))
+            for chunk in CHUNKS:
+                with pytest.raises(CorruptSessionError, match="JSON cannot") as info:
+                    read_frames(_file_reader(header + frame), len(header + frame), "s", chunk)
+                assert info.value.offset == len(header)
