@@ -716,18 +716,19 @@ class Payloads:
     the memory is the payloads' bytes plus 5 bytes an event (a frame's prefix is 8).
 
     `add` each payload in order, then hand this to one `EventView`, which takes it over.
-    `capacity` bounds the payloads' total size (a file's size will do).
+    `capacity`, when known, is about the payloads' total size (a file's size will do): the
+    buffer is allocated once instead of grown.
     """
 
     __slots__ = ("_buffer", "_ends", "_kinds", "_tell", "_write")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int = 0) -> None:
         # Written over zeros allocated at once (calloc: pages untouched until written), so the
-        # buffer never grows by copies or over-allocates; `take` trims it to what was written.
+        # buffer does not grow by copies; `take` trims it to what was written.
         self._buffer: io.BytesIO | None = io.BytesIO(bytes(max(capacity, 0)))
         self._write = self._buffer.write
         self._tell = self._buffer.tell
-        self._ends = array("I" if capacity <= 0xFFFFFFFF else "Q")
+        self._ends = array("I")  # 4 bytes an event; 8 past 4 GiB of payloads
         self._kinds = bytearray()
 
     def __len__(self) -> int:
@@ -736,7 +737,12 @@ class Payloads:
     def add(self, payload: bytes | bytearray | memoryview, kind: object) -> None:
         """Keep one event's payload (copied); `kind` is its type."""
         self._write(payload)
-        self._ends.append(self._tell())
+        end = self._tell()
+        try:
+            self._ends.append(end)
+        except OverflowError:
+            self._ends = array("Q", self._ends)
+            self._ends.append(end)
         self._kinds.append(_KIND_OF.get(kind, _OTHER) if _type_of(kind) is str else _OTHER)
 
     def take(self) -> tuple[memoryview, array[int], bytes | bytearray]:
@@ -756,12 +762,12 @@ class Payloads:
 class EventView(Sequence[Event]):
     """A session's events, kept as their encoded payloads and decoded on access.
 
-    A live child holds its whole log in memory. As dicts and lists that is a couple of hundred
-    objects per event group for the cyclic collector to rescan on every full collection, and
-    about twice the file; as bytes it is none, and it is the file's size. The events it is
-    built with (`Payloads`: a loaded log, a fork's seed) sit in one buffer; those appended
-    later are the frames' payloads as the log encoded them. Each access decodes a fresh copy:
-    the log never hands out its own state.
+    A live child holds its whole log in memory. As dicts and lists that is several objects per
+    event for the cyclic collector to rescan on every full collection, for the child's whole
+    life, and about twice the file (six times for small events); as bytes it is none, and
+    about the file's size. The events it is built with (`Payloads`: a resumed log as read, a
+    fork's seed) sit in one buffer; those appended later are the payloads the log encoded for
+    their frames. Each access decodes a fresh copy: the log never hands out its own state.
     """
 
     __slots__ = ("_blob", "_ends", "_kinds", "_loaded", "_payloads")
@@ -1105,13 +1111,13 @@ def encode_events(events: Iterable[Event]) -> bytes:
     return b"".join(_frame(_packb(e)) for e in events)
 
 
-def encode_payloads(events: Sequence[Event], frames: list[bytes] | None = None) -> Payloads:
+def encode_payloads(events: Iterable[Event], frames: list[bytes] | None = None) -> Payloads:
     """Already-validated events, each encoded once, as a view's `Payloads`; with `frames`,
     each one's frame is appended to it too (a seed written and kept from one encoding)."""
-    packed = [_packb(e) for e in events]
-    payloads = Payloads(sum(map(len, packed)))
+    payloads = Payloads()
     add = payloads.add
-    for event, payload in zip(events, packed, strict=True):
+    for event in events:
+        payload = _packb(event)
         add(payload, event["type"])
         if frames is not None:
             frames.append(_frame(payload))

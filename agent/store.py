@@ -339,8 +339,8 @@ class _Store:
         if handle is None:
             raise SessionBusyError(f"session {session_id} is already open")
         try:
-            loaded, replay, kept = self._load_locked(session_id, handle, keep=True)
-            assert kept is not None
+            kept = _Keeper(handle.size())
+            loaded, replay = self._load_locked(session_id, handle, kept)
             self._check_refs(session_id, kept.refs)
         except BaseException:
             handle.close()
@@ -373,7 +373,7 @@ class _Store:
                     raise SessionBusyError(f"session {session_id} is open and mid-turn")
             else:
                 try:
-                    loaded = self._load_locked(session_id, handle, keep=False)[0]
+                    loaded = self._load_locked(session_id, handle)[0]
                 finally:
                     handle.close()
         self._check_shared(session_id, loaded.events)
@@ -384,7 +384,7 @@ class _Store:
         validate_session_id(session_id)
         reader = self._reader(session_id)
         try:
-            decoded, replay, _kept = self._decode(session_id, reader, keep=False)
+            decoded, replay = self._decode(session_id, reader)
         finally:
             reader.close()
         return LoadedSession(
@@ -472,23 +472,21 @@ class _Store:
     # -- shared internals ---------------------------------------------------------------------
 
     def _decode(
-        self, session_id: str, reader: _Reader, keep: bool
-    ) -> tuple[Decoded, LogReplay, _Keeper | None]:
-        """Read, decode and replay a stored log. `keep`: the events are kept as the payloads read
-        (`_Keeper`), replayed as each is decoded, and `Decoded.events` is empty; else they are
-        the decoded list."""
+        self, session_id: str, reader: _Reader, kept: _Keeper | None = None
+    ) -> tuple[Decoded, LogReplay]:
+        """Read, decode and replay a stored log: into `Decoded.events`, or, given a keeper, into
+        it (each event replayed as it is decoded and kept as its payload; no list)."""
         size = reader.size()
         if size >= _THREADPOOL_READ:
             # Reading and decoding a big log is tens of ms of I/O and CPU: off the hub, so
             # greenlets keep running.
-            return offload(self._decode_now, session_id, reader, size, keep)
-        return self._decode_now(session_id, reader, size, keep)
+            return offload(self._decode_now, session_id, reader, size, kept)
+        return self._decode_now(session_id, reader, size, kept)
 
     def _decode_now(
-        self, session_id: str, reader: _Reader, size: int, keep: bool
-    ) -> tuple[Decoded, LogReplay, _Keeper | None]:
+        self, session_id: str, reader: _Reader, size: int, kept: _Keeper | None
+    ) -> tuple[Decoded, LogReplay]:
         name = self._name(session_id)
-        kept = _Keeper(size) if keep else None
         with gc_paused():
             decoded = read_frames(
                 reader.read_at, size, name, sink=kept.start if kept is not None else None
@@ -501,17 +499,18 @@ class _Store:
             replay = kept.replay() if kept is not None else validate_log(decoded.events, header)
         except InvariantError as exc:
             raise InvariantError(exc.seq, f"{name}: {exc.message}") from None
-        return decoded, replay, kept
+        return decoded, replay
 
     def _load_locked(
-        self, session_id: str, handle: _Handle, keep: bool
-    ) -> tuple[LoadedSession, LogReplay, _Keeper | None]:
-        decoded, replay, kept = self._decode(session_id, handle, keep)
+        self, session_id: str, handle: _Handle, kept: _Keeper | None = None
+    ) -> tuple[LoadedSession, LogReplay]:
+        """`_decode`, then the repair of a torn or open tail (its events kept too)."""
+        decoded, replay = self._decode(session_id, handle, kept)
         header, events, good, torn, size = decoded
         torn_bytes = size - good
         closing = closing_events(replay)
         if not torn and not closing:
-            return LoadedSession(header, events, repaired=False), replay, kept
+            return LoadedSession(header, events, repaired=False), replay
         now = time.time()
         added: builtins.list[Event] = []
         for etype, edata in closing:
@@ -536,7 +535,7 @@ class _Store:
             len(added),
         )
         loaded = LoadedSession(header, events, repaired=True, torn_bytes=torn_bytes)
-        return loaded, replay, kept
+        return loaded, replay
 
 
 class _Keeper:
@@ -550,8 +549,8 @@ class _Keeper:
 
     __slots__ = ("_error", "_replay", "payloads", "refs")
 
-    def __init__(self, size: int) -> None:
-        self.payloads = Payloads(size)
+    def __init__(self, capacity: int) -> None:
+        self.payloads = Payloads(capacity)
         self.refs: set[str] = set()
         self._replay: LogReplay | None = None
         self._error: InvariantError | None = None

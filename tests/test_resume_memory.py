@@ -446,3 +446,19 @@ def test_a_resume_decodes_each_stored_event_once_and_its_scans_only_their_own(
         assert pending_inbox(b.core.log.events) == pending_inbox(stored) == []
     finally:
         second.close()
+
+
+def test_payload_offsets_widen_past_four_gib() -> None:
+    """Ends are 4 bytes each until the payloads pass 4 GiB, then 8 (none is lost)."""
+    payloads = agent.log.Payloads()
+    payloads.add(b"\x80", "turn/start")
+    at = [2**32 - 1, 2**32 + 7]
+    payloads._tell = lambda: at.pop(0)  # as if 4 GiB had been written
+    payloads.add(b"\x80", "turn/end")
+    payloads.add(b"\x80", "x/other")
+    _blob, ends, kinds = payloads.take()
+    assert (ends.typecode, list(ends)) == ("Q", [1, 2**32 - 1, 2**32 + 7])
+    codes = agent.log._KIND_OF
+    assert list(kinds) == [codes["turn/start"], codes["turn/end"], agent.log._OTHER]
+    with pytest.raises(ValueError, match="already taken"):
+        payloads.take()
