@@ -714,6 +714,24 @@ def test_the_cli_says_at_exit_how_many_spans_it_could_not_export(tmp_path: Path)
     assert int(said.split()[2]) > 0
 
 
+def test_the_cli_says_so_too_when_the_sdk_pipeline_lost_them(tmp_path: Path) -> None:
+    """A set-up the lean exporter does not take (here `SUBAGENT_OTEL_SDK`) gets the SDK's
+    pipeline, whose failures are log lines only: they are counted and said as well."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "500",  # the SDK's exporter retries until then
+        "SUBAGENT_OTEL_SDK": "true",
+    }
+    proc = _demo(tmp_path, otel)
+    assert proc.returncode == 0, proc.stderr
+    (said,) = [line for line in proc.stderr.splitlines() if "spans were not exported" in line]
+    assert said.startswith("subagent: tracing: ") and "OTLPSpanExporter" in said
+    assert int(said.split()[2]) > 0
+
+
 NO_OTEL_SCRIPT = """
 import sys
 sys.modules["opentelemetry"] = None  # as without the otel extra: every import of it fails
