@@ -101,8 +101,9 @@ class ListingStore(Protocol):
 class ChildRow(TypedDict):
     """One child as `list_children` / `list_descendants` report it (docs/events.md, "Child
     rows"). `mode` is `one-shot`, `continuable` or `unknown` (an unreadable log, which then
-    has an `error`); `activity` is `running`, `idle`, `stored`, `running elsewhere`, or a
-    diagnostic. Token and cost fields are there when the child's spend is known."""
+    has an `error`); `activity` is `running`, `idle`, `stored`, `ended` (a remote one-shot
+    child's run ended, nothing of it stored here), `running elsewhere`, or a diagnostic.
+    Token and cost fields are there when the child's spend is known."""
 
     id: str
     parent_id: str | None

@@ -96,8 +96,11 @@ def test_a_running_ray_child_is_listed_running_then_ended(runtime: Runtime) -> N
         assert activities(runtime, parent.id) == [(run.id, "one-shot", "running")]
         (row,) = runtime.subagents.list_descendants(parent.id)
         assert (row["id"], row["activity"], row["depth"]) == (run.id, "running", 1)
-        run.cancel("enough")
-        assert run.result.get(timeout=TIMEOUT).stop_reason == "aborted"
+        # The id of its log on the host names it too (an interrupt finds its live run by it).
+        assert run.session_id != run.id
+        assert runtime.subagents.interrupt(run.session_id, by=parent) is True
+        result = run.result.get(timeout=0)
+        assert (result.stop_reason, result.diagnostic) == ("aborted", f"interrupted by {parent.id}")
     finally:
         run.dispose()
     runtime.subagents.sync()  # the registry handled its end
