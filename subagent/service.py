@@ -711,7 +711,7 @@ class SubagentService:
         except SubagentError:  # closed meanwhile: no run is live any more
             return None
         for run in runs:
-            if child_id in (run.id, run.session_id) and run.local_agent is None and not run.settled:
+            if run.local_agent is None and not run.settled and child_id in (run.id, run.session_id):
                 return run
         return None
 
@@ -732,18 +732,15 @@ class SubagentService:
         except SubagentError:  # closed meanwhile: no run is live any more
             return []
         wall, now = time.time(), time.monotonic()
-        found = {
-            run.id: RemoteRun(
-                run.id,
-                run.parent_id,
-                wall - (now - run.started_at),
-                run.session_id,
-                ended=run.settled,
-            )
-            for run in runs
-            if run.local_agent is None
-        }
-        found.update(self._ended)  # one settled while the registry had yet to drop it
+        found = dict(self._ended)
+        for run in runs:
+            # A live run is the child's latest (a continuable child's new activation); one that
+            # settled while the registry had yet to drop it is known as ended already.
+            if run.local_agent is None and not (run.settled and run.id in found):
+                started = wall - (now - run.started_at)
+                found[run.id] = RemoteRun(
+                    run.id, run.parent_id, started, run.session_id, ended=run.settled
+                )
         return list(found.values())
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
