@@ -20,6 +20,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from otlp_collector import Collector, collector
 from test_tracing import (  # noqa: F401  (collected here again, under the lean provider)
     test_a_later_turn_with_no_parent_keeps_the_agents_previous_one,
+    test_a_made_up_tool_name_and_call_id_are_cut_on_the_span,
     test_a_resumed_acp_childs_activation_links_to_its_first,
     test_a_turn_parented_from_another_process_is_a_server_span,
     test_aborted_parallel_children_end_every_span,
