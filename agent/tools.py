@@ -64,6 +64,19 @@ __all__ = [
 ]
 
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
+
+# Characters of a made-up tool name said back to the model: the name came from the model, so
+# echoing it whole (100 kB, twice in the log) grows its context and the log for nothing.
+ECHOED_NAME = 200
+
+
+def _unknown(name: str) -> str:
+    """What the model is told about a call of a tool it does not have."""
+    if len(name) <= ECHOED_NAME:
+        return f"unknown tool {name!r}"
+    return f"unknown tool {name[:ECHOED_NAME]!r}... (a name of {len(name)} characters)"
+
+
 INVALID_ARGS = "INVALID_ARGS"
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
@@ -509,7 +522,7 @@ class ToolScope:
             raise AbortError(reason=ctx.signal.reason)
         tool = self.resolve(call.name)
         if tool is None:
-            return ToolResult.error(UNKNOWN_TOOL, f"unknown tool {call.name!r}")
+            return ToolResult.error(UNKNOWN_TOOL, _unknown(call.name))
         if call.invalid is not None:  # refused when the model made the call (ToolCall)
             return ToolResult.error(
                 INVALID_ARGS, f"invalid arguments for {tool.name}: {call.invalid}"

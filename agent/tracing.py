@@ -614,24 +614,32 @@ class TurnTrace:
                 return execute(call, make_context(call, signal, here))
             finally:
                 _detach(token)
+        # The model gives the name and the id: cut to `MAX_MODEL_TEXT` on the span, so a
+        # model's made-up names cannot fill the name and encoding caches (kept by count).
+        name = call.name
+        if len(name) > MAX_MODEL_TEXT:
+            name = _cut(name)
+        call_id = call.id
+        if len(call_id) > MAX_MODEL_TEXT:
+            call_id = _cut(call_id)
         fast = self._fast
         if fast is None:
             span = self.tracer.start_span(
-                _tool_span_name(call.name),
+                _tool_span_name(name),
                 context=self.context,
                 kind=SpanKind.INTERNAL,
                 attributes={
                     "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": call.name,
-                    "gen_ai.tool.call.id": call.id,
+                    "gen_ai.tool.name": name,
+                    "gen_ai.tool.call.id": call_id,
                 },
             )
             ctx = _trace.set_span_in_context(span, self.context)
         else:
-            template = self._templates.tool.get(call.name)
+            template = self._templates.tool.get(name)
             if template is None:
-                template = self._tool_template(fast, call.name)
-            span, ctx = fast.start_current(template, {"gen_ai.tool.call.id": call.id}, self.context)
+                template = self._tool_template(fast, name)
+            span, ctx = fast.start_current(template, {"gen_ai.tool.call.id": call_id}, self.context)
         token = _attach(ctx)
         try:
             result = execute(call, make_context(call, signal, make_trace_parent(ctx, False, None)))
@@ -803,6 +811,18 @@ def usage_attributes(usage: Mapping[str, Any]) -> dict[str, int]:
     if type(output) is int:
         out["gen_ai.usage.output_tokens"] = output
     return out
+
+
+# Characters of a model-given tool name or call id kept on a span. A real tool name is at most
+# 64-128 characters (the model APIs' own limits) and a call id a few dozen; longer ones are made
+# up by the model (a tool it does not have), and the name's span templates and encodings are
+# kept per name (`_NAMES_KEPT` of them): 800 made-up names of 100 kB held ~400 MB before.
+MAX_MODEL_TEXT = 256
+
+
+def _cut(text: str) -> str:
+    """`text` cut to `MAX_MODEL_TEXT` characters, the cut marked with an ellipsis."""
+    return text[: MAX_MODEL_TEXT - 1] + "\u2026"
 
 
 _FINISH_REASONS: dict[str, tuple[str]] = {}

@@ -437,7 +437,14 @@ class ContinuationManager:
 
     # -- interrupt ---------------------------------------------------------------------------
 
-    def interrupt(self, child_id: str, *, by: Agent, remote: ActivationRun | None = None) -> bool:
+    def interrupt(
+        self,
+        child_id: str,
+        *,
+        by: Agent,
+        remote: ActivationRun | None = None,
+        ended_under: str | None = None,
+    ) -> bool:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may.
 
         `remote` is the child's live run when it has no agent in this process (a one-shot ACP
@@ -445,10 +452,17 @@ class ContinuationManager:
         run is one turn, so interrupting the turn cancels the run: it settles `aborted` through
         the provider's cancellation, and True means it did. Its parent is a local agent (it
         may have no header here at all): the ancestor walk starts from there.
+
+        `ended_under` is the parent of such a run that ended (the service still knows it, as
+        long as a settled task stays readable): not running, so False for an ancestor of it,
+        as for any child that is not running; not an unknown child.
         """
         validate_session_id(child_id)
         if remote is not None:
             return self._interrupt_run(remote, by)
+        if ended_under is not None:
+            self._authorize_run(by, ended_under)
+            return False
         self._authorize_ancestor(by, child_id)
         agent = live_agent(self._ctx, child_id)
         if agent is None or agent.status != "running":
@@ -458,11 +472,21 @@ class ContinuationManager:
 
     def _interrupt_run(self, run: ActivationRun, by: Agent) -> bool:
         """Cancel a remote run for an ancestor of it; wait until its result settled."""
+        self._authorize_run(by, run.parent_id)
+        if run.settled:
+            return False
+        run.cancel(f"interrupted by {by.id}")
+        # The provider settles it `aborted` (or it had completed just before: not interrupted).
+        outcome = settlement.outcome_of(run.result)
+        return not isinstance(outcome, BaseException) and outcome.stop_reason == ABORTED
+
+    def _authorize_run(self, by: Agent, parent_id: str) -> None:
+        """`by` is the parent of a run with no agent here, or an ancestor of that parent."""
         if self._live(by) is not by:
             raise SubagentError("UNAUTHORIZED", "the sender is not a live agent")
-        if run.parent_id != by.id:
+        if parent_id != by.id:
             try:
-                self._authorize_ancestor(by, run.parent_id)  # `by` above the run's parent
+                self._authorize_ancestor(by, parent_id)  # `by` above the run's parent
             except SubagentError as exc:
                 if exc.code != "UNKNOWN_CHILD":
                     raise
@@ -470,12 +494,6 @@ class ContinuationManager:
                 raise SubagentError(
                     "UNAUTHORIZED", "only an ancestor may interrupt a child"
                 ) from None
-        if run.settled:
-            return False
-        run.cancel(f"interrupted by {by.id}")
-        # The provider settles it `aborted` (or it had completed just before: not interrupted).
-        outcome = settlement.outcome_of(run.result)
-        return not isinstance(outcome, BaseException) and outcome.stop_reason == ABORTED
 
     # -- the listings' view -------------------------------------------------------------------
 

@@ -5,17 +5,19 @@ runtime: `subagent ls` and `subagent tree` build a `Listings` over the store alo
 runtime's service builds one over its live agents too, plus the continuation manager's view of
 its live activations (`ActivationView`: a remote child has no local agent to ask).
 
-Rows are live-preferred: a live agent's own header and status override the stored ones. A live
-run that has neither (a one-shot ACP child: a remote process, no log in this store) is listed
-from the service's run table (`RemoteRunView`) while it runs: a parent told a child's id sees
-that child in its next listing, whichever provider runs it.
+Rows are live-preferred: a live agent's own header and status override the stored ones. A run
+that has neither (a one-shot ACP child: a remote process, no log in this store) is listed from
+the service's view of its remote runs (`RemoteRunView`): `running` while the run table holds
+it, then `ended` for as long as a settled task stays readable. A parent told a child's id sees
+that child in every listing after, whichever provider runs it. A one-shot Ray child's log is in
+the shared store under its host's session id: it is listed once, under its run id.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NotRequired, Protocol, TypedDict
 
 from agent.events import Event, SessionHeader, SessionLogError
@@ -61,15 +63,20 @@ ActivationView = Callable[[str], Activation | None]
 
 @dataclass(frozen=True, slots=True)
 class RemoteRun:
-    """A live run with no local agent (ACP, Ray), as the service's run table knows it: it is
-    listed from this when the store holds no log of it."""
+    """A run with no local agent (ACP, Ray), as the service knows it: live (its run table) or
+    ended (kept as long as a settled task is). It is listed from this when the store holds no
+    log under its id."""
 
     id: str
     parent_id: str
     created_at: float  # epoch seconds, like a header's
+    # The id of its log in this store when that is not the run's id (a one-shot Ray child's
+    # host session): that log is the same child, listed under the id its parent was told.
+    session_id: str | None = None
+    ended: bool = False
 
 
-# The live remote runs, every parent's (the service's run table).
+# The remote runs, every parent's: the service's run table, then the ended ones it keeps.
 RemoteRunView = Callable[[], Sequence[RemoteRun]]
 
 
@@ -96,8 +103,9 @@ class ListingStore(Protocol):
 class ChildRow(TypedDict):
     """One child as `list_children` / `list_descendants` report it (docs/events.md, "Child
     rows"). `mode` is `one-shot`, `continuable` or `unknown` (an unreadable log, which then
-    has an `error`); `activity` is `running`, `idle`, `stored`, `running elsewhere`, or a
-    diagnostic. Token and cost fields are there when the child's spend is known."""
+    has an `error`); `activity` is `running`, `idle`, `stored`, `ended` (a remote one-shot
+    child's run ended, nothing of it stored here), `running elsewhere`, or a diagnostic.
+    Token and cost fields are there when the child's spend is known."""
 
     id: str
     parent_id: str | None
@@ -183,17 +191,24 @@ class Listings:
             frontier = nxt
         return add_subtree_usage(self._rows(found, set(by_parent), remote))
 
-    def _headers(self) -> tuple[dict[str, SessionHeader], set[str]]:
+    def _headers(self) -> tuple[dict[str, SessionHeader], dict[str, bool]]:
         """Subagent session headers: stored ones, overridden by the live agents' own; then one
-        made up for each live remote run that has neither (their ids: the second value)."""
+        made up for each remote run that has neither (the second value: their ids, and whether
+        each has ended)."""
         headers = {h.id: h for h in self._store.list() if h.origin == "subagent"}
         for agent_id, agent in list(self._agents.items()):
             if agent.header.origin == "subagent":
                 headers[agent_id] = agent.header
-        remote: set[str] = set()
+        remote: dict[str, bool] = {}
+        aliases: dict[str, str] = {}
         for run in self._remote_runs():
-            if run.id in headers:
-                continue  # its log (a continuable ACP child's, a Ray child's) says more
+            if run.session_id is not None and run.session_id != run.id:
+                # Its log is kept under another id: the row is the run's (the id its parent
+                # knows), and the log's own children hang under it.
+                headers.pop(run.session_id, None)
+                aliases[run.session_id] = run.id
+            elif run.id in headers:
+                continue  # its log (a continuable ACP or Ray child's) says more
             parent = self._agents.get(run.parent_id)
             above = parent.header if parent is not None else headers.get(run.parent_id)
             headers[run.id] = SessionHeader(
@@ -204,21 +219,33 @@ class Listings:
                 origin="subagent",
                 delegation_depth=above.delegation_depth + 1 if above is not None else 1,
             )
-            remote.add(run.id)
+            remote[run.id] = run.ended
+        if aliases:
+            for header_id, header in list(headers.items()):
+                if header.parent_session in aliases:
+                    parent_id = aliases[header.parent_session]
+                    headers[header_id] = replace(header, parent_session=parent_id)
         return headers, remote
 
     def _rows(
-        self, headers: Sequence[SessionHeader], parents: set[str | None], remote: set[str]
+        self,
+        headers: Sequence[SessionHeader],
+        parents: set[str | None],
+        remote: Mapping[str, bool],
     ) -> list[ChildRow]:
         rows: list[ChildRow] = []
         for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
             child_id = header.id
-            if child_id in remote:
-                # Nothing of it is stored here and its spend is counted when it ends.
+            ended = remote.get(child_id)
+            if ended is not None:
+                # Nothing of it is stored here under its id and its spend is counted when it
+                # ends; one that ended stays listed, `ended`, as long as a settled task would.
                 activation = self._activations(child_id)
                 label = activation.label if activation is not None else None
                 mode = "continuable" if label else "one-shot"
-                rows.append(_child_row(header, parents, mode, label, "running"))
+                rows.append(
+                    _child_row(header, parents, mode, label, "ended" if ended else "running")
+                )
                 continue
             agent = self._agents.get(child_id)
             try:

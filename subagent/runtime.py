@@ -24,7 +24,7 @@ from agent.usage import Price, PriceTable
 from subagent import telemetry
 from subagent.errors import SubagentError
 from subagent.service import SubagentService
-from subagent.tasks import TaskService
+from subagent.tasks import DEFAULT_KEEP_SETTLED, TaskService
 from supervision.gc_policy import DEFAULT_FREEZE_EVERY, GcPolicy
 
 __all__ = ["AgentExtras", "Runtime"]
@@ -60,6 +60,7 @@ class Runtime:
         | str
         | os.PathLike[str]
         | None = None,
+        keep_settled: int = DEFAULT_KEEP_SETTLED,
     ) -> None:
         """The runtime owns a cyclic-GC policy by default (`supervision.gc_policy`): a larger
         young generation while it is open, and after every `gc_freeze_every` child starts what
@@ -71,7 +72,11 @@ class Runtime:
         `prices`: what each model route costs (USD per million tokens), for costs in usage
         and cost budgets: a `PriceTable`, a mapping of routes to `Price` or
         `{input, output, cache_read, cache_write}`, or the path of a JSON/TOML file of that
-        mapping. See docs/models.md."""
+        mapping. See docs/models.md.
+
+        `keep_settled`: how many settled background tasks stay readable (`task_output`) before
+        the oldest are forgotten; an ended child with nothing of it stored here (a one-shot ACP
+        or Ray child) stays listed for as long, under the same bound."""
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -105,7 +110,7 @@ class Runtime:
         else:
             raise TypeError("prices must be a PriceTable, a mapping, a file path or None")
         self.ctx = AgentContext(store=store, models=models, prices=table)
-        self.tasks = TaskService()
+        self.tasks = TaskService(keep_settled=keep_settled)
         self.ctx.tasks = self.tasks
         if gc_freeze_every is not None and (
             not isinstance(gc_freeze_every, int)

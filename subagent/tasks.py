@@ -410,6 +410,12 @@ class TaskService:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def keep_settled(self) -> int:
+        """How many settled tasks stay readable: the bound other records of ended work share
+        (the service's ended remote children), so they are forgotten as their tasks are."""
+        return self._keep_settled
+
     def close(self) -> None:
         """Kill every running task; return once none of our greenlets is left. Idempotent."""
         self._closed = True

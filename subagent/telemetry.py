@@ -20,7 +20,7 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from agent import tracing
 from subagent.types import SubagentResumeRequest, SubagentStartRequest
@@ -29,6 +29,7 @@ from supervision.offload import offload
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.trace.sampling import Sampler
 
     from agent.store import MemoryStore, SessionStore
     from subagent.lean_tracing import LeanTracerProvider
@@ -54,8 +55,26 @@ DEFAULT_SERVICE_NAME = "subagent"
 # 16,384 holds a round of 8,000 stepping children (a queued span is ~2.8 KB: ~45 MB at most).
 DEFAULT_MAX_QUEUE_SIZE = 16_384
 
-# The provider this module installed (never a host's): flushed by `flush()`.
-_installed: list[Any] = []
+
+class _Losses(Protocol):
+    """What an installed pipeline says of the spans it lost (`BatchExporter`, or the SDK
+    pipeline's `sdk_losses.Tally`)."""
+
+    @property
+    def dropped(self) -> int: ...
+
+    @property
+    def first_loss(self) -> str | None: ...
+
+
+class _Installed(NamedTuple):
+    provider: LeanTracerProvider | SdkTracerProvider
+    losses: tuple[_Losses, ...]
+
+
+# The provider this module installed (never a host's), with what counts its losses: flushed by
+# `flush()`, its losses told by `lost_spans()`.
+_installed: list[_Installed] = []
 
 
 def begin_start(
@@ -262,6 +281,10 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     for name in names:
         if name not in ("console", "otlp"):
             raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {name!r}")
+    # Refused whichever pipeline would read them (the SDK's would warn unseen and go on).
+    sampler_setting(env)
+    if "otlp" in names:
+        _compression(env)
     try:
         _import_off_hub("opentelemetry.trace")
         from opentelemetry import trace
@@ -273,14 +296,17 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return False  # the host (or an earlier call) set one: never replaced
     lean = lean_settings(env, names)
-    provider: LeanTracerProvider | SdkTracerProvider = (
-        _lean_provider(lean) if lean is not None else _sdk_provider(env, names)
-    )
+    provider: LeanTracerProvider | SdkTracerProvider
+    if lean is not None:
+        provider = _lean_provider(lean)
+        losses: tuple[_Losses, ...] = (cast("_Losses", provider.sink),)
+    else:
+        provider, losses = _sdk_provider(env, names)
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
         return False
-    _installed.append(provider)
+    _installed.append(_Installed(provider, losses))
     return True
 
 
@@ -323,12 +349,7 @@ class LeanSettings:
         self.timeout_s = otlp_timeout_s(env)
         compression = _compression(env)
         self.compression = None if compression == "none" else compression
-        self.sampler = env.get("OTEL_TRACES_SAMPLER", "").strip() or "parentbased_always_on"
-        ratio = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-        try:
-            self.ratio = float(ratio) if ratio and "traceidratio" in self.sampler else 1.0
-        except ValueError:
-            raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: not a number: {ratio!r}") from None
+        self.sampler, self.ratio = sampler_setting(env)
         self.max_queue = _queue_size(env)
         self.max_batch = int(_number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", None, 512))
         self.delay_s = _number(env, "OTEL_BSP_SCHEDULE_DELAY", None, 5000) / 1000
@@ -338,18 +359,12 @@ class LeanSettings:
 
 def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | None:
     """The lean pipeline's settings, or None when the set-up needs the SDK: another exporter
-    than `otlp`, another protocol than http/protobuf, a sampler other than the standard ones,
-    a compression other than gzip/none, an SDK-only setting, or `SUBAGENT_OTEL_SDK=true`.
+    than `otlp`, another protocol than http/protobuf, deflate compression, an SDK-only
+    setting, or `SUBAGENT_OTEL_SDK=true`.
     A bad value of a setting it supports raises `ValueError`."""
-    from subagent.lean_tracing import Sampling
-
     if env.get("SUBAGENT_OTEL_SDK", "").strip().lower() == "true" or names != ["otlp"]:
         return None
     if _protocol(env) != "http/protobuf" or _compression(env) not in ("none", "gzip"):
-        return None
-    if (env.get("OTEL_TRACES_SAMPLER", "").strip() or "parentbased_always_on") not in (
-        Sampling.NAMES
-    ):
         return None
     if any(key.startswith(_SDK_ONLY_PREFIXES) for key in env if env.get(key)):
         return None
@@ -380,16 +395,23 @@ def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
     return provider
 
 
-def _sdk_provider(env: Mapping[str, str], names: list[str]) -> SdkTracerProvider:
+def _sdk_provider(
+    env: Mapping[str, str], names: list[str]
+) -> tuple[SdkTracerProvider, tuple[_Losses, ...]]:
+    """The SDK's provider, one batch processor per exporter, each behind a tally of its losses
+    (`subagent.sdk_losses`), and the tallies."""
     try:
         _import_off_hub(
             "opentelemetry.sdk.resources",
             "opentelemetry.sdk.trace",
             "opentelemetry.sdk.trace.export",
+            "opentelemetry.sdk.trace.sampling",
         )
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        from subagent.sdk_losses import TalliedExporter, TalliedProcessor, Tally
     except ImportError as exc:
         raise RuntimeError(
             "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
@@ -407,10 +429,31 @@ def _sdk_provider(env: Mapping[str, str], names: list[str]) -> SdkTracerProvider
         for key, value in resource_attributes(env).items()
         if not key.startswith("telemetry.sdk.")
     }
-    provider = TracerProvider(resource=Resource.create(attributes))
+    # The sampler from the mapping given, as the lean path reads it (the SDK's provider would
+    # read `os.environ`, and turn a name it does not know into "sample everything").
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=_sdk_sampler(env))
+    tallies = []
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=queue))
-    return provider
+        tally = Tally()
+        batch = BatchSpanProcessor(TalliedExporter(exporter, tally), max_queue_size=queue)
+        provider.add_span_processor(TalliedProcessor(batch, tally))
+        tallies.append(tally)
+    return provider, tuple(tallies)
+
+
+def _sdk_sampler(env: Mapping[str, str]) -> Sampler:
+    """The SDK's sampler for `OTEL_TRACES_SAMPLER` (checked by `sampler_setting`)."""
+    from opentelemetry.sdk.trace import sampling
+
+    name, ratio = sampler_setting(env)
+    root: Sampler
+    if name.endswith("traceidratio"):
+        root = sampling.TraceIdRatioBased(ratio)
+    elif name.endswith("always_off"):
+        root = sampling.ALWAYS_OFF
+    else:
+        root = sampling.ALWAYS_ON
+    return sampling.ParentBased(root) if name.startswith("parentbased_") else root
 
 
 def otlp_endpoint(env: Mapping[str, str]) -> str:
@@ -515,16 +558,59 @@ def _protocol(env: Mapping[str, str]) -> str:
     ).strip()
 
 
+COMPRESSIONS = ("none", "gzip", "deflate")  # what an OTLP/HTTP exporter here can send
+
+
 def _compression(env: Mapping[str, str]) -> str:
-    return (
-        (
-            env.get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
-            or env.get("OTEL_EXPORTER_OTLP_COMPRESSION")
-            or "none"
+    """`OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION`, else
+    none. Another value is refused: the SDK's exporter would log a warning no CLI command
+    shows and send uncompressed."""
+    name = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
+    text = env.get(name)
+    if not text:
+        name = "OTEL_EXPORTER_OTLP_COMPRESSION"
+        text = env.get(name)
+    value = (text or "none").strip().lower()
+    if value not in COMPRESSIONS:
+        raise ValueError(f"{name}: unsupported compression {value!r} (gzip, deflate or none)")
+    return value
+
+
+# The samplers `OTEL_TRACES_SAMPLER` may name: the specification's built-in ones that both the
+# lean pipeline and the SDK's `TracerProvider` implement.
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+
+
+def sampler_setting(env: Mapping[str, str]) -> tuple[str, float]:
+    """The sampler's name and ratio from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
+
+    An unknown name, or a ratio that is not a number within [0, 1] for a ratio sampler, is
+    refused: the SDK logs a warning no CLI command shows and samples every trace instead, so a
+    typo in `parentbased_traceidratio` would trace everything. The argument of a sampler that
+    takes none is ignored, and a ratio sampler without one samples everything, as the
+    specification says."""
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    if name not in SAMPLERS:
+        raise ValueError(
+            f"OTEL_TRACES_SAMPLER: unsupported sampler {name[:80]!r} (one of {', '.join(SAMPLERS)})"
         )
-        .strip()
-        .lower()
-    )
+    text = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if "traceidratio" not in name or not text:
+        return name, 1.0
+    try:
+        ratio = float(text)
+    except ValueError:
+        raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: not a number: {text[:80]!r}") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: the ratio {ratio!r} is not within [0, 1]")
+    return name, ratio
 
 
 def _number(env: Mapping[str, str], name: str, fallback: str | None, default: float) -> float:
@@ -605,14 +691,19 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     # From the mapping given (the SDK's exporter would read only `os.environ` for these, and
     # its timeout in seconds); compression, TLS files and the rest it still reads from
     # `os.environ`.
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
     return HttpExporter(
-        endpoint=otlp_endpoint(env), headers=otlp_headers(env), timeout=otlp_timeout_s(env)
+        endpoint=otlp_endpoint(env),
+        headers=otlp_headers(env),
+        timeout=otlp_timeout_s(env),
+        compression=Compression(_compression(env)),
     )
 
 
 def flush(timeout_s: float = 30.0) -> None:
     """Export what the provider this module installed still holds (e.g. before a CLI exits)."""
-    for provider in _installed:
+    for provider, _ in _installed:
         try:
             provider.force_flush(int(timeout_s * 1000))
         except Exception:
@@ -620,19 +711,11 @@ def flush(timeout_s: float = 30.0) -> None:
 
 
 def lost_spans() -> tuple[int, str | None]:
-    """How many spans the lean exporter this module installed could not export so far, and
-    why the first was lost (logged once as a warning, which a CLI command that draws a live
-    view does not show; the SDK's exporter logs its own). For a CLI to say so at exit."""
-    if not _installed:
-        return 0, None
-    from subagent.lean_tracing import LeanTracerProvider  # installed: the extra is there
-    from subagent.otlp import BatchExporter
-
-    exporters = [
-        p.sink
-        for p in _installed
-        if isinstance(p, LeanTracerProvider) and isinstance(p.sink, BatchExporter)
-    ]
-    lost = sum(exporter.dropped for exporter in exporters)
-    why = next((e.first_loss for e in exporters if e.first_loss is not None), None)
+    """How many spans the pipeline this module installed could not export so far, and why the
+    first was lost (the lean exporter logs it once as a warning, the SDK's exporter in its own
+    words, neither of which a CLI command that draws a live view shows). For a CLI to say so at
+    exit, after `flush()`."""
+    losses = [loss for installed in _installed for loss in installed.losses]
+    lost = sum(loss.dropped for loss in losses)
+    why = next((loss.first_loss for loss in losses if loss.first_loss is not None), None)
     return lost, why

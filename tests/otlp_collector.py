@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import threading
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,6 +79,8 @@ def collector() -> Iterator[Collector]:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
+            elif self.headers.get("Content-Encoding") == "deflate":
+                body = zlib.decompress(body)
             found.arrived.set()
             found.hold.wait(30)
             if found.status == 200:

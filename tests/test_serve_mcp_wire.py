@@ -210,7 +210,7 @@ PEER = Path(__file__).resolve().parent / "acp_peers" / "sdk_agent.py"
 
 def test_a_background_acp_child_is_listed_while_it_runs(tmp_path: Path) -> None:
     """A one-shot ACP child has no local agent and no log in the store: it is listed from the
-    service's run table, from the answer that names it until it ends."""
+    service's run table, from the answer that names it until it ends, then as ended."""
     wire = Wire(tmp_path, f"peer={sys.executable} {PEER} wait")
     try:
         args = {"description": "remote", "prompt": "wait here", "run_in_background": True}
@@ -227,9 +227,10 @@ def test_a_background_acp_child_is_listed_while_it_runs(tmp_path: Path) -> None:
         assert wire.answer(4)["result"]["isError"] is False
         wire.call(5, "task_output", {"task_id": task, "wait": True})
         assert "killed" in text_of(wire.answer(5, timeout=60))
-        # Ended: nothing of it is kept here but its task.
+        # Ended: listed so as long as its task is kept (nothing else of it is kept here).
         wire.call(6, "list_agents", {})
-        assert text_of(wire.answer(6)) == "No subagents."
+        (line,) = text_of(wire.answer(6)).splitlines()
+        assert line.startswith(f"{child}  status=ended  mode=one-shot  depth=1  ")
     finally:
         wire.close()
 

@@ -56,6 +56,11 @@ def run(scope: ToolScope, name: str, **args: Any) -> ToolResult:
     return scope.execute(call(name, **args), ctx())
 
 
+def text(result: ToolResult) -> str:
+    found: str = result.content[0]["text"]
+    return found
+
+
 def spec_names(scope: ToolScope) -> list[str]:
     return [s.name for s in scope.specs()]
 
@@ -182,6 +187,17 @@ def test_flat_child_does_not_inherit_parent_scoped_tools(reg: ToolRegistry) -> N
     child = ToolScope(reg)
     assert spec_names(child) == ["read", "write", "bash"]
     assert run(child, "parent_only").code == UNKNOWN_TOOL
+
+
+def test_a_made_up_tool_name_is_said_back_cut(reg: ToolRegistry) -> None:
+    """The name comes from the model: a long one is said back in part, with its length."""
+    scope = ToolScope(reg)
+    assert text(run(scope, "nope")) == "unknown tool 'nope'"
+    result = run(scope, "n" * 50_000)
+    assert result.code == UNKNOWN_TOOL
+    said = text(result)
+    assert said.startswith("unknown tool 'nnn") and said.endswith("(a name of 50000 characters)")
+    assert len(said) < 300
 
 
 def test_layered_child_inherits_parent_visible_view(reg: ToolRegistry) -> None:

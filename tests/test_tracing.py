@@ -265,6 +265,28 @@ def test_chat_spans_carry_usage_and_tools_see_their_span_as_current() -> None:
     assert span_in_ctx.get_span_context().span_id == tool.context.span_id
 
 
+def test_a_made_up_tool_name_and_call_id_are_cut_on_the_span() -> None:
+    """A model may call a tool it does not have, under any name and id; the span keeps
+    `MAX_MODEL_TEXT` characters of each, so made-up names cannot fill the caches kept per
+    name (800 names of 100 kB held ~400 MB of span templates and encodings)."""
+    long_name, long_id = "n" * 10_000, "i" * 5_000
+    with installed() as exporter:
+        rt = Runtime(store=MemoryStore())
+        try:
+            agent = rt.agent()
+            rt.scripted.script(agent.id, [S.tool_call(long_name, {}, id=long_id), S.text("done")])
+            agent.send("go").get()
+            assert agent.when_idle().get().reason == "completed"
+        finally:
+            rt.close()
+        spans = list(exporter.get_finished_spans())
+    (tool,) = named(spans, "execute_tool")
+    cut = "n" * (tracing.MAX_MODEL_TEXT - 1) + "\u2026"
+    assert tool.name == f"execute_tool {cut}"
+    assert attr(tool, "gen_ai.tool.name") == cut
+    assert attr(tool, "gen_ai.tool.call.id") == "i" * (tracing.MAX_MODEL_TEXT - 1) + "\u2026"
+
+
 class CachedModel:
     """A model that replies once with prompt-cache usage and a lone UTF-16 half in its text."""
 
@@ -711,6 +733,24 @@ def test_the_cli_says_at_exit_how_many_spans_it_could_not_export(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     (said,) = [line for line in proc.stderr.splitlines() if "spans were not exported" in line]
     assert said.startswith("subagent: tracing: ") and "ConnectionRefusedError" in said
+    assert int(said.split()[2]) > 0
+
+
+def test_the_cli_says_so_too_when_the_sdk_pipeline_lost_them(tmp_path: Path) -> None:
+    """A set-up the lean exporter does not take (here `SUBAGENT_OTEL_SDK`) gets the SDK's
+    pipeline, whose failures are log lines only: they are counted and said as well."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "500",  # the SDK's exporter retries until then
+        "SUBAGENT_OTEL_SDK": "true",
+    }
+    proc = _demo(tmp_path, otel)
+    assert proc.returncode == 0, proc.stderr
+    (said,) = [line for line in proc.stderr.splitlines() if "spans were not exported" in line]
+    assert said.startswith("subagent: tracing: ") and "OTLPSpanExporter" in said
     assert int(said.split()[2]) > 0
 
 

@@ -16,9 +16,11 @@ import pytest
 from gevent import subprocess as gsub
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from otlp_collector import Collector, collector
 from test_tracing import (  # noqa: F401  (collected here again, under the lean provider)
     test_a_later_turn_with_no_parent_keeps_the_agents_previous_one,
+    test_a_made_up_tool_name_and_call_id_are_cut_on_the_span,
     test_a_resumed_acp_childs_activation_links_to_its_first,
     test_a_turn_parented_from_another_process_is_a_server_span,
     test_aborted_parallel_children_end_every_span,
@@ -74,7 +76,7 @@ def test_configure_from_env_picks_the_lean_provider_only_for_what_it_supports() 
         {"OTEL_TRACES_EXPORTER": "otlp,console"},
         {**otlp, "SUBAGENT_OTEL_SDK": "true"},
         {**otlp, "OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"},
-        {**otlp, "OTEL_TRACES_SAMPLER": "parentbased_jaeger_remote"},
+        {**otlp, "OTEL_TRACES_SAMPLER": "always_off", "SUBAGENT_OTEL_SDK": "true"},
         {**otlp, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "10"},
         {**otlp, "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ca.pem"},
     ]
@@ -99,6 +101,27 @@ def test_bad_lean_settings_are_refused() -> None:
         ({"OTEL_RESOURCE_ATTRIBUTES": "a=1,=2"}, "RESOURCE"),
         ({"OTEL_EXPORTER_OTLP_TIMEOUT": "-1"}, "TIMEOUT"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4318"}, "http"),
+        # What the SDK's pipeline would only warn about (unseen) and ignore is refused too.
+        ({"OTEL_TRACES_SAMPLER": "parentbased_traceidration"}, "unsupported sampler"),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_jaeger_remote"}, "unsupported sampler"),
+        ({"OTEL_EXPORTER_OTLP_COMPRESSION": "br"}, "OTEL_EXPORTER_OTLP_COMPRESSION"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"}, "TRACES_COMPRESSION"),
+        (
+            {
+                "SUBAGENT_OTEL_SDK": "true",
+                "OTEL_TRACES_SAMPLER": "traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "1.5",
+            },
+            "ratio",
+        ),
+        (
+            {
+                "OTEL_TRACES_EXPORTER": "console",
+                "OTEL_TRACES_SAMPLER": "traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "most",
+            },
+            "SAMPLER_ARG",
+        ),
     ]
     for extra, match in bad:
         with no_provider(), pytest.raises(ValueError, match=match) as refused:
@@ -155,6 +178,31 @@ def test_the_sdk_set_up_takes_the_endpoint_from_the_mapping_too() -> None:
         offload(provider.shutdown)
     assert [s.name for s in local.spans()] == ["via the sdk"]
     assert local.headers[0]["x-tenant"] == "green"
+
+
+def test_the_sdk_set_up_takes_sampler_and_compression_from_the_mapping() -> None:
+    """The SDK's provider and exporter read the sampler and the compression from `os.environ`
+    only: a mapping's `always_off` traced everything, its `deflate` was not applied."""
+    with collector() as local, no_provider():
+        env = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": local.endpoint,
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "deflate",  # the SDK's alone: no lean provider
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0",
+        }
+        assert not {"OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_COMPRESSION"} & set(os.environ)
+        assert telemetry.configure_from_env(env) is True
+        provider = trace.get_tracer_provider()
+        assert isinstance(provider, TracerProvider)
+        tracer = trace.get_tracer("host")
+        assert not tracer.start_span("sampled out").is_recording()
+        with trace.use_span(NonRecordingSpan(SpanContext(7, 9, True, TraceFlags(1))), False):
+            tracer.start_span("under a sampled parent").end()  # parent-based: kept
+        offload(provider.force_flush, 10_000)
+        offload(provider.shutdown)
+    assert [s.name for s in local.spans()] == ["under a sampled parent"]
+    assert {k.lower(): v for k, v in local.headers[0].items()}["content-encoding"] == "deflate"
 
 
 def test_a_host_sdk_provider_is_used_as_is_even_when_otlp_is_asked() -> None:

@@ -154,7 +154,7 @@ def format_agent_rows(rows: Sequence[ChildRow], labels: Mapping[str, str]) -> st
 
 
 def list_agents_tool(service: SubagentService) -> Tool:
-    """The caller's children (or whole subtree) with status running, idle or stored."""
+    """The caller's children (or whole subtree) with status running, idle, stored or ended."""
 
     def fn(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         agent = calling_agent(ctx)
@@ -169,8 +169,9 @@ def list_agents_tool(service: SubagentService) -> Tool:
         name=LIST_AGENTS,
         description=(
             "List your subagents with their status: running (working now), idle (live, "
-            "waiting) or stored (not in memory; a continuable one resumes on send_message). "
-            "scope='descendants' includes their subagents too."
+            "waiting), stored (not in memory; a continuable one resumes on send_message) or "
+            "ended (a one-shot subagent that ran elsewhere and is over; its task holds what it "
+            "produced). scope='descendants' includes their subagents too."
         ),
         parameters={
             "type": "object",

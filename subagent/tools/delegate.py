@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -54,7 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
+    "KEPT_LABELS",
     "PROVIDER_MANAGED",
+    "ChildLabels",
     "SubagentToolConfig",
     "child_labels",
     "describe_subagent_tool",
@@ -73,16 +75,52 @@ log = logging.getLogger(__name__)
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
-# child id -> the description its delegating call gave, per runtime context. Display only:
-# the CLI's live tree shows it; nothing decides anything from it.
-_LABELS: weakref.WeakKeyDictionary[AgentContext, dict[str, str]] = weakref.WeakKeyDictionary()
+# Labels kept per runtime context: the newest children's. A server started once and asked for
+# children without end would otherwise hold one label per child it ever started.
+KEPT_LABELS: Final = 10_000
 
 
-def child_labels(ctx: AgentContext) -> dict[str, str]:
+class ChildLabels(MutableMapping[str, str]):
+    """Child id -> the description its delegating call gave, the newest `bound` kept (oldest
+    set first out). Display only: the CLI's live tree, listings and progress lines show it;
+    nothing decides anything from it, so a forgotten one only shows as no label."""
+
+    __slots__ = ("_bound", "_labels")
+
+    def __init__(self, bound: int = KEPT_LABELS) -> None:
+        if bound < 1:
+            raise ValueError("bound must be positive")
+        self._bound = bound
+        self._labels: dict[str, str] = {}
+
+    def __setitem__(self, child_id: str, label: str) -> None:
+        labels = self._labels
+        labels.pop(child_id, None)  # set again: the newest now
+        labels[child_id] = label
+        if len(labels) > self._bound:
+            del labels[next(iter(labels))]
+
+    def __getitem__(self, child_id: str) -> str:
+        return self._labels[child_id]
+
+    def __delitem__(self, child_id: str) -> None:
+        del self._labels[child_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+
+_LABELS: weakref.WeakKeyDictionary[AgentContext, ChildLabels] = weakref.WeakKeyDictionary()
+
+
+def child_labels(ctx: AgentContext) -> ChildLabels:
     """The labels the subagent tools recorded for children of this runtime context."""
     labels = _LABELS.get(ctx)
     if labels is None:
-        labels = _LABELS[ctx] = {}
+        labels = _LABELS[ctx] = ChildLabels()
     return labels
 
 
