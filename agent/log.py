@@ -823,8 +823,9 @@ class EventView(Sequence[Event]):
         built with are found by their type codes, decoding none (but those of a type outside
         the known vocabulary, when `types` names one); later ones are decoded."""
         loaded = self._loaded
-        start = max(start, 0)
         found = array("q")
+        if start < 0:
+            start = 0
         if start < loaded:
             codes = bytearray(256)
             unknown = False
@@ -841,9 +842,10 @@ class EventView(Sequence[Event]):
                     if kinds[index] != _OTHER or self[index]["type"] in types:
                         found.append(index)
         payloads = self._payloads
-        for index in range(max(start, loaded), loaded + len(payloads)):
-            if _unpackb(payloads[index - loaded])["type"] in types:
-                found.append(index)
+        if payloads:
+            for index in range(max(start, loaded), loaded + len(payloads)):
+                if _unpackb(payloads[index - loaded])["type"] in types:
+                    found.append(index)
         return found
 
     def select(self, types: Collection[str], start: int = 0) -> Iterator[Event]:
@@ -896,8 +898,12 @@ def events_of_types(
     """The events of `types` from index `start` on, in order: an `EventView` decodes only those
     (`EventView.select`), any other iterable is filtered."""
     if isinstance(events, EventView):
-        return events.select(types, start)
+        # A new child's empty log is read this way at every start: no generator for it.
+        return events.select(types, start) if len(events) > start else _NOTHING
     return _filtered(events, types, start)
+
+
+_NOTHING: Iterator[Any] = iter(())  # exhausted, so shared
 
 
 def _filtered(

@@ -31,7 +31,13 @@ from agent.errors import SessionLogError
 from agent.events import Event, SessionHeader
 from agent.frames import encode_event, encode_header
 from agent.history import Conversation, last_turn_number
-from agent.log import EventView, SessionLog, completed_turn_prefix, event_positions
+from agent.log import (
+    EventView,
+    SessionLog,
+    completed_turn_prefix,
+    event_positions,
+    events_of_types,
+)
 from agent.models import scripted as S
 from agent.store import MemoryStore, SessionStore
 from agent.usage import usage_of_events
@@ -403,6 +409,10 @@ def test_positions_and_select_decode_only_the_events_of_their_types(
         assert list(view.select(types, start)) == [every[i] for i in want]
         assert decodes[0] >= len(want)
         assert list(event_positions(every, types, start)) == want
+        assert list(events_of_types(view, types, start)) == [every[i] for i in want]
+        assert list(events_of_types(every, types, start)) == [every[i] for i in want]
+    assert list(events_of_types(EventView(), {"turn/start"})) == []
+    assert list(event_positions(EventView(), {"turn/start"})) == []
     opened.close()
 
 
