@@ -773,15 +773,16 @@ class EventView(Sequence[Event]):
     __slots__ = ("_blob", "_ends", "_kinds", "_loaded", "_payloads")
 
     def __init__(self, loaded: Payloads | None = None) -> None:
-        self._blob: memoryview
-        self._ends: array[int]
+        self._payloads: list[bytes] = []
         self._kinds: bytes | bytearray
-        if loaded is None:
-            self._blob, self._ends, self._kinds = _NO_BYTES, _NO_ENDS, _NO_KINDS
+        if loaded is None:  # a new child's: shared empty parts, nothing made
+            self._blob = _NO_BYTES
+            self._ends = _NO_ENDS
+            self._kinds = _NO_KINDS
+            self._loaded = 0
         else:
             self._blob, self._ends, self._kinds = loaded.take()
-        self._loaded = len(self._ends)
-        self._payloads: list[bytes] = []
+            self._loaded = len(self._ends)
 
     def __len__(self) -> int:
         return self._loaded + len(self._payloads)
@@ -882,7 +883,7 @@ def event_positions(
 ) -> array[int]:
     """The indexes of the events of `types` from `start` on: an `EventView` finds them without
     decoding (`EventView.positions`), any other sequence is read."""
-    if isinstance(events, EventView):
+    if _type_of(events) is EventView:
         return events.positions(types, start)
     found = array("q")
     for index in range(max(start, 0), len(events)):
@@ -897,7 +898,7 @@ def events_of_types(
 ) -> Iterator[Mapping[str, Any]]:
     """The events of `types` from index `start` on, in order: an `EventView` decodes only those
     (`EventView.select`), any other iterable is filtered."""
-    if isinstance(events, EventView):
+    if _type_of(events) is EventView:
         # A new child's empty log is read this way at every start: no generator for it.
         return events.select(types, start) if len(events) > start else _NOTHING
     return _filtered(events, types, start)
@@ -941,7 +942,7 @@ class SessionLog:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
         if replay is None:
             replay = validate_log(events, header)
-        if not isinstance(events, EventView):
+        if _type_of(events) is not EventView:  # an exact type check: no ABC look-up
             events = EventView(encode_payloads(events)) if events else EventView()
         self.header = header
         self.events = events
