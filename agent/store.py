@@ -100,6 +100,8 @@ _TMP_SUFFIX: Final = ".tmp"
 # Either way a file is read a chunk at a time as it is decoded (`frames.read_frames`), never
 # held whole: a load's transient memory is one chunk, not the file's size.
 _THREADPOOL_READ: Final = 1 << 18
+# Seeds of this many events or more are checked and encoded in the hub's thread pool too.
+_THREADPOOL_SEED: Final = 2_000
 # Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
 HEADERS_DIR: Final = "headers"
 _HEADER_SUFFIX: Final = ".header"
@@ -315,19 +317,14 @@ class _Store:
             )
         if header.seed_length != len(seed):
             header = replace(header, seed_length=len(seed))
-        for index, event in enumerate(seed):
-            check_json(event.get("data"), where=f"seed[{index}].data")
-        try:
-            replay = validate_log(seed, header)  # type: ignore[arg-type]
-        except InvariantError as exc:
-            raise ValueError(f"invalid seed: {exc}") from exc
-        if replay.turn_open:
-            raise ValueError("invalid seed: it ends inside an open turn")
+        # A long seed (a fork of a long session) is tens of ms of CPU to check, replay and
+        # encode: in the hub's thread pool, as a big log's decode is.
+        if len(seed) >= _THREADPOOL_SEED:
+            replay, frames, payloads = offload(_prepare_seed, header, seed)
+        else:
+            replay, frames, payloads = _prepare_seed(header, seed)
         if seed:
             self._check_shared(header.id, seed)  # type: ignore[arg-type]
-        # Each seed event encoded once: its frame is written, its payload kept by the log.
-        frames = [encode_header(header)]
-        payloads = encode_payloads(seed, frames)  # type: ignore[arg-type]
         del seed
         handle = self._create_bytes(header.id, b"".join(frames))
         return SessionLog(header, EventView(payloads), handle, self.durability, replay, shared=self)
@@ -536,6 +533,25 @@ class _Store:
         )
         loaded = LoadedSession(header, events, repaired=True, torn_bytes=torn_bytes)
         return loaded, replay
+
+
+def _prepare_seed(
+    header: SessionHeader, seed: builtins.list[dict[str, Any]]
+) -> tuple[LogReplay, builtins.list[bytes], Payloads]:
+    """A seed checked (lossless JSON, then the replay under the new header) and encoded once:
+    (its replay, the file's frames from the header on, the payloads the log keeps)."""
+    for index, event in enumerate(seed):
+        check_json(event.get("data"), where=f"seed[{index}].data")
+    try:
+        replay = validate_log(seed, header)  # type: ignore[arg-type]
+    except InvariantError as exc:
+        raise ValueError(f"invalid seed: {exc}") from exc
+    if replay.turn_open:
+        raise ValueError("invalid seed: it ends inside an open turn")
+    # Each event encoded once: its frame is written, its payload kept by the log.
+    frames = [encode_header(header)]
+    payloads = encode_payloads(seed, frames)  # type: ignore[arg-type]
+    return replay, frames, payloads
 
 
 class _Keeper:

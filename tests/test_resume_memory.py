@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import itertools
 import struct
+import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,6 +114,8 @@ def _held(make: Callable[[], SessionLog]) -> tuple[int, SessionLog]:
     try:
         base = tracemalloc.get_traced_memory()[0]
         log = make()
+        # The hub releases a pool thread's result (its watcher) on its next turn.
+        gevent.sleep(0)
         held = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
@@ -158,10 +161,11 @@ def test_a_forked_child_holds_about_its_seed_file_not_twice_it(
 
     def fork() -> SessionLog:
         # A fork hands over a seed of its own (decoded from the parent's log), then drops it.
-        return store.create(child, [msgpack.unpackb(msgpack.packb(e)) for e in seed])
+        # (Made in the pool: 15,600 events decoded under tracemalloc would block the hub.)
+        fresh = offload(lambda: [msgpack.unpackb(msgpack.packb(e)) for e in seed])
+        return store.create(child, fresh)
 
-    # In the pool: copying and checking a 3 MB seed under tracemalloc would block the hub.
-    held, log = _held(lambda: offload(fork))
+    held, log = _held(fork)
     try:
         size = _size(store, child.id)
         assert held <= _bound(size), f"{held / size:.2f} x the file"
@@ -472,3 +476,32 @@ def test_payload_offsets_widen_past_four_gib() -> None:
     assert list(kinds) == [codes["turn/start"], codes["turn/end"], agent.log._OTHER]
     with pytest.raises(ValueError, match="already taken"):
         payloads.take()
+
+
+@pytest.mark.parametrize("turns", [10, 200])
+def test_a_long_seed_is_checked_and_encoded_in_the_thread_pool(
+    monkeypatch: pytest.MonkeyPatch, turns: int
+) -> None:
+    """A fork of a long session (here 2,600 events) does its CPU work off the hub; a short one
+    (130 events) stays where it is, as a small log's read does."""
+    store = MemoryStore()
+    _write(store, "parent", turns, big=False)
+    seed = store.load("parent").events
+    threads: list[int] = []
+    real = agent.store.check_json
+
+    def check_json(value: Any, where: str = "value") -> None:
+        threads.append(threading.get_ident())
+        real(value, where=where)
+
+    monkeypatch.setattr(agent.store, "check_json", check_json)
+    child = SessionHeader(id="fork", created_at=2.0, cwd="/w", parent_session="parent")
+    log = store.create(child, seed)
+    assert log.events == seed and len(threads) == len(seed)
+    on_hub = threading.main_thread().ident
+    if len(seed) < 2_000:
+        assert set(threads) == {on_hub}
+    else:
+        assert on_hub not in threads
+    log.close()
+    assert store.load("fork").events == seed
