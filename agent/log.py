@@ -1120,11 +1120,15 @@ def encode_events(events: Iterable[Event]) -> bytes:
 
 def encode_payloads(events: Iterable[Event], frames: list[bytes] | None = None) -> Payloads:
     """Already-validated events, each encoded once, as a view's `Payloads`; with `frames`,
-    each one's frame is appended to it too (a seed written and kept from one encoding)."""
+    each one's frame is appended to it too (a seed written and kept from one encoding).
+
+    With a packer of its own: a long seed is encoded in a pool thread (`agent.store`), and a
+    packer's buffer is not to be shared across threads."""
+    pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
     payloads = Payloads()
     add = payloads.add
     for event in events:
-        payload = _packb(event)
+        payload = pack(event)
         add(payload, event["type"])
         if frames is not None:
             frames.append(_frame(payload))

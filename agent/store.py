@@ -319,10 +319,11 @@ class _Store:
             header = replace(header, seed_length=len(seed))
         # A long seed (a fork of a long session) is tens of ms of CPU to check, replay and
         # encode: in the hub's thread pool, as a big log's decode is.
+        frames = [encode_header(header)]
         if len(seed) >= _THREADPOOL_SEED:
-            replay, frames, payloads = offload(_prepare_seed, header, seed)
+            replay, payloads = offload(_prepare_seed, header, seed, frames)
         else:
-            replay, frames, payloads = _prepare_seed(header, seed)
+            replay, payloads = _prepare_seed(header, seed, frames)
         if seed:
             self._check_shared(header.id, seed)  # type: ignore[arg-type]
         del seed
@@ -536,10 +537,10 @@ class _Store:
 
 
 def _prepare_seed(
-    header: SessionHeader, seed: builtins.list[dict[str, Any]]
-) -> tuple[LogReplay, builtins.list[bytes], Payloads]:
+    header: SessionHeader, seed: builtins.list[dict[str, Any]], frames: builtins.list[bytes]
+) -> tuple[LogReplay, Payloads]:
     """A seed checked (lossless JSON, then the replay under the new header) and encoded once:
-    (its replay, the file's frames from the header on, the payloads the log keeps)."""
+    its frames appended to `frames`; returns its replay and the payloads the log keeps."""
     for index, event in enumerate(seed):
         check_json(event.get("data"), where=f"seed[{index}].data")
     try:
@@ -549,9 +550,7 @@ def _prepare_seed(
     if replay.turn_open:
         raise ValueError("invalid seed: it ends inside an open turn")
     # Each event encoded once: its frame is written, its payload kept by the log.
-    frames = [encode_header(header)]
-    payloads = encode_payloads(seed, frames)  # type: ignore[arg-type]
-    return replay, frames, payloads
+    return replay, encode_payloads(seed, frames)  # type: ignore[arg-type]
 
 
 class _Keeper:
