@@ -20,6 +20,7 @@ import gzip
 import http.client
 import logging
 import random
+import socket
 import struct
 import threading
 import time
@@ -565,7 +566,44 @@ class _CooperativeHTTPSConnection(http.client.HTTPSConnection):
 
 # How much of a collector's answer is read (an OTLP answer is an empty or short message).
 MAX_ANSWER = 64 * 1024
-_NO_LIMIT = contextlib.nullcontext()
+
+
+class _Deadline:
+    """The whole-exchange bound of a post over a plain socket (an export thread, or the caller
+    at interpreter exit), as `gevent.Timeout` is in a greenlet: a socket timeout bounds each
+    read alone, so a server that drips its answer held the thread, or the process's exit,
+    forever. At the deadline a timer thread shuts the connection's socket down; the blocked
+    read then ends, and the exchange fails as a `TimeoutError`."""
+
+    __slots__ = ("_conn", "_fired", "_timeout", "_timer")
+
+    def __init__(self, conn: http.client.HTTPConnection, timeout_s: float) -> None:
+        self._conn = conn
+        self._timeout = timeout_s
+        self._fired = False
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> None:
+        timer = threading.Timer(self._timeout, self._cut)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError:  # no new thread at interpreter shutdown: each read's timeout only
+            return
+        self._timer = timer
+
+    def _cut(self) -> None:
+        self._fired = True
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._fired and exc is not None:  # whatever the cut socket made the read raise
+            raise TimeoutError(f"timed out after {self._timeout} s") from exc
 
 
 class HttpPoster:
@@ -617,7 +655,7 @@ class HttpPoster:
                         self._timeout, TimeoutError(f"timed out after {self._timeout} s")
                     )
                     if cooperative
-                    else _NO_LIMIT
+                    else _Deadline(conn, self._timeout)
                 )
                 with limit:
                     conn.request("POST", self._path, body, self._headers)

@@ -20,7 +20,7 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agent import tracing
 from subagent.types import SubagentResumeRequest, SubagentStartRequest
@@ -297,9 +297,9 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
         return False  # the host (or an earlier call) set one: never replaced
     lean = lean_settings(env, names)
     provider: LeanTracerProvider | SdkTracerProvider
+    losses: tuple[_Losses, ...]
     if lean is not None:
-        provider = _lean_provider(lean)
-        losses: tuple[_Losses, ...] = (cast("_Losses", provider.sink),)
+        provider, losses = _lean_provider(lean)
     else:
         provider, losses = _sdk_provider(env, names)
     trace.set_tracer_provider(provider)
@@ -371,7 +371,8 @@ def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | No
     return LeanSettings(env)
 
 
-def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
+def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, tuple[_Losses, ...]]:
+    """The lean provider and its batch exporter (which counts its own losses)."""
     from subagent.lean_tracing import LeanResource, LeanTracerProvider, Sampling
     from subagent.otlp import BatchExporter, HttpPoster
 
@@ -392,7 +393,7 @@ def _lean_provider(settings: LeanSettings) -> LeanTracerProvider:
     # As the SDK's provider: what is still queued at interpreter exit is exported then (no hub
     # runs by then, so the wait is the calling thread's).
     atexit.register(exporter.shutdown, settings.export_timeout_s, False)
-    return provider
+    return provider, (exporter,)
 
 
 def _sdk_provider(
@@ -689,8 +690,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
             "the otlp exporter needs the `otel` extra: pip install 'subagent-runtime[otel]'"
         ) from exc
     # From the mapping given (the SDK's exporter would read only `os.environ` for these, and
-    # its timeout in seconds); compression, TLS files and the rest it still reads from
-    # `os.environ`.
+    # its timeout in seconds); TLS files and the rest it still reads from `os.environ`.
     from opentelemetry.exporter.otlp.proto.http import Compression
 
     return HttpExporter(

@@ -449,6 +449,32 @@ def test_an_answer_that_never_ends_is_cut_at_the_timeout() -> None:
         server.close()
 
 
+def test_an_answer_that_never_ends_is_cut_at_the_timeout_off_the_hub_too() -> None:
+    """The same server, the post made from a thread with no hub (an export thread, or the
+    caller at interpreter exit, over a plain socket): it used to hold that thread, and the
+    process's exit, forever."""
+    stop = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while not stop.wait(0.05):
+            conn.sendall(b"1\r\nx\r\n")
+
+    server = _RawServer(answer)
+    try:
+        poster = HttpPoster(server.endpoint, timeout_s=0.5)
+        outcome: list[str | None] = []
+        thread = threading.Thread(target=lambda: outcome.append(poster(b"batch")), daemon=True)
+        thread.start()
+        offload(thread.join, 30)
+        assert outcome, "the post never ended"
+        assert outcome[0] is not None and "TimeoutError" in outcome[0]
+        poster.close()
+    finally:
+        stop.set()
+        server.close()
+
+
 def _export_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "subagent-otlp-export"]
 
