@@ -310,7 +310,8 @@ class _Store:
             # A fresh child (no seed): nothing to copy, check or replay, only the header.
             handle = self._create_bytes(header.id, encode_header(header))
             return SessionLog(header, [], handle, self.durability, LogReplay(header), shared=self)
-        seed = [dict(e) for e in seed_events]
+        with gc_paused():  # a long seed's copies are a burst of containers, none garbage
+            seed = [dict(e) for e in seed_events]
         if header.seed_length not in (0, len(seed)):
             raise ValueError(
                 f"header.seed_length is {header.seed_length} but {len(seed)} seed events given"
