@@ -26,6 +26,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 
+from agent.errors import SessionBusyError
 from agent.events import check_utf8_path
 from agent.history import with_tool_calls
 from agent.options import AgentOptions
@@ -57,10 +58,16 @@ PARENT_META: Final = "subagent-runtime/parent"
 # servers this agent does not connect (docs/serve.md).
 IGNORED_MCP_META: Final = "subagent-runtime/mcpServersNotConnected"
 
+INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 MAX_LINE_BYTES = 16 * 1024 * 1024
 PROMPT_GRACE = 10.0
+# The ACP methods a client must send as requests (with an id): as a notification they get no
+# answer, so they are refused on stderr instead (docs/serve.md).
+REQUEST_METHODS: Final = frozenset({"initialize", "session/new", "session/load", "session/prompt"})
+# How much of a client's value (a session id, a method name) a warning line quotes.
+QUOTED = 100
 
 STOP_REASONS: Final = {
     "completed": "end_turn",
@@ -81,31 +88,63 @@ def meta_depth(params: Mapping[str, Any]) -> int | None:
     return depth
 
 
+def _quoted(value: object) -> str:
+    """A client's value for a log line: its repr, cut to its start."""
+    text = repr(value)
+    return text if len(text) <= QUOTED else f"{text[:QUOTED]}... ({len(text) - QUOTED} cut)"
+
+
+def _field(block: Mapping[str, Any], key: str, where: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise RpcFault(INVALID_PARAMS, f"prompt block {where}: {key} must be a string")
+    return value
+
+
 def prompt_blocks(prompt: object) -> list[dict[str, Any]]:
-    """ACP content blocks as the runtime's text blocks (text, resource links, text resources)."""
+    """ACP content blocks as the runtime's text blocks (text, resource links, text resources).
+
+    A block of a known type whose required field is missing or of the wrong type is refused
+    naming that field (not as an unsupported type); fields the runtime does not use (the
+    schema's `annotations`, `_meta`, a client's own) are ignored, as ACP allows."""
     if not isinstance(prompt, list) or not prompt:
         raise RpcFault(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
     blocks: list[dict[str, Any]] = []
-    for block in prompt:
+    for index, block in enumerate(prompt):
         kind = block.get("type") if isinstance(block, Mapping) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            blocks.append({"type": "text", "text": block["text"]})
-        elif kind == "resource_link" and isinstance(block.get("uri"), str):
-            blocks.append({"type": "text", "text": f"[resource {block['uri']}]"})
-        elif kind == "resource" and isinstance(block.get("resource"), Mapping):
-            resource = block["resource"]
-            text = resource.get("text")
-            if not isinstance(text, str):
+        where = f"{index} ({kind})"
+        if kind == "text":
+            blocks.append({"type": "text", "text": _field(block, "text", where)})
+        elif kind == "resource_link":
+            blocks.append({"type": "text", "text": f"[resource {_field(block, 'uri', where)}]"})
+        elif kind == "resource":
+            resource = block.get("resource")
+            if not isinstance(resource, Mapping):
+                raise RpcFault(INVALID_PARAMS, f"prompt block {where}: resource must be an object")
+            uri = _field(resource, "uri", f"{where} resource")
+            if not isinstance(resource.get("text"), str):
                 raise RpcFault(INVALID_PARAMS, "only text resources are supported")
-            blocks.append({"type": "text", "text": f"[resource {resource.get('uri')}]\n{text}"})
+            blocks.append({"type": "text", "text": f"[resource {uri}]\n{resource['text']}"})
         else:
-            raise RpcFault(INVALID_PARAMS, f"unsupported prompt block type {kind!r}")
+            shown = kind if isinstance(kind, str) or kind is None else type(kind).__name__
+            raise RpcFault(INVALID_PARAMS, f"unsupported prompt block type {shown!r}")
     return blocks
 
 
+def _joined_text(content: Iterable[object] | None) -> str:
+    return "\n".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping))
+
+
 def _text_content(content: Iterable[object] | None) -> list[dict[str, Any]]:
-    text = "\n".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping))
+    """A tool call's `content`: one `ToolCallContent` of the text, or none."""
+    text = _joined_text(content)
     return [{"type": "content", "content": {"type": "text", "text": text}}] if text else []
+
+
+def _chunk(kind: str, content: Iterable[object] | None) -> dict[str, Any] | None:
+    """A message chunk update of the text (its `content` one content block), or None."""
+    text = _joined_text(content)
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}} if text else None
 
 
 class _Session:
@@ -282,6 +321,8 @@ class AcpAgentServer:
         self.runtime = served.runtime
         self._sessions: dict[str, _Session] = {}
         self._group = Group()
+        # The ids of the client's requests still being answered (see `_on_request`).
+        self._running: set[object] = set()
         self._stop = Event()
         self._initialized = False
         self._uninstall = install_subagent_tools(self.runtime, tools=served.tools)
@@ -318,6 +359,9 @@ class AcpAgentServer:
     # -- requests --------------------------------------------------------------------------
 
     def _on_request(self, method: str, params: object) -> dict[str, Any] | gevent.Greenlet:
+        if self.conn.request_id in self._running:
+            # Its answer could not be told from the running request's: refused, never run.
+            raise RpcFault(INVALID_REQUEST, "a request with this id is still running")
         if method == "initialize":
             self._initialized = True
             return {
@@ -333,6 +377,15 @@ class AcpAgentServer:
             raise RpcFault(-32600, "initialize first")
         if not isinstance(params, Mapping):
             raise RpcFault(INVALID_PARAMS, f"{method} needs an object of params")
+        if method == "session/cancel":
+            # A notification sent with an id: the cancel is done (a user pressed stop), and the
+            # answer tells the client it spoke the protocol wrong.
+            done = self._cancel(params)
+            raise RpcFault(
+                INVALID_REQUEST,
+                "session/cancel is a notification: send it without an id "
+                + ("(the turn was cancelled all the same)" if done else "(no such session)"),
+            )
         if method == "session/new":
             return self._spawn(self._new_session, params)
         if method == "session/load":
@@ -348,7 +401,11 @@ class AcpAgentServer:
         raise MethodNotFound(method)
 
     def _spawn(self, fn: Callable[[*Ts], object], *args: *Ts) -> gevent.Greenlet:
+        """The request's answer, later: its id stays taken until the greenlet ends."""
         greenlet: gevent.Greenlet = self._group.spawn(self._guarded, fn, *args)
+        rid = self.conn.request_id
+        self._running.add(rid)
+        greenlet.rawlink(lambda _done: self._running.discard(rid))
         return greenlet
 
     @staticmethod
@@ -436,7 +493,14 @@ class AcpAgentServer:
             header = store.header(session_id)
             if header.parent_session is not None:
                 raise RpcFault(INVALID_PARAMS, f"{session_id} is a subagent, not a coordinator")
-            agent = self.runtime.resume_agent(session_id, options=self._options(depth))
+            try:
+                agent = self.runtime.resume_agent(session_id, options=self._options(depth))
+            except SessionBusyError:
+                # Another `subagent acp` (another editor) on the same home has it open.
+                raise RpcFault(
+                    INVALID_PARAMS,
+                    f"session {session_id} is open in another process; close it there first",
+                ) from None
             self._sessions[session_id] = _Session(self, agent)
         self._replay(self._sessions[session_id])
         return note
@@ -446,12 +510,11 @@ class AcpAgentServer:
         loaded = self.runtime.store.inspect(session.id)
         # Tool calls told one by one, whichever format the log is in.
         for kind, data in with_tool_calls(loaded.events[loaded.header.seed_length :]):
-            if kind == "user/message":
-                for block in _text_content(data["message"].get("content")):
-                    session.update({"sessionUpdate": "user_message_chunk", **block})
-            elif kind == "assistant/message":
-                for block in _text_content(data["message"].get("content")):
-                    session.update({"sessionUpdate": "agent_message_chunk", **block})
+            if kind in ("user/message", "assistant/message"):
+                role = "user" if kind == "user/message" else "agent"
+                chunk = _chunk(f"{role}_message_chunk", data["message"].get("content"))
+                if chunk is not None:
+                    session.update(chunk)
             elif kind == "tool/call":
                 session.update(
                     {
@@ -484,11 +547,28 @@ class AcpAgentServer:
     # -- notifications ---------------------------------------------------------------------
 
     def _on_notification(self, method: str, params: object) -> None:
-        if method != "session/cancel" or not isinstance(params, Mapping):
-            return
+        """`session/cancel`; anything else gets no answer (a notification cannot), so what a
+        client got wrong is said on stderr, not dropped without a word."""
+        if method == "session/cancel":
+            if not isinstance(params, Mapping):
+                log.warning("acp server: session/cancel without an object of params: ignored")
+            elif not self._cancel(params):
+                log.warning(
+                    "acp server: session/cancel for unknown session %s: nothing to cancel",
+                    _quoted(params.get("sessionId")),
+                )
+        elif method in REQUEST_METHODS:
+            log.warning("acp server: %s sent as a notification (no id): ignored", method)
+        else:
+            log.debug("acp server: ignored notification %s", _quoted(method))
+
+    def _cancel(self, params: Mapping[str, Any]) -> bool:
+        """Cancel the session's turn (nothing when idle); False when there is no such session."""
         session = self._sessions.get(str(params.get("sessionId")))
-        if session is not None:
-            # The agent's cancel hook cancels every run it started; the turn ends `aborted`.
-            before = list(session.turn_waiters.values())
-            idle = session.agent.cancel("cancelled by the ACP client")
-            self._group.spawn(session.cancelled, idle, before)
+        if session is None:
+            return False
+        # The agent's cancel hook cancels every run it started; the turn ends `aborted`.
+        before = list(session.turn_waiters.values())
+        idle = session.agent.cancel("cancelled by the ACP client")
+        self._group.spawn(session.cancelled, idle, before)
+        return True
