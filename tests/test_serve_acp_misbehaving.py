@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +70,18 @@ class Client:
         self.send({"id": rid, "method": method, "params": params})
         return self.reply(rid)
 
-    def updates(self, predicate: Any) -> dict[str, Any]:
-        """The first session/update (read or to come) whose update satisfies `predicate`."""
-        for message in self.seen:
-            if message.get("method") == "session/update" and predicate(message["params"]):
-                return message["params"]
+    def updates(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The first session/update's params (read or to come) that satisfy `predicate`."""
+        index = 0
         while True:
-            message = self._next()
-            if message.get("method") == "session/update" and predicate(message["params"]):
-                return message["params"]
+            while index < len(self.seen):
+                message = self.seen[index]
+                index += 1
+                if message.get("method") == "session/update":
+                    params: dict[str, Any] = message["params"]
+                    if predicate(params):
+                        return params
+            self._next()
 
     def answers(self, rid: object) -> list[dict[str, Any]]:
         return [m for m in self.seen if "method" not in m and m.get("id") == rid]
@@ -113,20 +117,6 @@ def prompt(rid: object, sid: str, words: str) -> dict[str, Any]:
 
 def cancel(sid: object) -> dict[str, Any]:
     return {"method": "session/cancel", "params": {"sessionId": sid}}
-
-
-def said(sid: str, words: str) -> Any:
-    """A predicate: an agent message chunk of `sid` containing `words`."""
-
-    def match(params: dict[str, Any]) -> bool:
-        update = params["update"]
-        return (
-            params["sessionId"] == sid
-            and update["sessionUpdate"] == "agent_message_chunk"
-            and words in update["content"]["text"]
-        )
-
-    return match
 
 
 # -- a reused id, a cancel with an id ----------------------------------------------------------
