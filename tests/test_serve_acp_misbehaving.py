@@ -341,6 +341,33 @@ def test_a_replayed_message_is_a_plain_message_chunk(tmp_path: Path) -> None:
     client.close()
 
 
+def test_two_loads_of_one_stored_session_at_once_both_replay(tmp_path: Path) -> None:
+    """An editor that retries `session/load` before the first answer: the second used to fail
+    (`agent ... is already live`) while the first was still resuming the session; it waits for
+    it and replays, as a load of a live session does."""
+    first = Client(tmp_path / "home")
+    sid = first.start()
+    first.ask(1, "session/prompt", {"sessionId": sid, "prompt": text("remember")})
+    first.close()
+    client = Client(tmp_path / "home")
+    client.ask("init", "initialize", {"protocolVersion": 1})
+    params = {"cwd": str(REPO), "mcpServers": [], "sessionId": sid}
+    client.send({"id": 1, "method": "session/load", "params": params})
+    client.send({"id": 2, "method": "session/load", "params": params})
+    assert client.reply(1) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert client.reply(2) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    replayed = [
+        m["params"]["update"]["content"]["text"]
+        for m in client.seen
+        if m.get("method") == "session/update"
+        and m["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+    ]
+    assert replayed == ["remember", "remember"]  # once per load
+    after = client.ask(3, "session/prompt", {"sessionId": sid, "prompt": text("on")})
+    assert after["result"] == {"stopReason": "end_turn"}
+    client.close()
+
+
 # -- malformed lines --------------------------------------------------------------------------
 
 

@@ -323,6 +323,8 @@ class AcpAgentServer:
         self._group = Group()
         # The ids of the client's requests still being answered (see `_on_request`).
         self._running: set[object] = set()
+        # The sessions being loaded, each set when its load ends (see `_load_session`).
+        self._loading: dict[str, Event] = {}
         self._stop = Event()
         self._initialized = False
         self._uninstall = install_subagent_tools(self.runtime, tools=served.tools)
@@ -486,24 +488,37 @@ class AcpAgentServer:
         depth = meta_depth(params)
         if not isinstance(session_id, str):
             raise RpcFault(INVALID_PARAMS, "sessionId must be a string")
+        # A second load of a session while the first is still resuming it (an editor that
+        # retries) waits for that one, then replays, as a load of a live session does.
+        while (loading := self._loading.get(session_id)) is not None:
+            loading.wait()
         if session_id not in self._sessions:
-            store = self.runtime.store
-            if not store.exists(session_id):
-                raise RpcFault(INVALID_PARAMS, f"no stored session {session_id!r}")
-            header = store.header(session_id)
-            if header.parent_session is not None:
-                raise RpcFault(INVALID_PARAMS, f"{session_id} is a subagent, not a coordinator")
+            self._loading[session_id] = loaded = Event()
             try:
-                agent = self.runtime.resume_agent(session_id, options=self._options(depth))
-            except SessionBusyError:
-                # Another `subagent acp` (another editor) on the same home has it open.
-                raise RpcFault(
-                    INVALID_PARAMS,
-                    f"session {session_id} is open in another process; close it there first",
-                ) from None
-            self._sessions[session_id] = _Session(self, agent)
+                self._resume(session_id, depth)
+            finally:
+                del self._loading[session_id]
+                loaded.set()
         self._replay(self._sessions[session_id])
         return note
+
+    def _resume(self, session_id: str, depth: int | None) -> None:
+        """The stored coordinator `session_id` as a session of this connection."""
+        store = self.runtime.store
+        if not store.exists(session_id):
+            raise RpcFault(INVALID_PARAMS, f"no stored session {session_id!r}")
+        header = store.header(session_id)
+        if header.parent_session is not None:
+            raise RpcFault(INVALID_PARAMS, f"{session_id} is a subagent, not a coordinator")
+        try:
+            agent = self.runtime.resume_agent(session_id, options=self._options(depth))
+        except SessionBusyError:
+            # Another `subagent acp` (another editor) on the same home has it open.
+            raise RpcFault(
+                INVALID_PARAMS,
+                f"session {session_id} is open in another process; close it there first",
+            ) from None
+        self._sessions[session_id] = _Session(self, agent)
 
     def _replay(self, session: _Session) -> None:
         """The conversation so far as updates, as `session/load` promises the client."""
