@@ -368,6 +368,26 @@ def test_two_loads_of_one_stored_session_at_once_both_replay(tmp_path: Path) -> 
     client.close()
 
 
+def test_a_corrupt_stored_session_is_an_internal_error_and_one_warning(tmp_path: Path) -> None:
+    """Not the client's fault, so `-32603`, naming the damage; stderr used to get the same
+    traceback three times (logged, then the greenlet's failure printed by the hub)."""
+    first = Client(tmp_path / "home")
+    sid = first.start()
+    first.close()
+    (log,) = (tmp_path / "home" / "sessions").glob(f"{sid}*")
+    log.write_bytes(b"")
+    client = Client(tmp_path / "home")
+    client.ask("init", "initialize", {"protocolVersion": 1})
+    params = {"cwd": str(REPO), "mcpServers": [], "sessionId": sid}
+    error = client.ask(1, "session/load", params)["error"]
+    assert error["code"] == -32603
+    assert error["message"].startswith("CorruptSessionError: ") and "empty file" in error["message"]
+    assert "sessionId" in client.ask(2, "session/new", params)["result"]
+    stderr = client.close()  # exit 0, no traceback
+    (line,) = [line for line in stderr.splitlines() if "CorruptSessionError" in line]
+    assert line.startswith("WARNING:subagent.serve.acp_agent:acp server: CorruptSessionError: ")
+
+
 # -- malformed lines --------------------------------------------------------------------------
 
 

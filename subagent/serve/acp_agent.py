@@ -26,7 +26,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.pool import Group
 
-from agent.errors import SessionBusyError
+from agent.errors import SessionBusyError, SessionLogError
 from agent.events import check_utf8_path
 from agent.history import with_tool_calls
 from agent.options import AgentOptions
@@ -412,17 +412,21 @@ class AcpAgentServer:
 
     @staticmethod
     def _guarded(fn: Callable[[*Ts], T], *args: *Ts) -> T | RpcFault | MethodNotFound:
-        """`fn`'s answer; a client's bad request is returned as its fault (the connection
-        answers it), so the hub prints no traceback for it."""
+        """`fn`'s answer; a fault is returned (the connection answers it), so the hub prints
+        no traceback of its own: a client's bad request is no crash, a stored log this request
+        cannot use (corrupt, unreadable) is one warning line, anything else one traceback."""
         try:
             return fn(*args)
         except (RpcFault, MethodNotFound) as fault:
             return fault
         except (ValueError, TypeError, KeyError) as exc:
             return RpcFault(INVALID_PARAMS, f"{type(exc).__name__}: {exc}")
+        except SessionLogError as exc:
+            log.warning("acp server: %s: %s", type(exc).__name__, exc)
+            return RpcFault(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
         except Exception as exc:
             log.exception("acp server: request failed")
-            raise RpcFault(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from exc
+            return RpcFault(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
 
     def _session(self, params: Mapping[str, Any]) -> _Session:
         session = self._sessions.get(str(params.get("sessionId")))
