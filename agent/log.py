@@ -771,6 +771,11 @@ _NO_ENDS = array("I")
 _NO_KINDS = b""
 
 
+# The first bytes of a payload `SessionLog.append` encoded, per known type: a fixmap of four
+# whose first key is "type", then the type's name (every name is under 32 bytes: a fixstr).
+_HEADS: dict[bytes, int] = {
+    b"\x84\xa4type" + msgpack.packb(name): code for name, code in _KIND_OF.items()
+}
 _INBOX_CODES = frozenset(
     _KIND_OF[name] for name in (ev.INBOX_ACCEPTED, ev.INBOX_CLAIMED, ev.INBOX_DISCARDED)
 )
@@ -863,7 +868,8 @@ class EventView(Sequence[Event]):
 
     def __init__(self, loaded: Payloads | None = None) -> None:
         self._payloads: list[bytes] = []
-        self._tail_kinds = bytearray()  # the type codes of `_payloads`
+        # The type codes of the first `_payloads`, found when first asked for (`_coded`).
+        self._tail_kinds = bytearray()
         self._kinds: bytes | bytearray
         if loaded is None:  # a new child's: shared empty parts, nothing made
             self._blob = _NO_BYTES
@@ -967,18 +973,31 @@ class EventView(Sequence[Event]):
         """The bound `append` of the frame list (the log's hot path calls it directly)."""
         return self._payloads.append
 
-    @property
-    def append_kind(self) -> Callable[[int], None]:
-        """The bound `append` of the appended events' type codes (`kind_code`), one for each
-        `append_payload`, so a fork finds their types without decoding them."""
-        return self._tail_kinds.append
-
     def codes(self, start: int) -> bytes | bytearray:
-        """The type codes (`kind_code`) of the events from index `start` on, decoding none."""
+        """The type codes (`kind_code`) of the events from index `start` on, decoding none
+        of a known type (`_coded`)."""
         loaded = self._loaded
+        tail = self._coded(len(self._payloads))
         if start >= loaded:
-            return self._tail_kinds[start - loaded :]
-        return self._kinds[start:loaded] + self._tail_kinds
+            return tail[start - loaded :]
+        return self._kinds[start:loaded] + tail
+
+    def _coded(self, count: int) -> bytearray:
+        """The type codes of the first `count` appended events, each found once, from its
+        payload's first bytes: the log encodes `{"type": ..., "seq": ...}` in that order, so
+        a known type's payload starts with its `_HEADS` entry. Appends stay as they were (no
+        code kept per append: most logs are never forked). A payload that starts otherwise
+        (a type outside the vocabulary) is decoded to be told."""
+        kinds = self._tail_kinds
+        if len(kinds) < count:
+            heads = _HEADS
+            for payload in self._payloads[len(kinds) : count]:
+                code = heads.get(payload[: 7 + (payload[6] & 0x1F)])
+                if code is None:
+                    kind = _unpackb(payload)["type"]
+                    code = _KIND_OF.get(kind, _OTHER) if _type_of(kind) is str else _OTHER
+                kinds.append(code)
+        return kinds
 
     def runs(
         self, count: int
@@ -997,7 +1016,7 @@ class EventView(Sequence[Event]):
             ends,
             self._kinds[:loaded],
             self._payloads[:appended],
-            self._tail_kinds[:appended],
+            self._coded(appended)[:appended],
         )
 
 
@@ -1195,7 +1214,6 @@ class SessionLog:
         self._replay = replay
         self._shared = shared
         self._payloads_append = self.events.append_payload
-        self._kinds_append = self.events.append_kind
         self._buffer = bytearray()
         self._unsynced = False  # written to the OS since the last sync
         self._failed: BaseException | None = None
@@ -1283,7 +1301,6 @@ class SessionLog:
         buffer += _pack_prefix(len(payload), _crc32(payload))
         buffer += payload
         self._payloads_append(payload)
-        self._kinds_append(_KIND_OF.get(type, _OTHER))
         return event
 
     def fork_seed(self) -> ForkSeed | None:

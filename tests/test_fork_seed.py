@@ -419,3 +419,35 @@ def test_payloads_extend_runs_after_what_they_hold() -> None:
     view = agent.log.EventView(payloads)
     assert [e["seq"] for e in view] == [0, 1, 2]
     assert list(view.positions(["turn/start"])) == [0]
+
+
+def test_appended_events_are_typed_from_their_first_bytes_an_unknown_one_by_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork finds the types of the parent's live events without decoding a known one; one
+    of a type outside the vocabulary (ignorable) is decoded to be told, and kept as such."""
+    store = MemoryStore()
+    parent = store.create(header("parent"))
+    turn(parent, 1)
+    parent.append("x/custom-event-of-a-newer-writer-with-a-long-name", {"ignorable": True})
+    turn(parent, 2)
+    decodes = [0]
+    real = agent.log._unpackb
+
+    def counting(payload: Any) -> Any:
+        decodes[0] += 1
+        return real(payload)
+
+    monkeypatch.setattr(agent.log, "_unpackb", counting)
+    seed = parent.fork_seed()
+    assert seed is not None and decodes[0] == 1
+    child = store.create(header("new", seed_length=len(seed)), seed)
+    assert parent.fork_seed() is not None and decodes[0] == 1  # found once per event
+    monkeypatch.undo()
+    old = old_fork(store, parent, "old")
+    assert body(store, "new") == body(store, "old")
+    custom = "x/custom-event-of-a-newer-writer-with-a-long-name"
+    assert list(child.events.positions([custom, "turn/end"])) == list(
+        old.events.positions([custom, "turn/end"])
+    )
+    assert [e["type"] for e in child.events.select([custom])] == [custom]
