@@ -135,8 +135,8 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         seed_length = len(provider_seed(parent))
         count = len(parent.events)
         per_round = [statistics.median(_forks(store, parent, forks)) for _ in range(ROUNDS)]
+        parent.close()  # its buffered appends written: the file's whole size
         size = (root / "sessions" / "parent.session").stat().st_size
-        parent.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {
