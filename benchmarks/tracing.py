@@ -36,8 +36,9 @@ none, on within 30 %.
 
 Two ratios per mode: `*_over_none`, the ratio of the modes' medians, and `*_over_none_paired`,
 the median of each round's own ratio (the mode's run against that round's `none`, run seconds
-apart). **The paired median is the figure of record**: a pair shares the machine's load of its
-moment, so a burst of load from elsewhere moves one pair, which the median discards, where it
+apart; the rounds' ratios, sorted, are `*_over_none_pairs`). **The paired median is the figure
+of record**: a pair shares the machine's load of its moment, so a burst of load from elsewhere
+moves one pair, which the median discards, where it
 can move one mode's median but not the other's (on a shared machine `off` read 0.94x and
 1.04x `none` as a ratio of medians in runs of the same code). `off` differs from `none` by one
 attribute read a child, so it gets more rounds (`CHEAP_ROUNDS` pairs of `none` and `off`, in
@@ -122,6 +123,9 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
             )
             paired = [p[mode][f"{what}_s"] / p["none"][f"{what}_s"] for p in pairs if mode in p]
             figures[f"{what}_{key}_over_none_paired"] = round(statistics.median(paired), 3)
+            # How far one run's pairs spread (this machine's: ~0.2), so a reader can tell a
+            # difference between two runs from the noise within one.
+            figures[f"{what}_{key}_over_none_pairs"] = [round(x, 3) for x in sorted(paired)]
     for key in ("drop", "lean_floor", "lean_encode", "on", "on_sdk"):
         figures[f"cpu_{key}_over_floor"] = round(
             figures[f"cpu_s_{key}"] / figures["cpu_s_floor"], 3

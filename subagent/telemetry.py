@@ -281,10 +281,6 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     for name in names:
         if name not in ("console", "otlp"):
             raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {name!r}")
-    # Refused whichever pipeline would read them (the SDK's would warn unseen and go on).
-    sampler_setting(env)
-    if "otlp" in names:
-        _compression(env)
     try:
         _import_off_hub("opentelemetry.trace")
         from opentelemetry import trace
@@ -293,6 +289,10 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
             "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
             "pip install 'subagent-runtime[otel]'"
         ) from exc
+    # Refused whichever pipeline would read them (the SDK's would warn unseen and go on).
+    sampler_setting(env)
+    if "otlp" in names:
+        _compression(env)
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return False  # the host (or an earlier call) set one: never replaced
     lean = lean_settings(env, names)
@@ -577,31 +577,22 @@ def _compression(env: Mapping[str, str]) -> str:
     return value
 
 
-# The samplers `OTEL_TRACES_SAMPLER` may name: the specification's built-in ones that both the
-# lean pipeline and the SDK's `TracerProvider` implement.
-SAMPLERS = (
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-)
-
-
 def sampler_setting(env: Mapping[str, str]) -> tuple[str, float]:
-    """The sampler's name and ratio from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
+    """The sampler's name and ratio from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`:
+    one of the specification's built-in samplers, which the lean pipeline and the SDK's
+    `TracerProvider` both implement (`Sampling.NAMES`; needs the `otel` extra).
 
     An unknown name, or a ratio that is not a number within [0, 1] for a ratio sampler, is
     refused: the SDK logs a warning no CLI command shows and samples every trace instead, so a
     typo in `parentbased_traceidratio` would trace everything. The argument of a sampler that
     takes none is ignored, and a ratio sampler without one samples everything, as the
     specification says."""
+    from subagent.lean_tracing import Sampling
+
     name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
-    if name not in SAMPLERS:
-        raise ValueError(
-            f"OTEL_TRACES_SAMPLER: unsupported sampler {name[:80]!r} (one of {', '.join(SAMPLERS)})"
-        )
+    if name not in Sampling.NAMES:
+        known = ", ".join(Sampling.NAMES)
+        raise ValueError(f"OTEL_TRACES_SAMPLER: unsupported sampler {name[:80]!r} (one of {known})")
     text = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
     if "traceidratio" not in name or not text:
         return name, 1.0

@@ -48,10 +48,7 @@ def test_interrupting_a_running_one_shot_acp_child_ends_it_aborted(tmp_path: Pat
     before = peer_pids()
     wire = Wire(tmp_path, f"peer={sys.executable} {PEER} wait")
     try:
-        args = {"description": "remote", "prompt": "wait here", "run_in_background": True}
-        wire.call(1, "subagent_peer", args)
-        started = text_of(wire.answer(1, timeout=TIMEOUT))
-        child, task = started.split()[2], started.split()[8].rstrip(".")
+        child, task = wire.start_background(1, "wait here")
         (pid,) = peer_pids() - before  # the agent's process: started before the answer
         wire.call(2, "list_agents", {})
         assert text_of(wire.answer(2)).startswith(f"{child}  status=running  mode=one-shot")

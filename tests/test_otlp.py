@@ -424,9 +424,9 @@ def test_a_long_answer_is_not_read_whole_and_its_connection_is_not_kept() -> Non
     assert server.connections == 2  # the first connection was not reused mid-answer
 
 
-def test_an_answer_that_never_ends_is_cut_at_the_timeout() -> None:
-    """A server that streams its answer a chunk at a time, forever: every socket read returns
-    within the timeout, so only a bound on the whole exchange ends the post."""
+def _dripping() -> tuple[_RawServer, threading.Event]:
+    """A server that streams its answer a chunk at a time until the event is set: every socket
+    read returns within any timeout, so only a bound on the whole exchange ends a post."""
     stop = threading.Event()
 
     def answer(conn: socket.socket) -> None:
@@ -434,7 +434,11 @@ def test_an_answer_that_never_ends_is_cut_at_the_timeout() -> None:
         while not stop.wait(0.05):
             conn.sendall(b"1\r\nx\r\n")
 
-    server = _RawServer(answer)
+    return _RawServer(answer), stop
+
+
+def test_an_answer_that_never_ends_is_cut_at_the_timeout() -> None:
+    server, stop = _dripping()
     try:
         poster = HttpPoster(server.endpoint, timeout_s=0.5)
         done = TaskGroup("post")
@@ -453,14 +457,7 @@ def test_an_answer_that_never_ends_is_cut_at_the_timeout_off_the_hub_too() -> No
     """The same server, the post made from a thread with no hub (an export thread, or the
     caller at interpreter exit, over a plain socket): it used to hold that thread, and the
     process's exit, forever."""
-    stop = threading.Event()
-
-    def answer(conn: socket.socket) -> None:
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        while not stop.wait(0.05):
-            conn.sendall(b"1\r\nx\r\n")
-
-    server = _RawServer(answer)
+    server, stop = _dripping()
     try:
         poster = HttpPoster(server.endpoint, timeout_s=0.5)
         outcome: list[str | None] = []

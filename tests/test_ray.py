@@ -19,13 +19,14 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
 
+from ray_support import ray_provider  # noqa: E402
+
 from agent.model import ModelRequest  # noqa: E402
 from agent.models import scripted as S  # noqa: E402
 from agent.store import SessionStore  # noqa: E402
 from agent.tools import Tool  # noqa: E402
 from providers.ray import RayProvider  # noqa: E402
 from subagent.errors import SubagentError  # noqa: E402
-from subagent.ray_config import RayConfig  # noqa: E402
 from subagent.runtime import Runtime  # noqa: E402
 from subagent.types import (  # noqa: E402
     MessageSource,
@@ -108,19 +109,7 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def provider(shared_dir: Path) -> Iterator[RayProvider]:
-    # ray.init runs on the provider's driver thread, host creation in the hub's thread pool:
-    # the hub keeps running while the local cluster starts.
-    config = RayConfig(
-        store_dir=str(shared_dir),
-        pool_size=2,
-        host_setup=host_setup,
-        host_num_cpus=0.5,
-        init_options={"num_cpus": 2, "include_dashboard": False, "log_to_driver": False},
-    )
-    p = RayProvider(config)
-    p.connect()
-    yield p
-    p.close()
+    yield from ray_provider(shared_dir, host_setup, pool_size=2)
 
 
 class Parent:

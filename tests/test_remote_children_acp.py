@@ -26,10 +26,7 @@ def test_an_ended_background_acp_child_is_listed_ended_and_not_running(tmp_path:
     task settled (children and descendants), and `interrupt_agent` says it was not running."""
     wire = Wire(tmp_path, f"peer={sys.executable} {PEER} normal")
     try:
-        args = {"description": "remote", "prompt": "hello", "run_in_background": True}
-        wire.call(1, "subagent_peer", args)
-        started = text_of(wire.answer(1, timeout=TIMEOUT))
-        child, task = started.split()[2], started.split()[8].rstrip(".")
+        child, task = wire.start_background(1, "hello")
         wire.call(2, "task_output", {"task_id": task, "wait": True})
         assert "echo: hello" in text_of(wire.answer(2, timeout=TIMEOUT))
         wire.call(3, "list_agents", {})

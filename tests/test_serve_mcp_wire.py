@@ -75,6 +75,14 @@ class Wire:
             params["_meta"] = meta
         self.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params})
 
+    def start_background(self, rid: Any, prompt: str, timeout: float = 60) -> tuple[str, str]:
+        """Start a background one-shot child of the `peer` ACP agent (labelled `remote`), as
+        request `rid`; its child id and task id, read from the answer."""
+        args = {"description": "remote", "prompt": prompt, "run_in_background": True}
+        self.call(rid, "subagent_peer", args)
+        words = text_of(self.answer(rid, timeout=timeout)).split()
+        return words[2], words[8].rstrip(".")
+
     def close(self) -> None:
         self._out.close()  # the client hangs up: the server shuts down
         self._serving.get(timeout=30)
@@ -213,10 +221,7 @@ def test_a_background_acp_child_is_listed_while_it_runs(tmp_path: Path) -> None:
     service's run table, from the answer that names it until it ends, then as ended."""
     wire = Wire(tmp_path, f"peer={sys.executable} {PEER} wait")
     try:
-        args = {"description": "remote", "prompt": "wait here", "run_in_background": True}
-        wire.call(1, "subagent_peer", args)
-        started = text_of(wire.answer(1, timeout=60))
-        child, task = started.split()[2], started.split()[8].rstrip(".")
+        child, task = wire.start_background(1, "wait here")
         wire.call(2, "list_agents", {})
         (line,) = text_of(wire.answer(2)).splitlines()
         assert line.startswith(f"{child}  status=running  mode=one-shot  depth=1  ")
