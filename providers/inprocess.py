@@ -94,7 +94,7 @@ class InProcessProvider:
         return self._name
 
     def seed_for(self, parent: ParentAgent) -> Sequence[Mapping[str, Any]]:
-        return ()
+        return []
 
     def start(self, request: SubagentStartRequest) -> LocalRun:
         signal = request.signal
@@ -252,7 +252,7 @@ class ForkProvider(InProcessProvider):
         if not isinstance(log, SessionLog):
             raise TypeError("a fork needs a live parent agent (with its session log)")
         seed = log.fork_seed()
-        return () if seed is None else seed
+        return [] if seed is None else seed
 
 
 # The default options of a child of a parent on route `model` (frozen, so siblings share one):
