@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from seam_kit import assert_log_valid, kit
 
 import agent.log
 from agent.errors import SharedHeaderMissingError
@@ -31,7 +32,9 @@ from agent.log import (
     completed_turn_prefix,
     validate_log,
 )
+from agent.models import scripted as S
 from agent.store import MemoryStore, SessionStore
+from providers.inprocess import ForkProvider
 
 AnyStore = MemoryStore | SessionStore
 TEXT = [{"type": "text", "text": "hello ✓"}]
@@ -451,3 +454,20 @@ def test_appended_events_are_typed_from_their_first_bytes_an_unknown_one_by_deco
         old.events.positions([custom, "turn/end"])
     )
     assert [e["type"] for e in child.events.select([custom])] == [custom]
+
+
+def test_the_fork_provider_seeds_a_live_childs_log_from_the_parents_payloads() -> None:
+    with kit() as k:
+        parent = k.parent()
+        k.respond = lambda r: S.text("parent answer")
+        parent.send("first question").get()
+        parent.when_idle().get(timeout=5)
+        seed = ForkProvider().seed_for(parent)
+        assert isinstance(seed, ForkSeed) and list(seed) == list(parent.log.events)
+        k.respond = lambda r: S.text(f"child sees {len(r.messages)} messages")
+        run = k.start(parent, "child task", provider="fork")
+        assert run.result.get(timeout=5).output[0]["text"] == "child sees 3 messages"
+        run.dispose()
+        events = assert_log_valid(k.store, run.id)
+        assert events[: len(seed)] == list(seed)
+        assert k.store.load(run.id).header.seed_length == len(seed)
