@@ -40,7 +40,7 @@ import re
 import time
 from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from itertools import compress
+from itertools import accumulate, compress
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
@@ -65,6 +65,7 @@ _pack_strict = msgpack.Packer(use_bin_type=True, autoreset=True, strict_types=Tr
 __all__ = [
     "Durability",
     "EventView",
+    "ForkSeed",
     "InvariantError",
     "LogReplay",
     "Payloads",
@@ -268,6 +269,11 @@ _OPTIONAL: dict[str, tuple[_Field, ...]] = {
 }
 
 
+# What the last turn/end left of a replay: (the seq after it, turn, step, replied, the turn's
+# calls, how many stayed open).
+_Closed = tuple[int, int, int, bool, dict[str, "str | None"], int]
+
+
 class LogReplay:
     """Incremental invariant checker; `feed` raises InvariantError on the first bad event."""
 
@@ -275,9 +281,11 @@ class LogReplay:
         "_announce",
         "_boundary",
         "_calls",
+        "_closed",
         "_implicit",
         "_inbox",
         "_open",
+        "_refs",
         "_replied",
         "seed_length",
         "seq",
@@ -308,6 +316,11 @@ class LogReplay:
         self._open = 0
         # Inbox ids accepted -> settled (claimed or discarded); made on first use.
         self._inbox: dict[str, bool] | None = None
+        # The state the last turn/end left (`_Closed`): a fork's seed ends there, and its
+        # replay is this state again, without the prefix decoded (`SessionLog.fork_seed`).
+        self._closed: _Closed | None = None
+        # Shared request headers named so far: ref -> the seq that first named it.
+        self._refs: dict[str, int] | None = None
 
     @property
     def format(self) -> int:
@@ -324,6 +337,48 @@ class LogReplay:
         if not self._open:
             return {}
         return {k: v for k, v in self._calls.items() if v is not None}
+
+    @property
+    def last_closed(self) -> _Closed | None:
+        """What the last turn/end left (None before one): the end of a completed prefix."""
+        return self._closed
+
+    def inbox_state(self) -> dict[str, bool]:
+        """A copy of the inbox ids accepted so far -> whether each is settled."""
+        return dict(self._inbox) if self._inbox else {}
+
+    def refs_named(self) -> dict[str, int]:
+        """The shared request headers named so far -> the seq that first named each."""
+        return dict(self._refs) if self._refs else {}
+
+    @classmethod
+    def after_closed(
+        cls,
+        header: SessionHeader,
+        closed: _Closed,
+        inbox: Mapping[str, bool],
+        refs: Mapping[str, int],
+    ) -> LogReplay:
+        """The replay of a prefix that ends with a turn/end, under `header`, from what that
+        turn/end left (`last_closed`) and the inbox and shared headers of the prefix: the state
+        feeding the prefix again would give, every field of it (`tests/test_fork_seed.py`).
+
+        Sound only where the prefix was replayed under the same format (the header's version)
+        and its replay did not depend on the seed length: a longer seed only relaxes a reused
+        call id (seeds copied from format 1) and admits an ancestor's seed marker, both already
+        admitted for the events that were accepted."""
+        replay = cls(header)
+        seq, turn, step, replied, calls, open_calls = closed
+        replay.seq = seq
+        replay.turn = turn
+        replay.step = step
+        replay._replied = replied
+        replay._calls = calls = dict(calls)
+        replay._open = open_calls
+        replay._inbox = dict(inbox) if inbox else None
+        replay._refs = dict(refs) if refs else None
+        replay._closed = (seq, turn, step, replied, calls, open_calls)
+        return replay
 
     def feed(self, event: Event) -> None:
         seq = self.seq
@@ -387,6 +442,8 @@ class LogReplay:
         self.turn_open = False
         self.step_open = False  # ends the last step (format 2 writes no step/end)
         self._boundary = False
+        # Nothing of the turn changes once it is closed (a turn/start makes a new `_calls`).
+        self._closed = (seq + 1, self.turn, self.step, self._replied, self._calls, self._open)
 
     def _step_start(self, seq: int, data: dict[str, Any]) -> None:
         if not self.turn_open:
@@ -504,6 +561,10 @@ class LogReplay:
                 raise InvariantError(seq, "request/header: ref must be a sha256 hex digest")
             if "system" in data or "tools" in data:
                 raise InvariantError(seq, "request/header: a ref or system and tools, not both")
+            refs = self._refs
+            if refs is None:
+                refs = self._refs = {}
+            refs.setdefault(ref, seq)
             return
         if type(data.get("system")) is not str:
             raise InvariantError(seq, "request/header: system must be a str")
@@ -515,7 +576,8 @@ class LogReplay:
             raise InvariantError(seq, "session/end-seed inside a turn")
         if data["length"] != seq:
             raise InvariantError(seq, f"session/end-seed length {data['length']} at seq {seq}")
-        if self.seed_length and data["length"] != self.seed_length:
+        # A marker inside the seed is an ancestor's (a fork of a fork): it names its own seed.
+        if self.seed_length and seq >= self.seed_length and data["length"] != self.seed_length:
             raise InvariantError(
                 seq, f"session/end-seed length {data['length']}, header says {self.seed_length}"
             )
@@ -709,6 +771,21 @@ _NO_ENDS = array("I")
 _NO_KINDS = b""
 
 
+# The first bytes of a payload `SessionLog.append` encoded, per known type: a fixmap of four
+# whose first key is "type", then the type's name (every name is under 32 bytes: a fixstr).
+_HEADS: dict[bytes, int] = {
+    b"\x84\xa4type" + msgpack.packb(name): code for name, code in _KIND_OF.items()
+}
+_INBOX_CODES = frozenset(
+    _KIND_OF[name] for name in (ev.INBOX_ACCEPTED, ev.INBOX_CLAIMED, ev.INBOX_DISCARDED)
+)
+
+
+def kind_code(kind: str) -> int:
+    """The in-memory type code of an event type (0 for a type outside the vocabulary)."""
+    return _KIND_OF.get(kind, _OTHER)
+
+
 class Payloads:
     """The events a view starts with (a loaded log, a fork's seed), gathered as the msgpack
     payloads they were read or encoded as: end to end in one buffer, with where each ends and
@@ -745,6 +822,23 @@ class Payloads:
             self._ends.append(end)
         self._kinds.append(_KIND_OF.get(kind, _OTHER) if _type_of(kind) is str else _OTHER)
 
+    def extend(
+        self, payloads: bytes | memoryview, ends: array[int], kinds: bytes | bytearray
+    ) -> None:
+        """Keep a run of payloads at once: `payloads` end to end, `ends` where each ends in
+        it, `kinds` their type codes (as a view holds them; a fork's seed copies its parent's)."""
+        base = self._tell()
+        self._write(payloads)
+        mine = self._ends
+        if base or ends.typecode != mine.typecode:
+            try:
+                ends = array(mine.typecode, [end + base for end in ends])
+            except OverflowError:
+                mine = self._ends = array("Q", mine)
+                ends = array("Q", [end + base for end in ends])
+        mine.extend(ends)  # the same typecode: one copy in C
+        self._kinds += kinds
+
     def take(self) -> tuple[memoryview, array[int], bytes | bytearray]:
         """(payloads end to end, end offsets, type codes); the builder is spent."""
         buffer = self._buffer
@@ -770,10 +864,12 @@ class EventView(Sequence[Event]):
     their frames. Each access decodes a fresh copy: the log never hands out its own state.
     """
 
-    __slots__ = ("_blob", "_ends", "_kinds", "_loaded", "_payloads")
+    __slots__ = ("_blob", "_ends", "_kinds", "_loaded", "_payloads", "_tail_kinds")
 
     def __init__(self, loaded: Payloads | None = None) -> None:
         self._payloads: list[bytes] = []
+        # The type codes of the first `_payloads`, found when first asked for (`_coded`).
+        self._tail_kinds = bytearray()
         self._kinds: bytes | bytearray
         if loaded is None:  # a new child's: shared empty parts, nothing made
             self._blob = _NO_BYTES
@@ -876,6 +972,173 @@ class EventView(Sequence[Event]):
     def append_payload(self) -> Callable[[bytes], None]:
         """The bound `append` of the frame list (the log's hot path calls it directly)."""
         return self._payloads.append
+
+    def codes(self, start: int) -> bytes | bytearray:
+        """The type codes (`kind_code`) of the events from index `start` on, decoding none
+        of a known type (`_coded`)."""
+        loaded = self._loaded
+        tail = self._coded(len(self._payloads))
+        if start >= loaded:
+            return tail[start - loaded :]
+        return self._kinds[start:loaded] + tail
+
+    def _coded(self, count: int) -> bytearray:
+        """The type codes of the first `count` appended events, each found once, from its
+        payload's first bytes: the log encodes `{"type": ..., "seq": ...}` in that order, so
+        a known type's payload starts with its `_HEADS` entry. Appends stay as they were (no
+        code kept per append: most logs are never forked). A payload that starts otherwise
+        (a type outside the vocabulary) is decoded to be told."""
+        kinds = self._tail_kinds
+        if len(kinds) < count:
+            heads = _HEADS
+            for payload in self._payloads[len(kinds) : count]:
+                code = heads.get(payload[: 7 + (payload[6] & 0x1F)])
+                if code is None:
+                    kind = _unpackb(payload)["type"]
+                    code = _KIND_OF.get(kind, _OTHER) if _type_of(kind) is str else _OTHER
+                kinds.append(code)
+        return kinds
+
+    def runs(
+        self, count: int
+    ) -> tuple[memoryview, array[int], bytes | bytearray, list[bytes], bytes | bytearray]:
+        """The first `count` events as payloads, decoding none: those the view was built with
+        (their bytes end to end, where each ends, their type codes), then those appended since
+        (one `bytes` each, their type codes). Copies of the parts, none of the bytes."""
+        if not 0 <= count <= len(self):
+            raise IndexError("event count out of range")
+        loaded = min(count, self._loaded)
+        appended = count - loaded
+        ends = self._ends[:loaded]
+        blob = self._blob[: ends[-1] if loaded else 0]
+        return (
+            blob,
+            ends,
+            self._kinds[:loaded],
+            self._payloads[:appended],
+            self._coded(appended)[:appended],
+        )
+
+
+class ForkSeed(Sequence[Event]):
+    """A live log's completed-turn prefix kept as its payloads (`SessionLog.fork_seed`), with
+    the replay state at its end: what a fork's child is created with, so the store copies the
+    bytes into the child's `Payloads` and writes its frames from them, decoding, checking and
+    encoding nothing again. The events were checked when the parent's log took them.
+
+    As a sequence it reads as the events (each decoded on access), so a caller that does not
+    know it gets what a list of them would give."""
+
+    __slots__ = (
+        "_blob",
+        "_closed",
+        "_ends",
+        "_inbox",
+        "_kinds",
+        "_refs",
+        "_tail",
+        "_tail_kinds",
+        "version",
+    )
+
+    def __init__(
+        self,
+        version: int,
+        runs: tuple[memoryview, array[int], bytes | bytearray, list[bytes], bytes | bytearray],
+        closed: _Closed,
+        inbox: Mapping[str, bool],
+        refs: Mapping[str, int],
+    ) -> None:
+        self._blob, self._ends, self._kinds, self._tail, self._tail_kinds = runs
+        if len(self._ends) + len(self._tail) != closed[0]:
+            raise ValueError("a fork seed's payloads and its replay state disagree")
+        self.version = version  # the format the prefix was replayed under
+        self._closed = closed
+        self._inbox = inbox
+        self._refs = refs
+
+    def __len__(self) -> int:
+        return self._closed[0]
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("event index out of range")
+        ends = self._ends
+        if index < len(ends):
+            event: Event = _unpackb(self._blob[ends[index - 1] if index else 0 : ends[index]])
+        else:
+            event = _unpackb(self._tail[index - len(ends)])
+        return event
+
+    def __iter__(self) -> Iterator[Event]:
+        blob = self._blob
+        start = 0
+        for end in self._ends:
+            yield _unpackb(blob[start:end])
+            start = end
+        for payload in self._tail:
+            yield _unpackb(payload)
+
+    def __repr__(self) -> str:
+        return f"<ForkSeed of {len(self)} events>"
+
+    @property
+    def size(self) -> int:
+        """The payloads' total bytes."""
+        return len(self._blob) + sum(map(len, self._tail))
+
+    @property
+    def refs(self) -> frozenset[str]:
+        """The shared request headers the prefix names."""
+        return frozenset(self._refs)
+
+    def fits(self, header: SessionHeader) -> bool:
+        """Whether a child with `header` may start from this seed's state as it is: the same
+        event format as the parent's (another one is replayed from the events instead), and a
+        `seed_length` that is this seed's or left to the store (0)."""
+        return header.version == self.version and header.seed_length in (0, len(self))
+
+    def replay_for(self, header: SessionHeader) -> LogReplay:
+        """The child's replay, positioned after the seed (`LogReplay.after_closed`)."""
+        if not self.fits(header) or header.seed_length != len(self):
+            raise ValueError("this fork seed does not fit the header")
+        return LogReplay.after_closed(header, self._closed, self._inbox, self._refs)
+
+    def write(self, head: bytes) -> tuple[bytearray, Payloads]:
+        """The child's file (`head`, then one frame per event from its payload as it is) and
+        the payloads its view keeps: each event's bytes copied, none decoded or encoded. Reads
+        only immutable bytes, so it may run in a pool thread."""
+        blob, ends, tail = self._blob, self._ends, self._tail
+        size = self.size
+        out = bytearray(head)
+        prefix, crc = _pack_prefix, _crc32
+        start = 0
+        for end in ends:
+            payload = blob[start:end]
+            out += prefix(end - start, crc(payload))
+            out += payload
+            start = end
+        for piece in tail:
+            out += prefix(len(piece), crc(piece))
+            out += piece
+        payloads = Payloads(size)
+        payloads.extend(blob, ends, self._kinds)
+        if tail:
+            payloads.extend(
+                b"".join(tail), array("Q", accumulate(map(len, tail))), self._tail_kinds
+            )
+        return out, payloads
 
 
 def event_positions(
@@ -1039,6 +1302,31 @@ class SessionLog:
         buffer += payload
         self._payloads_append(payload)
         return event
+
+    def fork_seed(self) -> ForkSeed | None:
+        """The completed-turn prefix (up to the last turn/end; the turn in flight left out) as
+        payloads, with the replay state at its end, to seed a fork from (None: no turn ended
+        yet). Decodes none of the prefix: only inbox events of the turn in flight, to undo
+        them from the inbox state."""
+        replay = self._replay
+        closed = replay.last_closed
+        if closed is None:
+            return None
+        count = closed[0]
+        events = self.events
+        inbox = replay.inbox_state()
+        if inbox:
+            codes = events.codes(count)
+            inboxed = [i for i in range(len(codes)) if codes[i] in _INBOX_CODES]
+            for index in reversed(inboxed):  # latest first: a claim is undone before its accept
+                event = events[count + index]
+                message_id = event["data"]["message_id"]
+                if event["type"] == ev.INBOX_ACCEPTED:
+                    del inbox[message_id]
+                else:
+                    inbox[message_id] = False
+        refs = {ref: seq for ref, seq in replay.refs_named().items() if seq < count}
+        return ForkSeed(self.header.version, events.runs(count), closed, inbox, refs)
 
     def append_request_header(self, system: str, tools: Sequence[ToolLike]) -> Event:
         """Record what the next model requests are shown. With a store behind the log, the

@@ -65,6 +65,7 @@ from agent.log import (
     DURABILITY_SETTINGS,
     Durability,
     EventView,
+    ForkSeed,
     InvariantError,
     LogReplay,
     Payloads,
@@ -181,7 +182,7 @@ class _Store:
     def _name(self, session_id: str) -> str:
         raise NotImplementedError
 
-    def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
+    def _create_bytes(self, session_id: str, data: bytes | bytearray) -> _Handle:
         raise NotImplementedError
 
     def _acquire(self, session_id: str) -> _Handle | None:
@@ -310,6 +311,8 @@ class _Store:
             # A fresh child (no seed): nothing to copy, check or replay, only the header.
             handle = self._create_bytes(header.id, encode_header(header))
             return SessionLog(header, [], handle, self.durability, LogReplay(header), shared=self)
+        if type(seed_events) is ForkSeed and seed_events.fits(header):
+            return self._create_forked(header, seed_events)
         with gc_paused():  # a long seed's copies are a burst of containers, none garbage
             seed = [dict(e) for e in seed_events]
         if header.seed_length not in (0, len(seed)):
@@ -329,6 +332,23 @@ class _Store:
             self._check_shared(header.id, seed)  # type: ignore[arg-type]
         del seed
         handle = self._create_bytes(header.id, b"".join(frames))
+        return SessionLog(header, EventView(payloads), handle, self.durability, replay, shared=self)
+
+    def _create_forked(self, header: SessionHeader, seed: ForkSeed) -> SessionLog:
+        """`create` from a live parent's prefix as payloads: the bytes copied and framed as
+        they are, the replay state taken from the parent's at that point. Nothing is decoded,
+        checked or encoded again: the parent's log checked every event when it took it, in the
+        same event format (`ForkSeed.fits`); the shared headers it names are still checked."""
+        if header.seed_length != len(seed):
+            header = replace(header, seed_length=len(seed))
+        replay = seed.replay_for(header)
+        self._check_refs(header.id, seed.refs)
+        head = encode_header(header)
+        if seed.size >= _THREADPOOL_READ:  # CRCs of a big prefix: off the hub, as its read is
+            data, payloads = offload(seed.write, head)
+        else:
+            data, payloads = seed.write(head)
+        handle = self._create_bytes(header.id, data)
         return SessionLog(header, EventView(payloads), handle, self.durability, replay, shared=self)
 
     def open(self, session_id: str) -> SessionLog:
@@ -828,7 +848,7 @@ class SessionStore(_Store):
         self._root_ready = True
         return root
 
-    def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
+    def _create_bytes(self, session_id: str, data: bytes | bytearray) -> _Handle:
         self.ensure_root()
         final = self._path(session_id)
         if os.path.lexists(final):
@@ -1110,7 +1130,7 @@ class SessionStore(_Store):
 class _MemoryFile:
     __slots__ = ("data", "held", "syncs")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | bytearray) -> None:
         self.data = bytearray(data)
         self.held = False
         self.syncs = 0  # sync points reached, so tests can check durability behaviour
@@ -1194,7 +1214,7 @@ class MemoryStore(_Store):
         except KeyError:
             raise SessionNotFoundError(session_id) from None
 
-    def _create_bytes(self, session_id: str, data: bytes) -> _Handle:
+    def _create_bytes(self, session_id: str, data: bytes | bytearray) -> _Handle:
         if session_id in self.files:
             raise SessionExistsError(f"session {session_id} already exists")
         file = self.files[session_id] = _MemoryFile(data)

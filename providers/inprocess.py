@@ -9,7 +9,7 @@ and its session deleted before `start()` raises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +17,7 @@ from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
 from actors.local_run import LocalRun
 from agent import tracing
-from agent.log import SessionLog, completed_turn_prefix
+from agent.log import SessionLog
 from agent.options import AgentOptions
 from agent.parent import ParentAgent, parent_agent
 from agent.prompt import PERSONA_SECTION, PromptError, SystemPrompt
@@ -93,7 +93,7 @@ class InProcessProvider:
     def name(self) -> str:
         return self._name
 
-    def seed_for(self, parent: ParentAgent) -> list[Mapping[str, Any]]:
+    def seed_for(self, parent: ParentAgent) -> Sequence[Mapping[str, Any]]:
         return []
 
     def start(self, request: SubagentStartRequest) -> LocalRun:
@@ -202,7 +202,7 @@ class InProcessProvider:
         persona: str | None,
         output_schema: Mapping[str, Any] | None,
         session_id: str | None,
-        seed: list[Mapping[str, Any]],
+        seed: Sequence[Mapping[str, Any]],
         depth: int,
         token_budget: int | None = None,
         cost_budget: float | None = None,
@@ -245,11 +245,14 @@ class ForkProvider(InProcessProvider):
     def __init__(self, name: str = "fork") -> None:
         super().__init__(name)
 
-    def seed_for(self, parent: ParentAgent) -> list[Mapping[str, Any]]:
+    def seed_for(self, parent: ParentAgent) -> Sequence[Mapping[str, Any]]:
+        """The parent's completed turns as their payloads (`SessionLog.fork_seed`): the store
+        copies and frames those bytes for the child, decoding none of them."""
         log = getattr(parent, "log", None)
         if not isinstance(log, SessionLog):
             raise TypeError("a fork needs a live parent agent (with its session log)")
-        return list(completed_turn_prefix(log.events))
+        seed = log.fork_seed()
+        return [] if seed is None else seed
 
 
 # The default options of a child of a parent on route `model` (frozen, so siblings share one):
