@@ -853,6 +853,35 @@ class Payloads:
         return memoryview(data), self._ends, self._kinds
 
 
+def _in_range(index: int, size: int) -> int:
+    """`index` of a sequence of `size` events, a negative one counted from the end."""
+    if index < 0:
+        index += size
+    if not 0 <= index < size:
+        raise IndexError("event index out of range")
+    return index
+
+
+def _decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes], index: int) -> Event:
+    """A fresh copy of event `index` of payloads kept as one run (`blob`, cut at `ends`), then
+    one by one (`tail`): an `EventView`'s, a `ForkSeed`'s."""
+    if index < len(ends):
+        event: Event = _unpackb(blob[ends[index - 1] if index else 0 : ends[index]])
+    else:
+        event = _unpackb(tail[index - len(ends)])
+    return event
+
+
+def _all_decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes]) -> Iterator[Event]:
+    """A fresh copy of each event of such payloads, in order."""
+    start = 0
+    for end in ends:
+        yield _unpackb(blob[start:end])
+        start = end
+    for payload in tail:
+        yield _unpackb(payload)
+
+
 class EventView(Sequence[Event]):
     """A session's events, kept as their encoded payloads and decoded on access.
 
@@ -892,28 +921,11 @@ class EventView(Sequence[Event]):
     def __getitem__(self, index: int | slice) -> Event | list[Event]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        loaded = self._loaded
-        size = loaded + len(self._payloads)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError("event index out of range")
-        event: Event
-        if index < loaded:
-            ends = self._ends
-            event = _unpackb(self._blob[ends[index - 1] if index else 0 : ends[index]])
-        else:
-            event = _unpackb(self._payloads[index - loaded])
-        return event
+        size = self._loaded + len(self._payloads)
+        return _decoded(self._blob, self._ends, self._payloads, _in_range(index, size))
 
     def __iter__(self) -> Iterator[Event]:
-        blob = self._blob
-        start = 0
-        for end in self._ends:
-            yield _unpackb(blob[start:end])
-            start = end
-        for payload in self._payloads:
-            yield _unpackb(payload)
+        return _all_decoded(self._blob, self._ends, self._payloads)
 
     def positions(self, types: Collection[str], start: int = 0) -> array[int]:
         """The indexes of the events of `types`, from `start` on, in order. Those the view was
@@ -1069,26 +1081,10 @@ class ForkSeed(Sequence[Event]):
     def __getitem__(self, index: int | slice) -> Event | list[Event]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        size = len(self)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError("event index out of range")
-        ends = self._ends
-        if index < len(ends):
-            event: Event = _unpackb(self._blob[ends[index - 1] if index else 0 : ends[index]])
-        else:
-            event = _unpackb(self._tail[index - len(ends)])
-        return event
+        return _decoded(self._blob, self._ends, self._tail, _in_range(index, len(self)))
 
     def __iter__(self) -> Iterator[Event]:
-        blob = self._blob
-        start = 0
-        for end in self._ends:
-            yield _unpackb(blob[start:end])
-            start = end
-        for payload in self._tail:
-            yield _unpackb(payload)
+        return _all_decoded(self._blob, self._ends, self._tail)
 
     def __repr__(self) -> str:
         return f"<ForkSeed of {len(self)} events>"

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from decode_count import count_decodes
 from seam_kit import assert_log_valid, kit
 
 import agent.log
@@ -263,15 +264,7 @@ def test_a_fork_of_a_long_history_decodes_none_of_its_prefix(
         turn(parent, number)  # ... half appended live
     in_flight(parent, 81)
     assert len(parent.events) > 1_000
-    decodes = [0]
-    real = msgpack.unpackb
-
-    def counting(payload: Any, **kwargs: Any) -> Any:
-        decodes[0] += 1
-        return real(payload, **kwargs)
-
-    monkeypatch.setattr(msgpack, "unpackb", counting)
-    monkeypatch.setattr(agent.log, "_unpackb", counting)
+    decodes = count_decodes(monkeypatch)
     seed = parent.fork_seed()
     assert seed is not None
     child = store.create(header("new", seed_length=len(seed)), seed)

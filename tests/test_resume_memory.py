@@ -22,6 +22,7 @@ from typing import Any
 import gevent
 import msgpack
 import pytest
+from decode_count import count_decodes
 from test_agent_loop import Kit
 
 import agent.log
@@ -441,22 +442,12 @@ def test_a_resume_decodes_each_stored_event_once_and_its_scans_only_their_own(
     wanted = {"assistant/message", "turn/start", "inbox/accepted", "inbox/claimed"}
     rescanned = sum(1 for e in stored if e["type"] in wanted)
 
-    decodes = [0]
-    real = msgpack.unpackb
-
-    def counting(payload: Any, **kwargs: Any) -> Any:
-        decodes[0] += 1
-        return real(payload, **kwargs)
-
-    monkeypatch.setattr(msgpack, "unpackb", counting)
-    monkeypatch.setattr(agent.log, "_unpackb", counting)
+    decodes = count_decodes(monkeypatch)
     monkeypatch.setattr(agent.loop, "_message_ids", itertools.count(100))
     second = Kit(SessionStore(tmp_path))
     try:
         b = resume_agent(second.ctx, sid)
         assert decodes[0] <= 1 + len(stored) + rescanned  # + the header frame
-        monkeypatch.setattr(msgpack, "unpackb", real)
-        monkeypatch.setattr(agent.log, "_unpackb", real)
         assert b.core.turn == last_turn_number(stored) == 6
         assert list(b.core.history) == list(Conversation(stored))
         assert b.core.usage.own == usage_of_events(stored)
