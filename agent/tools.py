@@ -64,6 +64,9 @@ __all__ = [
 ]
 
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
+INVALID_ARGS = "INVALID_ARGS"
+
+TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 
 # Characters of a made-up tool name said back to the model: the name came from the model, so
 # echoing it whole (100 kB, twice in the log) grows its context and the log for nothing.
@@ -77,9 +80,6 @@ def _unknown(name: str) -> str:
     return f"unknown tool {name[:ECHOED_NAME]!r}... (a name of {len(name)} characters)"
 
 
-INVALID_ARGS = "INVALID_ARGS"
-
-TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # Enough to locate a problem without flooding the model's context with a wall of errors.
 _MAX_ARG_ERRORS = 5
 _versions = itertools.count(1)
