@@ -882,7 +882,31 @@ def _all_decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes]) -> I
         yield _unpackb(payload)
 
 
-class EventView(Sequence[Event]):
+class _PayloadEvents(Sequence[Event]):
+    """Events kept as msgpack payloads, one run (`_blob`, cut at `_ends`) then one by one
+    (`_payloads`), read as fresh copies: what an `EventView` and a `ForkSeed` share."""
+
+    __slots__ = ()
+    _blob: memoryview
+    _ends: array[int]
+    _payloads: Sequence[bytes]
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return _decoded(self._blob, self._ends, self._payloads, _in_range(index, len(self)))
+
+    def __iter__(self) -> Iterator[Event]:
+        return _all_decoded(self._blob, self._ends, self._payloads)
+
+
+class EventView(_PayloadEvents):
     """A session's events, kept as their encoded payloads and decoded on access.
 
     A live child holds its whole log in memory. As dicts and lists that is several objects per
@@ -911,21 +935,6 @@ class EventView(Sequence[Event]):
 
     def __len__(self) -> int:
         return self._loaded + len(self._payloads)
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Event]: ...
-
-    def __getitem__(self, index: int | slice) -> Event | list[Event]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        size = self._loaded + len(self._payloads)
-        return _decoded(self._blob, self._ends, self._payloads, _in_range(index, size))
-
-    def __iter__(self) -> Iterator[Event]:
-        return _all_decoded(self._blob, self._ends, self._payloads)
 
     def positions(self, types: Collection[str], start: int = 0) -> array[int]:
         """The indexes of the events of `types`, from `start` on, in order. Those the view was
@@ -1032,7 +1041,7 @@ class EventView(Sequence[Event]):
         )
 
 
-class ForkSeed(Sequence[Event]):
+class ForkSeed(_PayloadEvents):
     """A live log's completed-turn prefix kept as its payloads (`SessionLog.fork_seed`), with
     the replay state at its end: what a fork's child is created with, so the store copies the
     bytes into the child's `Payloads` and writes its frames from them, decoding, checking and
@@ -1047,8 +1056,8 @@ class ForkSeed(Sequence[Event]):
         "_ends",
         "_inbox",
         "_kinds",
+        "_payloads",
         "_refs",
-        "_tail",
         "_tail_kinds",
         "version",
     )
@@ -1061,8 +1070,8 @@ class ForkSeed(Sequence[Event]):
         inbox: Mapping[str, bool],
         refs: Mapping[str, int],
     ) -> None:
-        self._blob, self._ends, self._kinds, self._tail, self._tail_kinds = runs
-        if len(self._ends) + len(self._tail) != closed[0]:
+        self._blob, self._ends, self._kinds, self._payloads, self._tail_kinds = runs
+        if len(self._ends) + len(self._payloads) != closed[0]:
             raise ValueError("a fork seed's payloads and its replay state disagree")
         self.version = version  # the format the prefix was replayed under
         self._closed = closed
@@ -1072,27 +1081,13 @@ class ForkSeed(Sequence[Event]):
     def __len__(self) -> int:
         return self._closed[0]
 
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Event]: ...
-
-    def __getitem__(self, index: int | slice) -> Event | list[Event]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        return _decoded(self._blob, self._ends, self._tail, _in_range(index, len(self)))
-
-    def __iter__(self) -> Iterator[Event]:
-        return _all_decoded(self._blob, self._ends, self._tail)
-
     def __repr__(self) -> str:
         return f"<ForkSeed of {len(self)} events>"
 
     @property
     def size(self) -> int:
         """The payloads' total bytes."""
-        return len(self._blob) + sum(map(len, self._tail))
+        return len(self._blob) + sum(map(len, self._payloads))
 
     @property
     def refs(self) -> frozenset[str]:
@@ -1115,7 +1110,7 @@ class ForkSeed(Sequence[Event]):
         """The child's file (`head`, then one frame per event from its payload as it is) and
         the payloads its view keeps: each event's bytes copied, none decoded or encoded. Reads
         only immutable bytes, so it may run in a pool thread."""
-        blob, ends, tail = self._blob, self._ends, self._tail
+        blob, ends, tail = self._blob, self._ends, self._payloads
         size = self.size
         out = bytearray(head)
         prefix, crc = _pack_prefix, _crc32

@@ -427,14 +427,7 @@ def test_appended_events_are_typed_from_their_first_bytes_an_unknown_one_by_deco
     turn(parent, 1)
     parent.append("x/custom-event-of-a-newer-writer-with-a-long-name", {"ignorable": True})
     turn(parent, 2)
-    decodes = [0]
-    real = agent.log._unpackb
-
-    def counting(payload: Any) -> Any:
-        decodes[0] += 1
-        return real(payload)
-
-    monkeypatch.setattr(agent.log, "_unpackb", counting)
+    decodes = count_decodes(monkeypatch)
     seed = parent.fork_seed()
     assert seed is not None and decodes[0] == 1
     child = store.create(header("new", seed_length=len(seed)), seed)

@@ -385,14 +385,7 @@ def test_positions_and_select_decode_only_the_events_of_their_types(
     opened.append("x/note", {"ignorable": True, "text": "a later note"})
     opened.append("turn/end", {"turn": 3, "reason": "completed"})
     every = list(opened.events)
-    decodes = [0]
-    real = agent.log._unpackb
-
-    def counting(payload: Any) -> Any:
-        decodes[0] += 1
-        return real(payload)
-
-    monkeypatch.setattr(agent.log, "_unpackb", counting)
+    decodes = count_decodes(monkeypatch)
     view = opened.events
     loaded = len(every) - 3
     for types, start in [
