@@ -39,7 +39,9 @@ __all__ = [
     "begin_start",
     "configure_from_env",
     "first_activation",
+    "exit_timeout_s",
     "flush",
+    "flush_at_exit",
     "lost_spans",
 ]
 
@@ -54,6 +56,11 @@ DEFAULT_SERVICE_NAME = "subagent"
 # OTLP exporter lost half the spans of a 2,000-child fan-out (docs/performance.md, `tracing`).
 # 16,384 holds a round of 8,000 stepping children (a queued span is ~2.8 KB: ~45 MB at most).
 DEFAULT_MAX_QUEUE_SIZE = 16_384
+
+# The most the SDK pipeline's exit (flush and shutdown together) waits, when the exporter's own
+# timeout is longer: a command whose work is done, or that was interrupted, should not wait
+# longer for spans a collector may never take (docs/decisions.md).
+EXIT_TIMEOUT_CAP_S = 5.0
 
 
 class _Losses(Protocol):
@@ -70,6 +77,9 @@ class _Losses(Protocol):
 class _Installed(NamedTuple):
     provider: LeanTracerProvider | SdkTracerProvider
     losses: tuple[_Losses, ...]
+    # The SDK pipeline's bounded exit (`SdkExit.close(cooperative)`); None for the lean one,
+    # whose exporter bounds its own flush and shutdown.
+    close: Callable[[bool], bool] | None
 
 
 # The provider this module installed (never a host's), with what counts its losses: flushed by
@@ -298,15 +308,20 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     lean = lean_settings(env, names)
     provider: LeanTracerProvider | SdkTracerProvider
     losses: tuple[_Losses, ...]
+    close: Callable[[bool], bool] | None = None
     if lean is not None:
         provider, losses = _lean_provider(lean)
     else:
-        provider, losses = _sdk_provider(env, names)
+        provider, losses, close = _sdk_provider(env, names)
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
         return False
-    _installed.append(_Installed(provider, losses))
+    _installed.append(_Installed(provider, losses, close))
+    if close is not None:
+        # In place of the SDK's own exit hook (`shutdown_on_exit`), which waits unbounded on
+        # a dead collector; a CLI command has closed it already (`flush_at_exit`).
+        atexit.register(close, False)
     return True
 
 
@@ -398,9 +413,9 @@ def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, tuple[_L
 
 def _sdk_provider(
     env: Mapping[str, str], names: list[str]
-) -> tuple[SdkTracerProvider, tuple[_Losses, ...]]:
+) -> tuple[SdkTracerProvider, tuple[_Losses, ...], Callable[[bool], bool]]:
     """The SDK's provider, one batch processor per exporter, each behind a tally of its losses
-    (`subagent.sdk_losses`), and the tallies."""
+    (`subagent.sdk_losses`), the tallies, and its exit within `exit_timeout_s` (`SdkExit`)."""
     try:
         _import_off_hub(
             "opentelemetry.sdk.resources",
@@ -412,13 +427,14 @@ def _sdk_provider(
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-        from subagent.sdk_losses import TalliedExporter, TalliedProcessor, Tally
+        from subagent.sdk_losses import SdkExit, TalliedExporter, TalliedProcessor, Tally
     except ImportError as exc:
         raise RuntimeError(
             "OTEL_TRACES_EXPORTER is set but tracing needs the `otel` extra: "
             "pip install 'subagent-runtime[otel]'"
         ) from exc
     queue = _queue_size(env)
+    deadline_s = exit_timeout_s(env)
     exporters: list[SpanExporter] = [
         ConsoleSpanExporter() if name == "console" else _otlp_exporter(env) for name in names
     ]
@@ -432,14 +448,22 @@ def _sdk_provider(
     }
     # The sampler from the mapping given, as the lean path reads it (the SDK's provider would
     # read `os.environ`, and turn a name it does not know into "sample everything").
-    provider = TracerProvider(resource=Resource.create(attributes), sampler=_sdk_sampler(env))
+    # No exit hook of the SDK's own (`shutdown_on_exit`): its shutdown waits on the exporter's
+    # retries; `SdkExit` bounds it, and `configure_from_env` registers that instead.
+    provider = TracerProvider(
+        resource=Resource.create(attributes), sampler=_sdk_sampler(env), shutdown_on_exit=False
+    )
     tallies = []
+    tallied = []
     for exporter in exporters:
         tally = Tally()
-        batch = BatchSpanProcessor(TalliedExporter(exporter, tally), max_queue_size=queue)
+        front = TalliedExporter(exporter, tally)
+        batch = BatchSpanProcessor(front, max_queue_size=queue)
         provider.add_span_processor(TalliedProcessor(batch, tally))
         tallies.append(tally)
-    return provider, tuple(tallies)
+        tallied.append(front)
+    closing = SdkExit(provider, tallied, tallies, deadline_s)
+    return provider, tuple(tallies), closing.close
 
 
 def _sdk_sampler(env: Mapping[str, str]) -> Sampler:
@@ -510,6 +534,13 @@ def _latin1(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def exit_timeout_s(env: Mapping[str, str]) -> float:
+    """How long the SDK pipeline's exit (its flush and its shutdown together) may take: the
+    exporter's timeout (`OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`), at most `EXIT_TIMEOUT_CAP_S`.
+    What is not exported by then is counted lost (docs/tracing.md)."""
+    return min(otlp_timeout_s(env), EXIT_TIMEOUT_CAP_S)
 
 
 def otlp_timeout_s(env: Mapping[str, str]) -> float:
@@ -693,10 +724,29 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
 
 
 def flush(timeout_s: float = 30.0) -> None:
-    """Export what the provider this module installed still holds (e.g. before a CLI exits)."""
-    for provider, _ in _installed:
+    """Export what the provider this module installed still holds. (The SDK's batch processor
+    ignores the timeout: a process about to exit calls `flush_at_exit`.)"""
+    for provider, _, _ in _installed:
         try:
             provider.force_flush(int(timeout_s * 1000))
+        except Exception:
+            log.exception("flushing spans failed")
+
+
+def flush_at_exit(timeout_s: float = 30.0) -> None:
+    """What a process about to exit does with the provider this module installed (a CLI
+    command, before it says what was lost): the SDK pipeline is flushed and shut down within
+    its exit deadline (`exit_timeout_s`), the spans not exported by then counted lost; the lean
+    pipeline is flushed within `timeout_s` (each post bounded by the exporter's timeout; its
+    exporter's own exit hook shuts it down). Waits on the hub: other greenlets run meanwhile.
+    A Ctrl-C meanwhile cuts the wait short (the spans still pending counted lost) and is
+    raised."""
+    for installed in _installed:
+        try:
+            if installed.close is not None:
+                installed.close(True)
+            else:
+                installed.provider.force_flush(int(timeout_s * 1000))
         except Exception:
             log.exception("flushing spans failed")
 
