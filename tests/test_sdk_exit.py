@@ -27,11 +27,11 @@ from supervision.offload import offload
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra")
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from otlp_collector import collector  # noqa: E402
+from otlp_collector import collector
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -224,7 +224,9 @@ def test_against_a_silent_collector_the_demo_exits_within_the_deadline(
     count, why = _lost(stderr)
     assert count == demo_spans
     # The export the SDK's thread began during the run may have timed out first.
-    assert why.endswith(f"the exit deadline ({DEADLINE_S:g} s) passed before the rest were exported")
+    assert why.endswith(
+        f"the exit deadline ({DEADLINE_S:g} s) passed before the rest were exported"
+    )
 
 
 def test_spans_still_queued_when_the_deadline_cuts_the_flush_are_counted(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from subagent.sdk_losses import TalliedExporter, TalliedProcessor, Tally
+from subagent.sdk_losses import SdkExit, TalliedExporter, TalliedProcessor, Tally
 from supervision.offload import offload
 
 
@@ -22,6 +22,7 @@ class _Gated(SpanExporter):
         self.entered = threading.Event()
         self.result = result
         self.raises = raises
+        self.shutdowns = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.entered.set()
@@ -30,15 +31,25 @@ class _Gated(SpanExporter):
             raise self.raises
         return self.result
 
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
 
 def _pipeline(exporter: SpanExporter, queue: int) -> tuple[TracerProvider, Tally]:
-    tally = Tally()
-    batch = BatchSpanProcessor(
-        TalliedExporter(exporter, tally), max_queue_size=queue, max_export_batch_size=1
-    )
-    provider = TracerProvider()
-    provider.add_span_processor(TalliedProcessor(batch, tally))
+    provider, tally, _ = _closable(exporter, queue, deadline_s=10)
     return provider, tally
+
+
+def _closable(
+    exporter: SpanExporter, queue: int, deadline_s: float
+) -> tuple[TracerProvider, Tally, SdkExit]:
+    """The runtime's SDK set-up around `exporter` (one span a batch) and its bounded exit."""
+    tally = Tally()
+    front = TalliedExporter(exporter, tally)
+    batch = BatchSpanProcessor(front, max_queue_size=queue, max_export_batch_size=1)
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(TalliedProcessor(batch, tally))
+    return provider, tally, SdkExit(provider, [front], [tally], deadline_s)
 
 
 def test_a_full_queue_is_counted_once_a_flush_finished() -> None:
@@ -88,3 +99,64 @@ def test_unsampled_spans_are_not_counted_as_handed_over() -> None:
     assert offload(provider.force_flush, 10_000)
     assert (tally.ended, tally.dropped, tally.first_loss) == (0, 0, None)
     offload(provider.shutdown)
+
+
+def test_an_exit_cut_by_its_deadline_counts_every_span_not_exported_and_stops_the_exporter() -> (
+    None
+):
+    """The export hangs (a silent collector): `close` gives up at its deadline, counts the span
+    in the export and those still queued, and shuts the exporter down (the SDK's OTLP exporter
+    then stops retrying). An export that ends later changes nothing the count said."""
+    for cooperative in (True, False):  # a CLI command's exit, and interpreter exit
+        exporter = _Gated(SpanExportResult.SUCCESS)
+        provider, tally, closing = _closable(exporter, queue=64, deadline_s=0.2)
+        tracer = provider.get_tracer("t")
+        tracer.start_span("in the export").end()
+        assert offload(exporter.entered.wait, 10)
+        for i in range(4):
+            tracer.start_span(f"queued {i}").end()
+        if cooperative:
+            assert closing.close(cooperative=True) is False
+        else:
+            assert offload(closing.close, False) is False
+        assert exporter.shutdowns == 1
+        assert tally.dropped == 5
+        assert tally.first_loss == "the exit deadline (0.2 s) passed before they were exported"
+        exporter.gate.set()  # the hung export ends after all: too late to count
+        assert closing.close() is True  # once only
+        assert tally.dropped == 5 and exporter.shutdowns == 1
+
+
+def test_an_exit_within_its_deadline_counts_what_the_full_queue_dropped() -> None:
+    """The flush and the shutdown finish in time: nothing is queued then, so every span not
+    exported was dropped by the full queue, and the count is exact."""
+    exporter = _Gated(SpanExportResult.SUCCESS)
+    provider, tally, closing = _closable(exporter, queue=2, deadline_s=30)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("first").end()
+    assert offload(exporter.entered.wait, 10)
+    for i in range(9):
+        tracer.start_span(f"s{i}").end()  # two fit the queue; the rest are dropped
+    exporter.gate.set()
+    assert closing.close() is True
+    assert tally.ended == 10 and tally.exported == 3
+    assert (tally.dropped, tally.first_loss) == (7, "the batch queue was full")
+    assert exporter.shutdowns == 1  # the provider's shutdown reached it, once
+
+
+def test_a_failure_before_the_cut_is_named_first() -> None:
+    tally = Tally()
+    tally.ended = 6
+    tally.exported = 1
+    tally.lost(2, "OTLPSpanExporter reported a failure")
+    tally.close("the exit deadline (5 s) passed")
+    assert tally.dropped == 5
+    assert tally.first_loss == (
+        "OTLPSpanExporter reported a failure, and the exit deadline (5 s) passed before the "
+        "rest were exported"
+    )
+    tally.lost(3, "later")
+    tally.exported += 2
+    tally.close(None)
+    assert tally.dropped == 5  # fixed at the first close
+    assert tally.first_loss is not None and tally.first_loss.startswith("OTLPSpanExporter")
