@@ -105,17 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if terminate is not None:
             terminate.cancel()
-        _flush_spans()
+        telemetry.flush_at_exit()  # within its exit deadline (docs/tracing.md)
         _say_lost_spans()
-
-
-def _flush_spans() -> None:
-    """Export what tracing still holds, within its exit deadline (docs/tracing.md). A Ctrl-C
-    meanwhile stops the wait; the spans it left are counted, and said, as lost."""
-    try:
-        telemetry.flush_at_exit()
-    except KeyboardInterrupt:
-        sys.stderr.write("subagent: interrupted while exporting spans\n")
 
 
 def _say_lost_spans() -> None:
