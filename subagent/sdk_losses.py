@@ -197,6 +197,8 @@ class SdkExit:
             try:
                 self._provider.force_flush(int(self.deadline_s * 1000))
                 self._provider.shutdown()
+            except Exception:  # the SDK's own failure: what was not exported is counted
+                log.exception("flushing spans at exit failed")
             finally:
                 done.set()
                 if loop is not None and woken is not None:
@@ -211,28 +213,21 @@ class SdkExit:
             self._provider.shutdown()
             self._close_tallies(None)
             return True
-        try:
-            if woken is not None:
-                woken.wait(self.deadline_s)
-            else:
-                done.wait(self.deadline_s)
-        except KeyboardInterrupt:  # a Ctrl-C at exit: stop waiting at once
-            self._cut("the exit was interrupted")
-            raise
+        if woken is not None:
+            woken.wait(self.deadline_s)
+        else:
+            done.wait(self.deadline_s)
         if done.is_set():
             self._close_tallies(None)
             return True
-        self._cut(f"the exit deadline ({self.deadline_s:g} s) passed")
-        return False
-
-    def _cut(self, why: str) -> None:
-        """Count what is not exported yet as lost, then stop the exporters' retries."""
-        self._close_tallies(why)
+        # Count what is not exported yet as lost, then stop the exporters' retries.
+        self._close_tallies(f"the exit deadline ({self.deadline_s:g} s) passed")
         for exporter in self._exporters:
             try:
                 exporter.shutdown()
             except Exception:  # the count is said already; a failing shutdown changes nothing
                 log.debug("shutting an exporter down at the exit deadline failed", exc_info=True)
+        return False
 
     def _close_tallies(self, why: str | None) -> None:
         for tally in self._tallies:

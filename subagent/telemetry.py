@@ -738,9 +738,7 @@ def flush_at_exit(timeout_s: float = 30.0) -> None:
     command, before it says what was lost): the SDK pipeline is flushed and shut down within
     its exit deadline (`exit_timeout_s`), the spans not exported by then counted lost; the lean
     pipeline is flushed within `timeout_s` (each post bounded by the exporter's timeout; its
-    exporter's own exit hook shuts it down). Waits on the hub: other greenlets run meanwhile.
-    A `KeyboardInterrupt` meanwhile ends the SDK pipeline's wait at once (what was pending is
-    counted lost) and is raised."""
+    exporter's own exit hook shuts it down). Waits on the hub: other greenlets run meanwhile."""
     for installed in _installed:
         try:
             if installed.close is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -160,3 +161,25 @@ def test_a_failure_before_the_cut_is_named_first() -> None:
     tally.close(None)
     assert tally.dropped == 5  # fixed at the first close
     assert tally.first_loss is not None and tally.first_loss.startswith("OTLPSpanExporter")
+
+
+def test_an_exit_where_no_thread_can_start_shuts_the_sdk_down_in_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At interpreter exit on Python 3.12+ no thread starts: the SDK's own shutdown runs in the
+    exiting thread instead (it exports what is queued), and the tally is closed after it."""
+    exporter = _Gated(SpanExportResult.SUCCESS)
+    exporter.gate.set()
+    provider, tally, closing = _closable(exporter, queue=64, deadline_s=10)
+    tracer = provider.get_tracer("t")
+    for i in range(3):
+        tracer.start_span(f"s{i}").end()
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    assert offload(closing.close, False) is True
+    monkeypatch.undo()
+    assert (tally.ended, tally.exported, tally.dropped) == (3, 3, 0)
+    assert exporter.shutdowns == 1
