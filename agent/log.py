@@ -1292,6 +1292,12 @@ class SessionLog:
         return self._replay.turn_open
 
     @property
+    def turn(self) -> int:
+        """The number of the last turn started (0 before any): the replay's, so nothing is
+        decoded to learn it (`agent.history.last_turn_number` reads it from the events)."""
+        return self._replay.turn
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

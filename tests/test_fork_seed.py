@@ -460,3 +460,37 @@ def test_the_fork_provider_seeds_a_live_childs_log_from_the_parents_payloads() -
         events = assert_log_valid(k.store, run.id)
         assert events[: len(seed)] == list(seed)
         assert k.store.load(run.id).header.seed_length == len(seed)
+
+
+def _decodes_before_a_forks_first_request(monkeypatch: pytest.MonkeyPatch, turns: int) -> int:
+    """How many msgpack decodes a fork makes from its start until its model is first asked,
+    for a parent of `turns` completed turns (q11)."""
+    with kit() as k:
+        parent = k.parent()
+        k.respond = lambda r: S.text("parent answer")
+        for i in range(turns):
+            parent.send(f"question {i}").get()
+            parent.when_idle().get(timeout=5)
+        seen: list[int] = []
+        decodes = count_decodes(monkeypatch)
+
+        def first(request: Any) -> Any:
+            seen.append(decodes[0])  # before the request's messages are read
+            return S.text(f"child sees {len(request.messages)} messages")
+
+        k.respond = first
+        run = k.start(parent, "child task", provider="fork")
+        assert run.result.get(timeout=5).output[0]["text"] == f"child sees {2 * turns + 1} messages"
+        run.dispose()
+        monkeypatch.undo()
+        return seen[0]
+
+
+def test_a_forks_agent_is_built_without_decoding_its_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's conversation (positions by type code), turn number (the replay's) and usage
+    (the events after the seed) are read without decoding the seed: what its start decodes
+    does not grow with the parent's history. Its requests' messages are decoded as they are
+    read (fresh copies each time; docs/decisions.md, "q11")."""
+    short = _decodes_before_a_forks_first_request(monkeypatch, 2)
+    long = _decodes_before_a_forks_first_request(monkeypatch, 12)
+    assert long == short
