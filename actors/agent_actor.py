@@ -29,6 +29,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gevent
+from gevent.hub import RawGreenlet
 
 from actors.agent_messages import (
     Cancel,
@@ -77,7 +78,7 @@ class AgentActor(GeventActor):
     # `start()`: what most children never change is not built per child). The waiter and
     # listener collections are an empty tuple until something is added (`_added`).
     # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
-    _worker: object | None = None
+    _worker: RawGreenlet | None = None  # the turn worker, owned here (killed in `on_stop`)
     _turn_abort: AbortController | None = None
     _idle_waiters: list[Deferred[Any]] | tuple[()] = ()
     _last_outcome: TurnOutcome | None = None
