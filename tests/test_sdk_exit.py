@@ -326,3 +326,36 @@ def test_subagent_acp_exits_within_the_deadline_after_sigterm(
     assert elapsed < BOUND_S, (elapsed, stderr[-2000:])
     count, why = _lost(stderr)
     assert count > 0 and f"the exit deadline ({DEADLINE_S:g} s) passed" in why
+
+
+HOST_SCRIPT = """
+import sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from subagent import telemetry
+
+exporter = InMemorySpanExporter()
+host = TracerProvider()
+host.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(host)
+env = {"SUBAGENT_OTEL_SDK": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1]}
+assert telemetry.configure_from_env(env) is False  # the host's provider stays
+telemetry.flush_at_exit()
+host.get_tracer("t").start_span("after the exit flush").end()
+print(len(exporter.get_finished_spans()), telemetry.lost_spans()[0])
+"""
+
+
+def test_the_exit_never_closes_the_hosts_own_provider() -> None:
+    proc = gsub.run(
+        [sys.executable, "-c", HOST_SCRIPT, f"http://127.0.0.1:{_closed_port()}"],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SUBAGENT_"))},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1", "0"]  # still exporting; nothing of ours to count
