@@ -2,8 +2,8 @@
 
 `python -m benchmarks listings [--n N] [--quick] [--json]`. One runtime: parent A ends N
 one-shot remote children (`keep_settled` high enough that every end stays known) and has N/10
-more running, parent B has 3 (two ended, one running). Then, per call (median of rounds of a loop of calls): B's
-`list_children`, B's `list_descendants`, B's `interrupt` of its ended child (an ancestor's
+more running, parent B has 3 (two ended, one running). Then, per call (median of rounds of a
+loop of calls): B's `list_children`, B's `list_descendants`, B's `interrupt` of its ended child (an ancestor's
 "not running") and of an id known nowhere (`UNKNOWN_CHILD`), and A's `list_children` (its
 answer is N rows, so that one costs N anyway).
 
@@ -16,6 +16,7 @@ default), which `docs/performance.md` records before and after the run table was
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -115,10 +116,8 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         assert len(service.list_children(big.id)) == n + len(running)
 
         def unknown() -> None:
-            try:
+            with contextlib.suppress(SubagentError):
                 service.interrupt("nobody", by=small)
-            except SubagentError:
-                pass
 
         figures = {
             "n_ended_elsewhere": n,
