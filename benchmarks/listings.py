@@ -3,9 +3,9 @@
 `python -m benchmarks listings [--n N] [--quick] [--json]`. One runtime: parent A ends N
 one-shot remote children (`keep_settled` high enough that every end stays known) and has N/10
 more running, parent B has 3 (two ended, one running). Then, per call (median of rounds of a
-loop of calls): B's `list_children`, B's `list_descendants`, B's `interrupt` of its ended child (an ancestor's
-"not running") and of an id known nowhere (`UNKNOWN_CHILD`), and A's `list_children` (its
-answer is N rows, so that one costs N anyway).
+loop of calls): B's `list_children`, B's `list_descendants`, B's `interrupt` of its ended
+child (an ancestor's "not running") and of an id known nowhere (`UNKNOWN_CHILD`), and A's
+`list_children` (its answer is 1.1 N rows, so that one costs N anyway).
 
 The children's provider is a stand-in for ACP or Ray (no local agent, a result settled at its
 start or never): the service's remote-run bookkeeping is what is measured, not a transport.
