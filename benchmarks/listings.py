@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,7 +89,8 @@ def _median_us(call: Callable[[], object]) -> float:
 
 def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
     n = n or (QUICK_N if getattr(args, "quick", False) else DEFAULT_N)
-    with Runtime(keep_settled=n + 2) as rt:  # every end stays known
+    # A store of its own (a listing reads every stored header): the two parents' logs only.
+    with tempfile.TemporaryDirectory() as home, Runtime(store=home, keep_settled=n + 2) as rt:
         service = rt.subagents
         service.register(_Remote())
 
