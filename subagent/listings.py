@@ -223,7 +223,6 @@ class Listings:
         runs = self._remote.children_of(parent_id)
         if not runs:
             return children
-        above: SessionHeader | None = None
         parent = self._agents.get(parent_id)
         above = parent.header if parent is not None else headers.get(parent_id)
         for run in runs:

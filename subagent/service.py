@@ -669,8 +669,8 @@ class SubagentService:
     def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may.
 
-        A child with no agent in this process (ACP, Ray) is interrupted through its live run in
-        the run table: its one turn is cancelled, so the run ends `aborted` (the provider's
+        A child with no agent in this process (ACP, Ray) is interrupted through its live run (one
+        look-up in the service's table of remote runs): its one turn is cancelled, so the run ends `aborted` (the provider's
         cancel; an ACP agent is reaped once the run's owner disposes it). True once it settled
         so and the registry handled its end: a listing asked after this shows it `ended`. One
         that ended already is not running (False), for as long as it stays listed."""
