@@ -45,6 +45,7 @@ from subagent.continuation import ContinuableStart, ContinuationManager, SendRes
 from subagent.errors import SubagentError
 from subagent.listings import ChildRow, Listings
 from subagent.live import LiveAgents, live_agent, task_service
+from subagent.owner_thread import OwnerThread
 from subagent.remote_runs import RemoteRunTable
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.tasks import DEFAULT_KEEP_SETTLED
@@ -259,6 +260,8 @@ class SubagentService:
         max_children_per_parent: int | None = None,
     ) -> None:
         self._ctx = ctx
+        # Starts, resumes and close from another thread are refused (`OwnerThread`).
+        self.owner = OwnerThread()
         self._registry, self._ref = start_local(
             RegistryActor, max_children, max_children_per_parent
         )
@@ -385,6 +388,7 @@ class SubagentService:
 
     def runs(self, parent_id: str | None = None) -> list[RunHandle]:
         """The live runs (all, or one parent's), from the registry's run table."""
+        self.owner.check()
         with _registry_open():
             runs: list[RunHandle] = self._ref.ask(reg.Runs(parent_id), block=True)
         return runs
@@ -404,6 +408,7 @@ class SubagentService:
             raise TypeError("provider name must be a string")
         if not isinstance(request, SubagentStartRequest):
             raise TypeError("request must be a SubagentStartRequest")
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         if request.output_schema is not None:
@@ -470,6 +475,7 @@ class SubagentService:
             name = getattr(request.descriptor, "provider", None)
             if not isinstance(name, str):
                 raise TypeError("request.descriptor names no provider; pass name=")
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
@@ -649,6 +655,7 @@ class SubagentService:
         """Start a durable child; resolves once its first prompt is accepted into its inbox."""
         if not isinstance(request, SubagentStartRequest):
             raise TypeError("request must be a SubagentStartRequest")
+        self.owner.check()
         return self._continuation.start_continuable(name, request, label=label, child_id=child_id)
 
     def send_message(
@@ -660,6 +667,7 @@ class SubagentService:
         signal: AbortSignal | None = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.send_message(
@@ -670,10 +678,12 @@ class SubagentService:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may.
 
         A child with no agent in this process (ACP, Ray) is interrupted through its live run (one
-        look-up in the service's table of remote runs): its one turn is cancelled, so the run ends `aborted` (the provider's
-        cancel; an ACP agent is reaped once the run's owner disposes it). True once it settled
-        so and the registry handled its end: a listing asked after this shows it `ended`. One
-        that ended already is not running (False), for as long as it stays listed."""
+        look-up in the service's table of remote runs): its one turn is cancelled, so the run
+        ends `aborted` (the provider's cancel; an ACP agent is reaped once the run's owner
+        disposes it). True once it settled so and the registry handled its end: a listing asked
+        after this shows it `ended`. One that ended already is not running (False), for as long
+        as it stays listed."""
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         validate_session_id(child_id)
@@ -689,9 +699,11 @@ class SubagentService:
         return stopped
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
+        self.owner.check()
         return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
+        self.owner.check()
         return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
@@ -731,6 +743,7 @@ class SubagentService:
 
     def close(self) -> None:
         """Dispose every live run, then stop the registry. Every start gets its end first."""
+        self.owner.check()
         self._closed = True
         self._remote.clear()
         self._continuation.close()
