@@ -170,6 +170,13 @@ class RunHandle:
         return str(getattr(self._run, "message_id", "") or "")
 
     @property
+    def session_id(self) -> str:
+        """The id of the child's session log: the provider's `session_id` where it tells one,
+        else the run's id (every provider here logs a child under its run id, a Ray host too)."""
+        session_id = getattr(self._run, "session_id", None)
+        return session_id if isinstance(session_id, str) and session_id else self.id
+
+    @property
     def settled(self) -> bool:
         return self.result.done
 

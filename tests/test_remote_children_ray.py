@@ -89,6 +89,7 @@ def test_a_running_ray_child_is_listed_running_then_ended(runtime: Runtime) -> N
         assert activities(runtime, parent.id) == [(run.id, "one-shot", "running")]
         (row,) = runtime.subagents.list_descendants(parent.id)
         assert (row["id"], row["activity"], row["depth"]) == (run.id, "running", 1)
+        assert run.session_id == run.id  # the host logs it under the id its parent was told
         assert runtime.subagents.interrupt(run.id, by=parent) is True
         result = run.result.get(timeout=0)
         assert (result.stop_reason, result.diagnostic) == ("aborted", f"interrupted by {parent.id}")
