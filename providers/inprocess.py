@@ -96,12 +96,19 @@ class InProcessProvider:
     def seed_for(self, parent: ParentAgent) -> Sequence[Mapping[str, Any]]:
         return []
 
-    def start(self, request: SubagentStartRequest) -> LocalRun:
+    def start(self, request: SubagentStartRequest, *, session_id: str | None = None) -> LocalRun:
+        """Create the child and begin its turn. `session_id` names the child's session where
+        its starter minted the id (a Ray host: a one-shot child's log is under the run id its
+        parent was told); a continuable child's is its continuation's, else a fresh one."""
         signal = request.signal
         if signal.aborted:
             _raise_if_aborted(signal)
         parent = parent_agent(request.parent)
         continuation = request.continuation
+        if continuation is not None:
+            if session_id not in (None, continuation.session_id):
+                raise ValueError("session_id differs from the continuation's session id")
+            session_id = continuation.session_id
         token_budget = request.token_budget
         agent = self._create_child(
             parent,
@@ -109,7 +116,7 @@ class InProcessProvider:
             tool_filter=request.tool_filter,
             persona=request.persona,
             output_schema=request.output_schema,
-            session_id=None if continuation is None else continuation.session_id,
+            session_id=session_id,
             seed=self.seed_for(parent),
             depth=depth_of(request),
             token_budget=None

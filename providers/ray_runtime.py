@@ -319,7 +319,10 @@ class HostedRuntime:
             trace=tracing.extract(spec.get("trace"), spec.get("trace_name")),
             depth=spec.get("depth"),
         )
-        run = self._provider.start(request)
+        # The child's log is under the run's own id (the key), the id its parent was told: a
+        # listing of the shared store finds it there, under its parent, after the run is
+        # forgotten (a continuable child's key is its continuation's session id anyway).
+        run = self._provider.start(request, session_id=entry.key)
         entry.run = run
         return run
 

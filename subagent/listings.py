@@ -7,17 +7,18 @@ its live activations (`ActivationView`: a remote child has no local agent to ask
 
 Rows are live-preferred: a live agent's own header and status override the stored ones. A run
 that has neither (a one-shot ACP child: a remote process, no log in this store) is listed from
-the service's view of its remote runs (`RemoteRunView`): `running` while the run table holds
-it, then `ended` for as long as a settled task stays readable. A parent told a child's id sees
-that child in every listing after, whichever provider runs it. A one-shot Ray child's log is in
-the shared store under its host's session id: it is listed once, under its run id.
+the service's view of its remote runs (`RemoteRunView`, asked one parent at a time): `running`
+while it runs, then `ended` for as long as a settled task stays readable. A parent told a
+child's id sees that child in every listing after, whichever provider runs it. A Ray child's
+log is in the shared store under its run id (the id its parent was told): the log gives its row,
+the run its activity (`running`, then `ended` while remembered, `stored` after).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NotRequired, Protocol, TypedDict
 
 from agent.events import Event, SessionHeader, SessionLogError
@@ -63,21 +64,34 @@ ActivationView = Callable[[str], Activation | None]
 
 @dataclass(frozen=True, slots=True)
 class RemoteRun:
-    """A run with no local agent (ACP, Ray), as the service knows it: live (its run table) or
-    ended (kept as long as a settled task is). It is listed from this when the store holds no
-    log under its id."""
+    """A run with no local agent (ACP, Ray), as the service knows it: live (started, not yet
+    settled) or ended (kept as long as a settled task is). It is listed from this when the
+    store holds no log under its id; when it does (a Ray child's, in the shared store), the log
+    gives the row and this its activity while the child is one-shot."""
 
     id: str
     parent_id: str
     created_at: float  # epoch seconds, like a header's
-    # The id of its log in this store when that is not the run's id (a one-shot Ray child's
-    # host session): that log is the same child, listed under the id its parent was told.
-    session_id: str | None = None
     ended: bool = False
 
 
-# The remote runs, every parent's: the service's run table, then the ended ones it keeps.
-RemoteRunView = Callable[[], Sequence[RemoteRun]]
+class RemoteRunView(Protocol):
+    """The service's remote runs, one parent's at a time (`subagent.remote_runs`): a listing
+    asks for the parents it lists, never for every run the service knows."""
+
+    def children_of(self, parent_id: str) -> Sequence[RemoteRun]: ...
+
+    def has_runs(self, parent_id: str) -> bool: ...
+
+
+class _NoRuns:
+    """No remote runs (a listing over a store alone)."""
+
+    def children_of(self, parent_id: str) -> Sequence[RemoteRun]:
+        return ()
+
+    def has_runs(self, parent_id: str) -> bool:
+        return False
 
 
 class _Loaded(Protocol):
@@ -144,10 +158,6 @@ def _untracked(_child_id: str) -> Activation | None:
     return None
 
 
-def _no_runs() -> Sequence[RemoteRun]:
-    return ()
-
-
 class Listings:
     """`list_children` / `list_descendants` over a store, live agents and live activations."""
 
@@ -156,95 +166,102 @@ class Listings:
         store: ListingStore,
         agents: Mapping[str, ListedAgent] | None = None,
         activations: ActivationView = _untracked,
-        remote_runs: RemoteRunView = _no_runs,
+        remote_runs: RemoteRunView | None = None,
     ) -> None:
         self._store = store
         self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
-        self._remote_runs = remote_runs
+        self._remote: RemoteRunView = remote_runs if remote_runs is not None else _NoRuns()
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         """The parent's direct children (live-preferred), ordered by creation time."""
-        headers, remote = self._headers()
-        parents = {h.parent_session for h in headers.values()}
-        mine = [h for h in headers.values() if h.parent_session == parent_session_id]
-        return self._rows(mine, parents, remote)
+        headers = self._headers()
+        by_parent = _by_parent(headers.values())
+        remote: dict[str, bool] = {}
+        mine = self._children(parent_session_id, headers, by_parent, remote)
+        return self._rows(mine, by_parent, remote, headers)
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         """Every descendant of `root_session_id` (rows carry `parent_id` and `depth`)."""
-        headers, remote = self._headers()
-        by_parent: dict[str, list[SessionHeader]] = {}
-        for header in headers.values():
-            by_parent.setdefault(header.parent_session or "", []).append(header)
+        headers = self._headers()
+        by_parent = _by_parent(headers.values())
+        remote: dict[str, bool] = {}
         found: list[SessionHeader] = []
         seen = {root_session_id}
         frontier = [root_session_id]
         while frontier:
             nxt: list[str] = []
             for parent_id in frontier:
-                for header in by_parent.get(parent_id, []):
+                for header in self._children(parent_id, headers, by_parent, remote):
                     if header.id in seen:  # a damaged store could hold a cycle
                         continue
                     seen.add(header.id)
                     found.append(header)
                     nxt.append(header.id)
             frontier = nxt
-        return add_subtree_usage(self._rows(found, set(by_parent), remote))
+        return add_subtree_usage(self._rows(found, by_parent, remote, headers))
 
-    def _headers(self) -> tuple[dict[str, SessionHeader], dict[str, bool]]:
-        """Subagent session headers: stored ones, overridden by the live agents' own; then one
-        made up for each remote run that has neither (the second value: their ids, and whether
-        each has ended)."""
+    def _headers(self) -> dict[str, SessionHeader]:
+        """Subagent session headers: stored ones, overridden by the live agents' own."""
         headers = {h.id: h for h in self._store.list() if h.origin == "subagent"}
         for agent_id, agent in list(self._agents.items()):
             if agent.header.origin == "subagent":
                 headers[agent_id] = agent.header
-        remote: dict[str, bool] = {}
-        aliases: dict[str, str] = {}
-        for run in self._remote_runs():
-            if run.session_id is not None and run.session_id != run.id:
-                # Its log is kept under another id: the row is the run's (the id its parent
-                # knows), and the log's own children hang under it.
-                headers.pop(run.session_id, None)
-                aliases[run.session_id] = run.id
-            elif run.id in headers:
-                continue  # its log (a continuable ACP or Ray child's) says more
-            parent = self._agents.get(run.parent_id)
-            above = parent.header if parent is not None else headers.get(run.parent_id)
-            headers[run.id] = SessionHeader(
-                id=run.id,
-                created_at=run.created_at,
-                cwd=above.cwd if above is not None else "",
-                parent_session=run.parent_id,
-                origin="subagent",
-                delegation_depth=above.delegation_depth + 1 if above is not None else 1,
-            )
+        return headers
+
+    def _children(
+        self,
+        parent_id: str,
+        headers: Mapping[str, SessionHeader],
+        by_parent: Mapping[str | None, list[SessionHeader]],
+        remote: dict[str, bool],
+    ) -> list[SessionHeader]:
+        """`parent_id`'s children: those with a header, then a header made up for each of its
+        remote runs that has none (recorded in `remote`, with whether it ended). A remote run
+        whose log is here is recorded too: while it is one-shot, the run says whether it runs."""
+        children = list(by_parent.get(parent_id, ()))
+        runs = self._remote.children_of(parent_id)
+        if not runs:
+            return children
+        parent = self._agents.get(parent_id)
+        above = parent.header if parent is not None else headers.get(parent_id)
+        for run in runs:
             remote[run.id] = run.ended
-        if aliases:
-            for header_id, header in list(headers.items()):
-                if header.parent_session in aliases:
-                    parent_id = aliases[header.parent_session]
-                    headers[header_id] = replace(header, parent_session=parent_id)
-        return headers, remote
+            if run.id in headers:
+                continue  # its log (a Ray child's, a continuable ACP child's) says more
+            children.append(
+                SessionHeader(
+                    id=run.id,
+                    created_at=run.created_at,
+                    cwd=above.cwd if above is not None else "",
+                    parent_session=parent_id,
+                    origin="subagent",
+                    delegation_depth=above.delegation_depth + 1 if above is not None else 1,
+                )
+            )
+        return children
 
     def _rows(
         self,
-        headers: Sequence[SessionHeader],
-        parents: set[str | None],
+        found: Sequence[SessionHeader],
+        by_parent: Mapping[str | None, object],
         remote: Mapping[str, bool],
+        headers: Mapping[str, SessionHeader],
     ) -> list[ChildRow]:
         rows: list[ChildRow] = []
-        for header in sorted(headers, key=lambda h: (h.created_at, h.id)):
+        runs = self._remote
+        for header in sorted(found, key=lambda h: (h.created_at, h.id)):
             child_id = header.id
+            parent = child_id in by_parent or runs.has_runs(child_id)
             ended = remote.get(child_id)
-            if ended is not None:
-                # Nothing of it is stored here under its id and its spend is counted when it
-                # ends; one that ended stays listed, `ended`, as long as a settled task would.
+            if ended is not None and child_id not in headers:
+                # Nothing of it is stored here and its spend is counted when it ends; one that
+                # ended stays listed, `ended`, as long as a settled task would.
                 activation = self._activations(child_id)
                 label = activation.label if activation is not None else None
                 mode = "continuable" if label else "one-shot"
                 rows.append(
-                    _child_row(header, parents, mode, label, "ended" if ended else "running")
+                    _child_row(header, parent, mode, label, "ended" if ended else "running")
                 )
                 continue
             agent = self._agents.get(child_id)
@@ -253,7 +270,7 @@ class Listings:
                 cost_usd = pico_to_usd(cost) if cost else None
             except Exception as exc:  # one unreadable log never hides its siblings
                 log.warning("listing: child %s is unreadable: %s", child_id, exc)
-                row = _child_row(header, parents, "unknown", None, _diagnostic(exc))
+                row = _child_row(header, parent, "unknown", None, _diagnostic(exc))
                 row["error"] = str(exc)
                 rows.append(row)
                 continue
@@ -267,16 +284,19 @@ class Listings:
             elif activation is not None and activation.label:
                 mode, label = "continuable", activation.label  # before its first request
             if agent is None:
-                # A remote child (ACP) has no local agent: its live activation says it runs.
-                if activation is not None and activation.running:
+                # A remote child (ACP, Ray) has no local agent: its live run, or its live
+                # activation, says it runs; a one-shot one's ended run, that it is over.
+                if ended is False or (activation is not None and activation.running):
                     activity = "running"
+                elif ended and mode == "one-shot":
+                    activity = "ended"
                 elif self._held(child_id):
                     activity = "running elsewhere"  # another process holds its log
                 else:
                     activity = "stored"
             else:
                 activity = "running" if agent.status == "running" else "idle"
-            row = _child_row(header, parents, mode, label, activity)
+            row = _child_row(header, parent, mode, label, activity)
             row["usage"] = usage
             if cost_usd is not None:
                 row["cost_usd"] = cost_usd
@@ -310,18 +330,25 @@ class Listings:
 
 
 def _child_row(
-    header: SessionHeader, parents: set[str | None], mode: str, label: str | None, activity: str
+    header: SessionHeader, has_children: bool, mode: str, label: str | None, activity: str
 ) -> ChildRow:
     return ChildRow(
         id=header.id,
         parent_id=header.parent_session,
         depth=header.delegation_depth,
         created_at=header.created_at,
-        has_children=header.id in parents,
+        has_children=has_children,
         mode=mode,
         label=label,
         activity=activity,
     )
+
+
+def _by_parent(headers: Iterable[SessionHeader]) -> dict[str | None, list[SessionHeader]]:
+    by_parent: dict[str | None, list[SessionHeader]] = {}
+    for header in headers:
+        by_parent.setdefault(header.parent_session, []).append(header)
+    return by_parent
 
 
 def _diagnostic(exc: BaseException) -> str:

@@ -43,9 +43,10 @@ from agent.usage import PICO
 from subagent import telemetry
 from subagent.continuation import ContinuableStart, ContinuationManager, SendResult
 from subagent.errors import SubagentError
-from subagent.listings import ChildRow, Listings, RemoteRun
+from subagent.listings import ChildRow, Listings
 from subagent.live import LiveAgents, live_agent, task_service
 from subagent.owner_thread import OwnerThread
+from subagent.remote_runs import RemoteRunTable
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.tasks import DEFAULT_KEEP_SETTLED
 from subagent.types import (
@@ -170,8 +171,8 @@ class RunHandle:
 
     @property
     def session_id(self) -> str:
-        """The id of the child's log where the provider tells one apart from the run's (a
-        one-shot Ray child's session on its host), else the run's id."""
+        """The id of the child's session log: the provider's `session_id` where it tells one,
+        else the run's id (every provider here logs a child under its run id, a Ray host too)."""
         session_id = getattr(self._run, "session_id", None)
         return session_id if isinstance(session_id, str) and session_id else self.id
 
@@ -282,12 +283,14 @@ class SubagentService:
         self._root = Supervisor("subagents")
         self._supervisors: dict[str, Supervisor] = {}
         self._continuation = ContinuationManager(self, ctx)
-        # Ended runs with no local agent (ACP, Ray), oldest end first: still known to their
-        # parent (listed `ended`; an interrupt finds them not running) as long as a settled task
-        # stays readable, under the task service's bound (`_remember_ended`).
-        self._ended: dict[str, RemoteRun] = {}
+        # Runs with no local agent (ACP, Ray), by id and by parent: live from their start, then
+        # ended, still known to their parent (listed `ended`; an interrupt finds them not
+        # running) as long as a settled task stays readable, under the task service's bound
+        # (`_remember_ended`). The listings and `interrupt` read it one parent or one id at a
+        # time: never every run the service ever knew.
+        self._remote: RemoteRunTable[RunHandle] = RemoteRunTable()
         self._listings = Listings(
-            ctx.store, LiveAgents(ctx), self._continuation.activation, self._remote_runs
+            ctx.store, LiveAgents(ctx), self._continuation.activation, self._remote
         )
         ctx.lifecycle.on_published(self._on_agent_published)
         ctx.lifecycle.on_closing(self._on_parent_closing)
@@ -437,8 +440,6 @@ class SubagentService:
                 answer.get() if answer.done else self._wait_admitted(answer, ticket, request.signal)
             )
         if isinstance(answer, RunHandle):  # started and published in the crossing
-            if answer.local_agent is None:
-                self._watch_end(answer)
             return answer
         if isinstance(answer, reg.Launched):
             run = answer.run  # our `_start_admitted`'s handle, started in the crossing
@@ -600,6 +601,12 @@ class SubagentService:
             if trace is not None:
                 trace.failed(failure)
             raise failure from None
+        if run.local_agent is None:
+            # Known to the listings and `interrupt` from now on (its start event follows), and
+            # remembered as ended by its result's done callback: before the registry handles
+            # its end, so no listing misses it between.
+            self._remote.started(handle)
+            handle.result.add_done_callback(lambda _settled: self._remember_ended(handle))
         return handle
 
     def _publish(self, handle: RunHandle) -> RunHandle:
@@ -610,31 +617,19 @@ class SubagentService:
         except ActorDeadError:
             handle.dispose()
             raise SubagentError("RUNTIME_CLOSED") from None
-        if handle.local_agent is None:
-            self._watch_end(handle)
         return handle
 
-    def _watch_end(self, handle: RunHandle) -> None:
-        """A published run with no local agent is remembered when it ends: the registry's run
-        table drops it then, and nothing of it may be stored here (a one-shot ACP child)."""
-        handle.result.add_done_callback(lambda _settled: self._remember_ended(handle))
-
     def _remember_ended(self, handle: RunHandle) -> None:
-        """Keep what the listings and `interrupt` need of an ended remote run, bounded as the
-        settled tasks are (`TaskService.keep_settled`, the oldest forgotten first). Runs in the
-        done callback, before the registry handles the end: no listing misses it between."""
+        """Keep what the listings and `interrupt` need of an ended remote run (nothing of it
+        may be stored here: a one-shot ACP child), bounded as the settled tasks are
+        (`TaskService.keep_settled`, the oldest forgotten first)."""
         if self._closed:
+            self._remote.withdraw(handle)
             return
-        ended = self._ended
-        ended.pop(handle.id, None)  # a continuable child's next activation: kept as the latest
-        started = time.time() - (time.monotonic() - handle.started_at)
-        ended[handle.id] = RemoteRun(
-            handle.id, handle.parent_id, started, handle.session_id, ended=True
-        )
         tasks = task_service(self._ctx)
-        bound = tasks.keep_settled if tasks is not None else DEFAULT_KEEP_SETTLED
-        while len(ended) > bound:
-            del ended[next(iter(ended))]
+        self._remote.ended(
+            handle, tasks.keep_settled if tasks is not None else DEFAULT_KEEP_SETTLED
+        )
 
     def _result_of(self, run: SubagentRun) -> GeventFuture[SubagentResult]:
         """The run's result as one of our futures. Ours are already; a foreign provider's
@@ -689,40 +684,26 @@ class SubagentService:
     def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may.
 
-        A child with no agent in this process (ACP, Ray) is interrupted through its live run in
-        the run table: its one turn is cancelled, so the run ends `aborted` (the provider's
-        cancel; an ACP agent is reaped once the run's owner disposes it). True once it settled
-        so and the registry handled its end: a listing asked after this shows it `ended`. One
-        that ended already is not running (False), for as long as it stays listed."""
+        A child with no agent in this process (ACP, Ray) is interrupted through its live run (one
+        look-up in the service's table of remote runs): its one turn is cancelled, so the run
+        ends `aborted` (the provider's cancel; an ACP agent is reaped once the run's owner
+        disposes it). True once it settled so and the registry handled its end: a listing asked
+        after this shows it `ended`. One that ended already is not running (False), for as long
+        as it stays listed."""
         self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         validate_session_id(child_id)
-        remote = ended = None
+        remote = ended_under = None
         if live_agent(self._ctx, child_id) is None:
-            remote = self._live_run(child_id)
-            ended = None if remote is not None else self._ended.get(child_id)
+            remote = self._remote.live(child_id)
+            ended_under = None if remote is not None else self._remote.ended_under(child_id)
         stopped = self._continuation.interrupt(
-            child_id,
-            by=by,
-            remote=remote,
-            ended_under=None if ended is None else ended.parent_id,
+            child_id, by=by, remote=remote, ended_under=ended_under
         )
         if stopped and remote is not None:
             self.sync()  # the registry has seen its end
         return stopped
-
-    def _live_run(self, child_id: str) -> RunHandle | None:
-        """The live run of `child_id` that has no local agent, if the run table holds one (by
-        its run id, or the id of its log where that differs: a one-shot Ray child's)."""
-        try:
-            runs = self.runs()
-        except SubagentError:  # closed meanwhile: no run is live any more
-            return None
-        for run in runs:
-            if run.local_agent is None and not run.settled and child_id in (run.id, run.session_id):
-                return run
-        return None
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         self.owner.check()
@@ -731,28 +712,6 @@ class SubagentService:
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         self.owner.check()
         return self._listings.list_descendants(root_session_id)
-
-    def _remote_runs(self) -> list[RemoteRun]:
-        """The runs with no local agent, for the listings: a one-shot ACP child has no log in
-        the store, yet it is a child from its publication on (before `start` returned) until
-        it is forgotten as a settled task is (`_remember_ended`)."""
-        if self._closed:
-            return []
-        try:
-            runs = self.runs()
-        except SubagentError:  # closed meanwhile: no run is live any more
-            return []
-        wall, now = time.time(), time.monotonic()
-        found = dict(self._ended)
-        for run in runs:
-            # A live run is the child's latest (a continuable child's new activation); one that
-            # settled while the registry had yet to drop it is known as ended already.
-            if run.local_agent is None and not (run.settled and run.id in found):
-                started = wall - (now - run.started_at)
-                found[run.id] = RemoteRun(
-                    run.id, run.parent_id, started, run.session_id, ended=run.settled
-                )
-        return list(found.values())
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
 
@@ -793,7 +752,7 @@ class SubagentService:
         """Dispose every live run, then stop the registry. Every start gets its end first."""
         self.owner.check()
         self._closed = True
-        self._ended.clear()
+        self._remote.clear()
         self._continuation.close()
         self._root.dispose("runtime closing")
         self._supervisors.clear()

@@ -1,7 +1,9 @@
 """A one-shot child on a Ray host, as its parent's tools see it: listed `running` while it runs
 (from the run table, whatever the shared store holds of it meanwhile), interrupted only by an
 ancestor, its result `aborted` with the interrupt as its cause, then listed as ended and "not
-running". One local Ray cluster for the module (`ray.init(num_cpus=2)`), as `test_ray.py` does.
+running". Its log, in the shared store, is under the run id its parent was told: once its ended
+record is forgotten it is still that one child, under that parent, now `stored`. One local Ray
+cluster for the module (`ray.init(num_cpus=2)`), as `test_ray.py` does.
 """
 
 from __future__ import annotations
@@ -87,9 +89,8 @@ def test_a_running_ray_child_is_listed_running_then_ended(runtime: Runtime) -> N
         assert activities(runtime, parent.id) == [(run.id, "one-shot", "running")]
         (row,) = runtime.subagents.list_descendants(parent.id)
         assert (row["id"], row["activity"], row["depth"]) == (run.id, "running", 1)
-        # The id of its log on the host names it too (an interrupt finds its live run by it).
-        assert run.session_id != run.id
-        assert runtime.subagents.interrupt(run.session_id, by=parent) is True
+        assert run.session_id == run.id  # the host logs it under the id its parent was told
+        assert runtime.subagents.interrupt(run.id, by=parent) is True
         result = run.result.get(timeout=0)
         assert (result.stop_reason, result.diagnostic) == ("aborted", f"interrupted by {parent.id}")
     finally:
@@ -97,7 +98,8 @@ def test_a_running_ray_child_is_listed_running_then_ended(runtime: Runtime) -> N
     runtime.subagents.sync()  # the registry handled its end
     assert runtime.subagents.runs(parent.id) == []
     # Still one row, under the id its parent was told (its log, kept in the shared store under
-    # its host's session id, is not a second child), now ended.
+    # that id, is the same child), now ended.
+    assert runtime.store.header(run.id).parent_session == parent.id
     assert activities(runtime, parent.id) == [(run.id, "one-shot", "ended")]
     (row,) = runtime.subagents.list_descendants(parent.id)
     assert (row["id"], row["activity"]) == (run.id, "ended")
@@ -138,3 +140,49 @@ def test_only_an_ancestor_interrupts_a_ray_child_and_the_cause_reaches_its_resul
         run.dispose()
         middle.dispose()
         uncle.dispose()
+
+
+def run_to_end(runtime: Runtime, parent: Any, prompt: str) -> str:
+    """Start a one-shot Ray child of `parent`, wait for its end, dispose it; its id."""
+    run = start(runtime, parent, prompt)
+    try:
+        assert run.result.get(timeout=TIMEOUT).stop_reason == "completed"
+    finally:
+        run.dispose()
+    runtime.subagents.sync()  # the registry handled its end
+    child_id: str = run.id
+    return child_id
+
+
+def test_a_forgotten_ray_child_stays_listed_under_its_run_id_and_parent(
+    provider: RayProvider, shared_dir: Path
+) -> None:
+    """`keep_settled=1`: the second end forgets the first one's record. Its log (in the shared
+    store) is then the only trace of it: it is listed under the id its parent was told and
+    under that parent, `stored` with the spend its log holds, never under another id; in the
+    whole subtree too; and an interrupt of it is "not running" for its parent, refused for a
+    stranger. (Before, the host wrote its log under an id of its own, and the forgotten child
+    came back under that id, as a child nobody was told of.)"""
+    rt = Runtime(store=SessionStore(shared_dir), keep_settled=1)
+    rt.subagents.register(provider)
+    try:
+        parent = rt.agent()
+        first = run_to_end(rt, parent, "one")
+        second = run_to_end(rt, parent, "two")
+        rows = rt.subagents.list_children(parent.id)
+        assert [(r["id"], r["parent_id"], r["mode"], r["activity"]) for r in rows] == [
+            (first, parent.id, "one-shot", "stored"),
+            (second, parent.id, "one-shot", "ended"),
+        ]
+        assert rows[0]["depth"] == 1 and "usage" in rows[0]
+        below = [(r["id"], r["parent_id"]) for r in rt.subagents.list_descendants(parent.id)]
+        assert below == [(first, parent.id), (second, parent.id)]
+        # No stored subagent log of this parent is under any other id.
+        logs = {h.id for h in rt.store.list() if h.parent_session == parent.id}
+        assert logs == {first, second}
+        assert rt.subagents.interrupt(first, by=parent) is False
+        with pytest.raises(SubagentError) as info:
+            rt.subagents.interrupt(first, by=rt.agent())
+        assert info.value.code == "UNAUTHORIZED"
+    finally:
+        rt.close()
