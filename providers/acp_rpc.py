@@ -191,6 +191,7 @@ class JsonRpcConnection:
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
         self._outbox: Queue = Queue()
         self._closed: ConnectionClosed | None = None
+        self._refusal: RpcFault | None = None
         self._request_id: object = None
         self.closed = Event()
         # The reader and writer loops; `shutdown` kills and joins them.
@@ -250,6 +251,12 @@ class JsonRpcConnection:
             return False
         self._send({"jsonrpc": "2.0", "method": method, "params": params})
         return True
+
+    def refuse_requests(self, fault: RpcFault) -> None:
+        """From now on every request the peer sends is answered with `fault` at once, its
+        handler never called: a server tearing down starts nothing its teardown could miss.
+        Notifications (a cancel) are still handled."""
+        self._refusal = fault
 
     def close_input(self) -> None:
         """Flush what is queued, then close the child's stdin (its cue to exit)."""
@@ -389,6 +396,9 @@ class JsonRpcConnection:
         self._send({"jsonrpc": "2.0", "id": ident if usable else None, "error": error})
 
     def _answer(self, rid: object, method: str, params: object) -> None:
+        if self._refusal is not None:
+            self._reply_error(rid, method, self._refusal)
+            return
         self._request_id = rid
         try:
             result = self._on_request(method, params)

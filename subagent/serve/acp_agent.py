@@ -34,7 +34,7 @@ from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
 from subagent.live import live_agent
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes, serve_until_closed
+from subagent.serve.stdio import ProtocolPipes, serve_until_closed, stop_serving
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 
@@ -343,7 +343,8 @@ class AcpAgentServer:
         serve_until_closed(self.conn, self._stop, self.shutdown)
 
     def stop(self) -> None:
-        self._stop.set()
+        """Begin the teardown (a signal): requests are refused from now on."""
+        stop_serving(self.conn, self._stop)
 
     def shutdown(self) -> None:
         """Cancel running prompts (their children with them), then close the runtime."""

@@ -40,7 +40,7 @@ from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcFa
 from providers.acp_text import describe_data
 from subagent.serve.offline import CLIENT_PROXY_MODEL
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes, serve_until_closed
+from subagent.serve.stdio import ProtocolPipes, serve_until_closed, stop_serving
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 from supervision.signal import AbortController, AbortError
@@ -117,7 +117,8 @@ class McpServer:
         serve_until_closed(self.conn, self._stop, self.shutdown)
 
     def stop(self) -> None:
-        self._stop.set()
+        """Begin the teardown (a signal): requests are refused from now on."""
+        stop_serving(self.conn, self._stop)
 
     def shutdown(self) -> None:
         """Cancel every call (and so its foreground children), then close the runtime."""

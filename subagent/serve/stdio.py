@@ -12,13 +12,19 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from gevent.event import Event
 from gevent.fileobject import FileObjectPosix
 
-from providers.acp_rpc import JsonRpcConnection, LinePipe, WritePipe
+from providers.acp_rpc import JsonRpcConnection, LinePipe, RpcFault, WritePipe
 
-__all__ = ["ProtocolPipes", "claim_stdio", "serve_until_closed"]
+__all__ = ["SHUTTING_DOWN", "ProtocolPipes", "claim_stdio", "serve_until_closed", "stop_serving"]
+
+# The JSON-RPC error every request read after the teardown began gets (a server-defined code of
+# JSON-RPC 2.0's -32000..-32099 range; docs/decisions.md).
+SHUTTING_DOWN: Final = -32000
+SHUTTING_DOWN_MESSAGE: Final = "server is shutting down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,14 @@ def claim_stdio() -> ProtocolPipes:
     return ProtocolPipes(reader, writer)
 
 
+def stop_serving(conn: JsonRpcConnection, stop: Event) -> None:
+    """Begin the teardown: from this moment every request is refused (`SHUTTING_DOWN`), so
+    nothing starts that the teardown could miss; `serve_until_closed` then runs it. Called
+    from the signal handler, so no request read after the signal is served."""
+    conn.refuse_requests(RpcFault(SHUTTING_DOWN, SHUTTING_DOWN_MESSAGE))
+    stop.set()
+
+
 def serve_until_closed(conn: JsonRpcConnection, stop: Event, shutdown: Callable[[], None]) -> None:
     """Block (cooperatively) until the client hangs up or `stop` is set; then `shutdown()`."""
     conn.closed.rawlink(lambda _event: stop.set())
@@ -51,4 +65,5 @@ def serve_until_closed(conn: JsonRpcConnection, stop: Event, shutdown: Callable[
         while not stop.wait(timeout=1.0):
             pass
     finally:
+        stop_serving(conn, stop)
         shutdown()
