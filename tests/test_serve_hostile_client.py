@@ -8,9 +8,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
-import gevent
 from gevent import subprocess as gsub
 from gevent.subprocess import PIPE
 from test_serve_acp_misbehaving import REPO, TIMEOUT, Client, _alive, _children, prompt, text
@@ -102,12 +100,12 @@ def test_mcp_requests_during_sigterm_teardown_are_refused_and_start_nothing(
         pass  # progress: the ACP child has started (its handshake done)
     processes = _children(client.proc.pid)
     client.proc.send_signal(signal.SIGTERM)
-    rid = _refused_while_stopping(client, 100)
+    first = _refused_while_stopping(client, 100)
     hang = {"name": "subagent", "arguments": {"description": "late", "prompt": "/hang"}}
     for rid, method, params in [
-        (rid, "tools/call", hang),
-        (rid + 1, "tools/list", {}),
-        (rid + 2, "ping", {}),
+        (first, "tools/call", hang),
+        (first + 1, "tools/list", {}),
+        (first + 2, "ping", {}),
     ]:
         answer = client.ask(rid, method, params)
         assert answer["error"] == {"code": SHUTTING_DOWN, "message": "server is shutting down"}
