@@ -161,7 +161,11 @@ class JsonRpcConnection:
     connection ends on it (our ACP provider's stance towards an agent). A server passes
     `answer_bad_lines=True`: its client gets the JSON-RPC answer for the line (`-32700` parse
     error, `-32600` invalid request, with `id: null` when the line has no usable id) and the
-    connection goes on, as JSON-RPC 2.0 asks of a server.
+    connection goes on, as JSON-RPC 2.0 asks of a server. A server also passes
+    `require_version=True`: a request or notification without `"jsonrpc": "2.0"` is such a bad
+    line (`-32600`, under its id when usable), as JSON-RPC 2.0 says it MUST carry it. Without it
+    (our ACP provider) the member is not checked: every agent we run sends it, and a child's
+    work is not thrown away over a missing version tag (docs/decisions.md).
 
     A request handler that needs to wait (a server running a tool) returns a `gevent.Greenlet`
     it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`,
@@ -179,6 +183,7 @@ class JsonRpcConnection:
         max_line_bytes: int,
         name: str = "acp",
         answer_bad_lines: bool = False,
+        require_version: bool = False,
     ) -> None:
         self._stdin = stdin
         self._stdout = stdout
@@ -187,6 +192,7 @@ class JsonRpcConnection:
         self._max_line = max_line_bytes
         self._name = name
         self._answer_bad_lines = answer_bad_lines
+        self._require_version = require_version
         self._next_id = 0
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
         self._outbox: Queue = Queue()
@@ -346,6 +352,10 @@ class JsonRpcConnection:
             self._bad_line(INVALID_REQUEST, "not a JSON-RPC object", line, None)
             return
         method = message.get("method")
+        if self._require_version and "method" in message and message.get("jsonrpc") != "2.0":
+            what = 'a request must carry "jsonrpc": "2.0"'
+            self._bad_line(INVALID_REQUEST, what, line, message.get("id"))
+            return
         if isinstance(method, str):
             if "id" in message:
                 rid = message["id"]

@@ -8,6 +8,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from gevent import subprocess as gsub
 from gevent.subprocess import PIPE
@@ -118,3 +119,72 @@ def test_mcp_requests_during_sigterm_teardown_are_refused_and_start_nothing(
     store = SessionStore(tmp_path / "home" / "sessions")
     late = [s for s in store.ids() if store.header(s).parent_session is not None]
     assert late == []  # the refused call started no child (the ACP child has no log here)
+
+
+# -- 3. the JSON-RPC envelope and `_meta` ------------------------------------------------------
+
+NO_VERSION = [
+    # (the line, the id its answer carries)
+    ('{"id": 1, "method": "session/new", "params": {}}', 1),
+    ('{"jsonrpc": "1.0", "id": "two", "method": "session/new", "params": {}}', "two"),
+    ('{"jsonrpc": 2.0, "id": 3, "method": "session/new", "params": {}}', 3),
+    ('{"jsonrpc": null, "id": [4], "method": "session/new", "params": {}}', None),
+    ('{"method": "session/cancel", "params": {"sessionId": "s"}}', None),  # a notification
+]
+ENVELOPE = 'invalid request: a request must carry "jsonrpc": "2.0"'
+
+
+def _raw(client: Client, *lines: str) -> None:
+    client.send(*(line.encode() for line in lines))
+
+
+def test_acp_refuses_a_request_without_jsonrpc_2_0_and_a_meta_that_is_no_object(
+    tmp_path: Path,
+) -> None:
+    """Both used to be served: a request with no `"jsonrpc": "2.0"` (JSON-RPC 2.0: MUST) ran,
+    and a `_meta` that is not an object was ignored (so a depth in it was silently lost)."""
+    client = Client(tmp_path / "home")
+    sid = client.start()
+    _raw(client, *(line for line, _ in NO_VERSION))
+    for line, rid in NO_VERSION:
+        error = client.reply(rid)["error"]
+        assert error == {"code": -32600, "message": ENVELOPE}, line
+    cwd = str(REPO)
+    for rid, meta in enumerate([[], "depth", 7, True]):
+        params: dict[str, Any] = {"cwd": cwd, "mcpServers": [], "_meta": meta}
+        error = client.ask(rid, "session/new", params)["error"]
+        assert error["code"] == -32602 and error["message"].startswith("params._meta must be an")
+    params = {"sessionId": sid, "prompt": text("x"), "_meta": ["no"]}
+    assert client.ask(10, "session/prompt", params)["error"]["code"] == -32602
+    assert client.ask(11, "initialize", {"protocolVersion": 1, "_meta": 1})["error"]["code"] == (
+        -32602
+    )
+    # An object, or null (what an SDK writes for an absent field), is fine.
+    for rid, meta in [(12, {}), (13, None)]:
+        params = {"cwd": cwd, "mcpServers": [], "_meta": meta}
+        assert "sessionId" in client.ask(rid, "session/new", params)["result"]
+    # Nothing ran: the only turn is the next one.
+    assert client.ask(14, "session/prompt", {"sessionId": sid, "prompt": text("on")})["result"]
+    store = SessionStore(tmp_path / "home" / "sessions")
+    turns = [e for e in store.inspect(sid).events if e["type"] == "user/message"]
+    assert len(turns) == 1
+    assert len(store.ids()) == 3  # the first session and the two made with a good `_meta`
+    stderr = client.close()
+    assert stderr.count('a request must carry "jsonrpc": "2.0"') == len(NO_VERSION)
+
+
+def test_mcp_refuses_a_request_without_jsonrpc_2_0_and_a_meta_that_is_no_object(
+    tmp_path: Path,
+) -> None:
+    client = McpClient(tmp_path / "home")
+    _raw(client, '{"id": "init", "method": "initialize", "params": {}}')
+    assert client.reply("init")["error"] == {"code": -32600, "message": ENVELOPE}
+    assert "result" in client.ask("init", "initialize", {"protocolVersion": "2025-06-18"})
+    _raw(client, '{"jsonrpc": "2", "id": 1, "method": "tools/list"}')
+    assert client.reply(1)["error"] == {"code": -32600, "message": ENVELOPE}
+    call = {"name": "list_agents", "arguments": {}, "_meta": "token"}
+    error = client.ask(2, "tools/call", call)["error"]
+    assert error == {"code": -32602, "message": "params._meta must be an object, not a string"}
+    call["_meta"] = {"progressToken": 1}
+    assert client.ask(3, "tools/call", call)["result"]["isError"] is False
+    client.close()

@@ -34,7 +34,7 @@ from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
 from subagent.live import live_agent
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes, serve_until_closed, stop_serving
+from subagent.serve.stdio import ProtocolPipes, check_meta, serve_until_closed, stop_serving
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 
@@ -336,6 +336,7 @@ class AcpAgentServer:
             max_line_bytes=MAX_LINE_BYTES,
             name="acp-server",
             answer_bad_lines=True,
+            require_version=True,
         )
 
     def serve(self) -> None:
@@ -365,6 +366,7 @@ class AcpAgentServer:
         if self.conn.request_id in self._running:
             # Its answer could not be told from the running request's: refused, never run.
             raise RpcFault(INVALID_REQUEST, "a request with this id is still running")
+        check_meta(params)
         if method == "initialize":
             self._initialized = True
             return {
