@@ -31,6 +31,7 @@ from providers.errors import (
     RpcError,
     RpcFault,
 )
+from providers.json_line import TooManyContainers, parse_line
 from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 
@@ -344,7 +345,11 @@ class JsonRpcConnection:
 
     def _dispatch(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
+            # Off the hub for a long line (providers/json_line.py).
+            message = parse_line(line)
+        except TooManyContainers as exc:  # valid JSON, but no message we take
+            self._bad_line(INVALID_REQUEST, str(exc), line, None)
+            return
         except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             self._bad_line(PARSE_ERROR, unparsable(exc), line, None)
             return

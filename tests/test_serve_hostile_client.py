@@ -5,16 +5,24 @@ that are not JSON-RPC 2.0, a client that stops reading its stdout."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import gevent
+import pytest
 from gevent import subprocess as gsub
+from gevent.fileobject import FileObjectPosix
 from gevent.subprocess import PIPE
 from test_serve_acp_misbehaving import REPO, TIMEOUT, Client, _alive, _children, prompt, text
 
 from agent.store import SessionStore
+from providers import acp_rpc, json_line
+from providers.acp_rpc import JsonRpcConnection
+from providers.json_line import ON_HUB_BYTES
+from subagent.serve.acp_agent import MAX_LINE_BYTES
 
 SHUTTING_DOWN = -32000
 FAKE_AGENT = REPO / "tests" / "acp_peers" / "fake_agent.py"
@@ -154,8 +162,8 @@ def test_acp_refuses_a_request_without_jsonrpc_2_0_and_a_meta_that_is_no_object(
         params: dict[str, Any] = {"cwd": cwd, "mcpServers": [], "_meta": meta}
         error = client.ask(rid, "session/new", params)["error"]
         assert error["code"] == -32602 and error["message"].startswith("params._meta must be an")
-    params = {"sessionId": sid, "prompt": text("x"), "_meta": ["no"]}
-    assert client.ask(10, "session/prompt", params)["error"]["code"] == -32602
+    prompt_params = {"sessionId": sid, "prompt": text("x"), "_meta": ["no"]}
+    assert client.ask(10, "session/prompt", prompt_params)["error"]["code"] == -32602
     assert client.ask(11, "initialize", {"protocolVersion": 1, "_meta": 1})["error"]["code"] == (
         -32602
     )
@@ -187,4 +195,161 @@ def test_mcp_refuses_a_request_without_jsonrpc_2_0_and_a_meta_that_is_no_object(
     assert error == {"code": -32602, "message": "params._meta must be an object, not a string"}
     call["_meta"] = {"progressToken": 1}
     assert client.ask(3, "tools/call", call)["result"]["isError"] is False
+    client.close()
+
+
+# -- 2. a huge line is parsed off the hub ------------------------------------------------------
+
+
+class Server:
+    """A server-side `JsonRpcConnection` (as both servers make it) over real pipes, in this
+    process; records what it was asked, and how many times a ticking greenlet ran while each
+    line was parsed.
+
+    The suite's hub-block detector cannot see this block: `json.loads` holds the GIL, so the
+    detector's thread does not run until the parse is over (measured: a 1.3 s parse on the
+    hub passed). What the rule is about is that other greenlets run meanwhile: counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ticks = 0
+        self.ticks_while_parsing: list[tuple[int, int]] = []  # (line length, ticks)
+        self._ticker = gevent.spawn(self._tick)
+
+        def parse(line: bytes) -> object:
+            before = self.ticks
+            try:
+                return json_line.parse_line(line)
+            finally:
+                self.ticks_while_parsing.append((len(line), self.ticks - before))
+
+        monkeypatch.setattr(acp_rpc, "parse_line", parse)
+        to_server_r, self._to_server_w = os.pipe()
+        self._to_client_r, to_client_w = os.pipe()
+        self.asked: list[tuple[str, Any]] = []
+        self.conn = JsonRpcConnection(
+            FileObjectPosix(to_client_w, "wb"),
+            FileObjectPosix(to_server_r, "rb"),
+            on_request=self._record,
+            on_notification=lambda method, params: None,
+            max_line_bytes=MAX_LINE_BYTES,
+            name="server",
+            answer_bad_lines=True,
+            require_version=True,
+        )
+        self._out = FileObjectPosix(self._to_server_w, "wb")
+        self._in = FileObjectPosix(self._to_client_r, "rb")
+
+    def ask(self, line: bytes) -> dict[str, Any]:
+        """Write `line`; the server's answer to it."""
+        writer = gevent.spawn(self._write, line)
+        answer: dict[str, Any] = json.loads(self._in.readline())
+        writer.get()
+        return answer
+
+    def _write(self, line: bytes) -> None:
+        self._out.write(line + b"\n")
+        self._out.flush()
+
+    def _record(self, method: str, params: object) -> dict[str, Any]:
+        self.asked.append((method, params))
+        return {}
+
+    def _tick(self) -> None:
+        while True:
+            self.ticks += 1
+            gevent.sleep(0.001)
+
+    def others_ran_while_parsing(self, longer_than: int) -> bool:
+        """Whether the ticker ran during the parse of every line longer than `longer_than`."""
+        parses = [ticks for length, ticks in self.ticks_while_parsing if length > longer_than]
+        return bool(parses) and min(parses) > 0
+
+    def close(self) -> None:
+        self._ticker.kill()
+        self.conn.shutdown()
+        self._out.close()
+        self._in.close()
+
+
+def _request(rid: int, params: object) -> bytes:
+    message = {"jsonrpc": "2.0", "id": rid, "method": "session/prompt", "params": params}
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        pytest.param([{"type": "text", "text": ""}] * 600_000, id="600,000 tiny blocks"),
+        pytest.param([[]] * 4_000_000, id="4,000,000 empty arrays"),
+    ],
+)
+def test_a_line_of_tiny_containers_is_refused_without_holding_the_hub(
+    prompt: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Such a line used to be parsed by `json.loads` on the hub: 0.15 s (600,000 blocks) to
+    over a second (4,000,000 empty arrays: the cyclic collector rescans them as they are
+    made) with every greenlet, every child, frozen; the suite's detector fails the second.
+    It is parsed in the hub's thread pool by a scanner that gives the GIL back, and refused
+    once it holds 100,000 containers."""
+    server = Server(monkeypatch)
+    try:
+        line = _request(1, {"sessionId": "s", "prompt": prompt})
+        assert len(line) < MAX_LINE_BYTES
+        answer = server.ask(line)
+        assert answer["id"] is None
+        assert answer["error"] == {
+            "code": -32600,
+            "message": "invalid request: a message holds more than 100,000 JSON arrays and objects",
+        }
+        assert server.asked == []
+        assert server.ask(_request(2, {"small": True}))["result"] == {}  # the server goes on
+        assert server.others_ran_while_parsing(MAX_LINE_BYTES // 2)
+    finally:
+        server.close()
+
+
+def test_a_long_line_is_parsed_off_the_hub_to_the_same_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long line under the bounds reaches the handler exactly as `json.loads` reads it; a
+    long line that is not JSON, or not UTF-8, is the same parse error as a short one."""
+    server = Server(monkeypatch)
+    try:
+        assert ON_HUB_BYTES < 100_000
+        params: dict[str, Any] = {
+            "sessionId": "s\u00e9\ud83d\ude00",
+            "prompt": [
+                {"type": "text", "text": f"{i} " + 'x\n"\\\u2028' * 400} for i in range(2000)
+            ],
+            "numbers": [1, -2.5, 1e300, None, True, False, "\x00"],
+            "nested": [[[[{"k": [{}]}]]]],
+        }
+        line = _request(1, params)
+        assert len(line) > 10 * ON_HUB_BYTES
+        assert server.ask(line)["result"] == {}
+        assert server.asked == [("session/prompt", json.loads(line)["params"])]
+        broken = line[:-1]  # the closing brace missing
+        error = server.ask(broken)["error"]
+        assert error["code"] == -32700
+        assert error["message"].startswith("parse error: malformed JSON: expecting ")
+        error = server.ask(line.replace(b"x", b"\xff", 1))["error"]
+        assert error["code"] == -32700 and "not UTF-8" in error["message"]
+        assert len(server.asked) == 1
+        assert server.others_ran_while_parsing(ON_HUB_BYTES)
+    finally:
+        server.close()
+
+
+def test_acp_prompt_blocks_are_capped_and_a_huge_text_block_is_served(tmp_path: Path) -> None:
+    """600,000 blocks used to be walked one by one on the hub; more than 10,000 is now
+    `-32602` before any is looked at. A prompt whose one block is 8 MiB of text is served."""
+    client = Client(tmp_path / "home")
+    sid = client.start()
+    many = [{"type": "text", "text": "a"}] * 10_001
+    error = client.ask(1, "session/prompt", {"sessionId": sid, "prompt": many})["error"]
+    assert error == {"code": -32602, "message": "a prompt holds at most 10,000 content blocks"}
+    words = "y" * (8 << 20)
+    assert client.ask(2, "session/prompt", {"sessionId": sid, "prompt": text(words)})["result"] == {
+        "stopReason": "end_turn"
+    }
     client.close()

@@ -62,6 +62,9 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# A prompt's blocks are walked on the hub: at most this many (a 10,000-block walk takes a few
+# milliseconds; an editor's prompt has a handful, or a few hundred resources).
+MAX_PROMPT_BLOCKS = 10_000
 PROMPT_GRACE = 10.0
 # The ACP methods a client must send as requests (with an id): as a notification they get no
 # answer, so they are refused on stderr instead (docs/serve.md).
@@ -109,6 +112,10 @@ def prompt_blocks(prompt: object) -> list[dict[str, Any]]:
     schema's `annotations`, `_meta`, a client's own) are ignored, as ACP allows."""
     if not isinstance(prompt, list) or not prompt:
         raise RpcFault(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
+    if len(prompt) > MAX_PROMPT_BLOCKS:
+        raise RpcFault(
+            INVALID_PARAMS, f"a prompt holds at most {MAX_PROMPT_BLOCKS:,} content blocks"
+        )
     blocks: list[dict[str, Any]] = []
     for index, block in enumerate(prompt):
         kind = block.get("type") if isinstance(block, Mapping) else None
