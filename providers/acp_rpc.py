@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -59,6 +60,13 @@ INTERNAL_ERROR = -32603
 
 RequestHandler = Callable[[str, Any], Any]
 
+# How many bytes of our messages may wait for a peer that does not read them before the
+# connection is given up as dead (docs/decisions.md, "A peer that stops reading"). Measured: a
+# turn's updates average 300 bytes each (a child's start, steps, tool calls and end), so a turn
+# of 1,000 children and 50,000 streamed text chunks is some 12 MiB; and one message of a
+# 16 MiB line replayed fits too, several times.
+MAX_UNREAD_BYTES = 64 * 1024 * 1024
+
 
 # An error's message quotes what it refuses (an id, a path, a method name): a peer that sends a
 # megabyte-long one gets the start of it back, not the whole of it again.
@@ -87,6 +95,8 @@ class LinePipe(Protocol):
 
 class WritePipe(Protocol):
     """The byte stream a connection writes its messages to."""
+
+    def fileno(self) -> int: ...
 
     def write(self, data: bytes, /) -> object: ...
 
@@ -185,6 +195,7 @@ class JsonRpcConnection:
         name: str = "acp",
         answer_bad_lines: bool = False,
         require_version: bool = False,
+        max_unread_bytes: int = MAX_UNREAD_BYTES,
     ) -> None:
         self._stdin = stdin
         self._stdout = stdout
@@ -196,7 +207,12 @@ class JsonRpcConnection:
         self._require_version = require_version
         self._next_id = 0
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
+        # Our messages, encoded, waiting for the writer; `_unread` counts their bytes, and past
+        # `max_unread_bytes` the peer is taken for dead (`_give_up`), never held in memory.
         self._outbox: Queue = Queue()
+        self._unread = 0
+        self._max_unread = max_unread_bytes
+        self._gave_up = False
         self._closed: ConnectionClosed | None = None
         self._refusal: RpcFault | None = None
         self._request_id: object = None
@@ -210,6 +226,11 @@ class JsonRpcConnection:
     def request_id(self) -> object:
         """The id of the peer's request whose handler is running (None outside a handler)."""
         return self._request_id
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether the connection ended because the peer stopped reading our messages."""
+        return self._gave_up
 
     @property
     def failure(self) -> ConnectionClosed | None:
@@ -274,6 +295,8 @@ class JsonRpcConnection:
         self._fail(ConnectionClosed(reason))
         self._outbox.put(None)
         self._tasks.close()
+        if self._gave_up:
+            self._discard_unwritten()
         for pipe in (self._stdin, self._stdout):
             with contextlib.suppress(OSError, ValueError):
                 pipe.close()
@@ -289,19 +312,58 @@ class JsonRpcConnection:
             # that are not UTF-8): the wire is UTF-8, so U+FFFD, as everywhere in the runtime
             # (docs/decisions.md). Only a failed encode pays for the repair.
             data = repair_surrogates(text).encode("utf-8")
+        if self._gave_up:
+            return  # the peer is gone as far as we are concerned; the warning said so
+        size = len(data) + 1
+        if self._unread and self._unread + size > self._max_unread:
+            self._give_up(size)
+            return
+        # One message bigger than the bound still goes when nothing else waits.
+        self._unread += size
         self._outbox.put(data + b"\n")
+
+    def _give_up(self, size: int) -> None:
+        """The peer has left `_max_unread` bytes of our messages unread: it is stuck or gone.
+        Holding more would grow without limit, and blocking the senders would freeze every
+        turn that reports to it, so the connection ends as on EOF (the server tears down)."""
+        self._gave_up = True
+        dropped = self._outbox.qsize()
+        log.warning(
+            "%s: the peer has not read %s bytes of our messages (%s queued, bound %s): the "
+            "connection is given up; those and the next are dropped",
+            self._name,
+            f"{self._unread:,}",
+            f"{dropped:,}",
+            f"{self._max_unread:,}",
+        )
+        reason = f"the peer stopped reading: {self._unread + size:,} bytes of messages unread"
+        self._fail(ConnectionClosed(reason))
+        self._outbox.put(None)  # the writer stops at once, without a word more
+
+    def _discard_unwritten(self) -> None:
+        """Point our end of the pipe at /dev/null, so closing it flushes into nothing instead
+        of waiting forever on a peer that does not read; the peer sees its end close."""
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stdin.fileno())
+            finally:
+                os.close(devnull)
 
     def _write_loop(self) -> None:
         try:
             while True:
                 data = self._outbox.get()
-                if data is None:
+                if data is None or self._gave_up:
                     break
+                self._unread -= len(data)
                 self._stdin.write(data)
                 if self._outbox.empty():
                     self._stdin.flush()
         except (OSError, ValueError) as exc:  # broken pipe: the reader reports EOF
             log.debug("%s: write failed: %s", self._name, exc)
+        if self._gave_up:
+            return  # a close would flush into a peer that does not read: `shutdown` discards
         with contextlib.suppress(OSError, ValueError):
             self._stdin.close()
 

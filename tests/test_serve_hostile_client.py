@@ -353,3 +353,36 @@ def test_acp_prompt_blocks_are_capped_and_a_huge_text_block_is_served(tmp_path: 
         "stopReason": "end_turn"
     }
     client.close()
+
+
+# -- 4. a client that stops reading ------------------------------------------------------------
+
+
+def test_acp_gives_up_a_client_that_stops_reading_and_tears_down(tmp_path: Path) -> None:
+    """The server's outgoing queue had no bound: a client that kept asking while never
+    reading made the server hold every message (here 80 MiB of replays) for as long as it
+    lived. Past 64 MiB unread the connection is given up: one warning saying how much was
+    unread, the same teardown as on EOF (turns cancelled, children ended, logs closed), exit 1.
+    The client never reads stdout after the handshake."""
+    client = Client(tmp_path / "home")
+    sid = client.start()
+    background = client.new_session()
+    client.send(prompt(1, background, "/background /hang"))  # a child that runs until cancelled
+    client.updates(lambda p: p["update"].get("toolCallId", "").startswith("child:"))
+    words = "z" * (8 << 20)  # each replay of the session is 16 MiB: the prompt and its echo
+    assert client.ask(2, "session/prompt", {"sessionId": sid, "prompt": text(words)})["result"]
+    load = {"cwd": str(REPO), "mcpServers": [], "sessionId": sid}
+    for rid in range(3, 9):  # 96 MiB of replays; nothing of it is read
+        client.send({"id": rid, "method": "session/load", "params": load})
+    client.proc.wait(timeout=TIMEOUT)  # with nothing read: it gave up by itself
+    _, raw = client.proc.communicate(timeout=TIMEOUT)
+    stderr = raw.decode("utf-8", "replace")
+    assert client.proc.returncode == 1, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    (warning,) = [line for line in stderr.splitlines() if "the connection is given up" in line]
+    unread = int(warning.split("has not read ")[1].split(" bytes")[0].replace(",", ""))
+    assert 48 << 20 < unread <= 64 << 20  # bounded: never more than the bound was held
+    store = SessionStore(tmp_path / "home" / "sessions")
+    (child,) = [s for s in store.ids() if store.header(s).parent_session == background]
+    (end,) = [e["data"] for e in store.inspect(child).events if e["type"] == "turn/end"]
+    assert end["reason"] == "aborted"
