@@ -5,6 +5,8 @@ greenlet reads continuously (so the agent's requests are answered while ours is 
 chatty agent never fills its stdout pipe), one writer greenlet owns stdin (so the reader never
 waits on a full stdin pipe: the classic two-pipe deadlock). A malformed or oversize line is a
 protocol failure: every pending request fails with `ConnectionClosed` carrying a diagnostic.
+A long line is parsed off the hub (`providers.json_line`); at most `MAX_UNREAD_BYTES` of our
+messages wait for a peer that does not read them, then the connection is given up.
 """
 
 from __future__ import annotations
