@@ -29,6 +29,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gevent
+from gevent.hub import RawGreenlet
 
 from actors.agent_messages import (
     Cancel,
@@ -77,7 +78,7 @@ class AgentActor(GeventActor):
     # `start()`: what most children never change is not built per child). The waiter and
     # listener collections are an empty tuple until something is added (`_added`).
     # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
-    _worker: object | None = None
+    _worker: RawGreenlet | None = None  # the turn worker, owned here (killed in `on_stop`)
     _turn_abort: AbortController | None = None
     _idle_waiters: list[Deferred[Any]] | tuple[()] = ()
     _last_outcome: TurnOutcome | None = None
@@ -335,6 +336,7 @@ class AgentActor(GeventActor):
 
     def _work(self) -> None:
         core = self.core
+        killed = False
         try:
             while self._queue and not self._closing and not self._held:
                 if not self.actor_inbox.empty() and not self.actor_stopped.is_set():
@@ -364,15 +366,30 @@ class AgentActor(GeventActor):
                 if run is not None and run.message_id == message["id"]:
                     run.finish(outcome)
                 self._tell_turn_listeners(outcome)
+                if outcome.exit is not None:  # answered: now the kill (or a tool's exit) goes on
+                    killed = isinstance(outcome.exit, gevent.GreenletExit)
+                    raise outcome.exit
         finally:
             self._worker = None
-            if self._steers:  # accepted for a turn that never started (its prompt was dropped)
-                self._reject_steers("no turn ran to admit it")
-            waiters, self._idle_waiters = self._idle_waiters, ()
-            for waiter in waiters:
-                waiter.resolve(self._last_outcome)
-            if self._closing:
-                self._finish_close()
+            if killed and self._queue and not (self._closing or self._held):
+                killed = not self.actor_stopped.is_set()
+            else:
+                killed = False
+            if killed:
+                # A kill ended the turn it hit, not the child: its next message still runs (so
+                # it is still busy: no idle waiter is answered, no steer refused).
+                self._worker = spawn_untracked(self._work_guarded)
+            else:
+                self._went_idle()
+
+    def _went_idle(self) -> None:
+        if self._steers:  # accepted for a turn that never started (its prompt was dropped)
+            self._reject_steers("no turn ran to admit it")
+        waiters, self._idle_waiters = self._idle_waiters, ()
+        for waiter in waiters:
+            waiter.resolve(self._last_outcome)
+        if self._closing:
+            self._finish_close()
 
     def _tell_turn_listeners(self, outcome: TurnOutcome) -> None:
         for listener in list(self._turn_listeners):

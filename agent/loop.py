@@ -121,6 +121,10 @@ class TurnOutcome:
     # The inbox message the turn answered (set by the host), so a run can tell its own turn
     # from one of a restored message queued before it.
     message_id: str | None = None
+    # What ended the turn's greenlet (a kill, or a tool's `GreenletExit`, `SystemExit` or
+    # `KeyboardInterrupt`): the turn was closed as any other, and the host raises this once it
+    # has settled what the turn answered.
+    exit: BaseException | None = None
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -232,7 +236,8 @@ class AgentCore:
         """Run one turn for `message` (`{id, content, source}`) until it ends.
 
         Returns the outcome; raises only for infrastructure faults (the log failing). A model
-        refusal ends the turn `refusal`.
+        refusal ends the turn `refusal`. A turn its greenlet's exit ended (a kill) returns too,
+        the exit in `TurnOutcome.exit` for the caller to raise.
         """
         turn = self.turn + 1
         self.log.append("turn/start", {"turn": turn})
@@ -261,18 +266,39 @@ class AgentCore:
             # A result, not an incident: the host sees it in the outcome (docs/decisions.md).
             log.debug("agent %s: turn %d crashed", self.session_id, turn, exc_info=True)
             outcome = TurnOutcome(turn, "error", message=f"{type(exc).__name__}: {exc}")
+        except gevent.GreenletExit as exc:
+            # The turn's greenlet was killed, or a tool raised the kill's exception: cancelled,
+            # never crashed (docs/supervision.md), and still answered, so no run waits for ever.
+            cause = _cause(signal.reason) if signal.aborted else "the turn was killed"
+            outcome = TurnOutcome(turn, "aborted", cause=cause, exit=exc)
+        except BaseException as exc:  # `SystemExit`, `KeyboardInterrupt` from a tool: a crash
+            outcome = TurnOutcome(turn, "error", message=_cause(exc), exit=exc)
         finally:
             remove()
             self._capture = None
+        if outcome.exit is not None:
+            return self._closed_on_exit(turn, state, outcome)
         if signal.aborted and outcome.reason not in ("completed", "aborted"):
             outcome = TurnOutcome(turn, "aborted", cause=_cause(signal.reason))
+        self._end_turn(turn, state, outcome)
+        outcome.structured = capture.value if capture.concluded else None
+        return outcome
+
+    def _end_turn(self, turn: int, state: _TurnState, outcome: TurnOutcome) -> None:
         self._close_turn(turn, state, outcome)
         trace = self._trace
         if trace is not None:
             self._trace = None
             trace.end(outcome)
         outcome.output = state.output()
-        outcome.structured = capture.value if capture.concluded else None
+
+    def _closed_on_exit(self, turn: int, state: _TurnState, outcome: TurnOutcome) -> TurnOutcome:
+        """A turn ended by its greenlet's exit, closed in the log and its spans as best it can
+        be: the exit goes on either way (`TurnOutcome.exit`), so a failure here is logged."""
+        try:
+            self._end_turn(turn, state, outcome)
+        except Exception:
+            log.exception("agent %s: could not close turn %d after its exit", self.session_id, turn)
         return outcome
 
     def _steps(
@@ -669,6 +695,12 @@ class AgentCore:
             started[i] = True
             try:
                 self._execute(calls[i], i, results, crash, signal)
+            except BaseException as exc:
+                if results[i] is None and not signal.aborted:
+                    # The call's own greenlet exited (killed, or the tool raised an exit):
+                    # that call goes unanswered, and says why; the turn goes on.
+                    results[i] = _exited(exc)
+                raise
             finally:
                 remaining[0] -= 1
                 if remaining[0] == 0:
@@ -770,6 +802,13 @@ def _unanswered(concluded: bool, started: bool) -> ToolResult:
     if started:
         return _synthetic("ABORTED", "abandoned: the turn was aborted while it ran")
     return _synthetic("ABORTED", "not run: the turn was aborted")
+
+
+def _exited(exc: BaseException) -> ToolResult:
+    """The result of a call whose greenlet in a concurrent batch exited while the turn went on."""
+    if isinstance(exc, gevent.GreenletExit):
+        return _synthetic("ABORTED", "not answered: the tool's greenlet was killed")
+    return _synthetic(TOOL_FAILED, f"not answered: the tool raised {_cause(exc)}")
 
 
 def _tool_crash(failure: BaseException) -> ToolCrash:

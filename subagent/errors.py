@@ -55,6 +55,7 @@ ErrorCode = Literal[
     "NOT_RESUMABLE",
     "ORPHANED_CHILD",
     "RUNTIME_CLOSED",
+    "WRONG_THREAD",
 ]
 
 # Every code the runtime raises, with what it means; docs/seam.md lists the same.
@@ -79,6 +80,7 @@ ERROR_CODES: Final[dict[ErrorCode, str]] = {
     "NOT_RESUMABLE": "the child log has no usable descriptor",
     "ORPHANED_CHILD": "the child's parent session is no longer stored, so nobody can resume it",
     "RUNTIME_CLOSED": "the runtime is closed",
+    "WRONG_THREAD": "the runtime was called from a thread other than the one that made it",
 }
 assert set(ERROR_CODES) == set(get_args(ErrorCode)), "ErrorCode and ERROR_CODES disagree"
 

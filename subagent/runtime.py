@@ -154,6 +154,7 @@ class Runtime:
 
     def _check_open(self) -> None:
         """The close guard: a closed runtime makes nothing new (it would never be released)."""
+        self.subagents.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED", "the runtime is closed")
 
@@ -163,6 +164,7 @@ class Runtime:
 
     def close(self) -> None:
         """Dispose every run, close every agent (children first), stop the registry."""
+        self.subagents.owner.check()
         if self._closed:
             return
         self._closed = True

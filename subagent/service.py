@@ -45,6 +45,7 @@ from subagent.continuation import ContinuableStart, ContinuationManager, SendRes
 from subagent.errors import SubagentError
 from subagent.listings import ChildRow, Listings, RemoteRun
 from subagent.live import LiveAgents, live_agent, task_service
+from subagent.owner_thread import OwnerThread
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.tasks import DEFAULT_KEEP_SETTLED
 from subagent.types import (
@@ -265,6 +266,8 @@ class SubagentService:
         max_children_per_parent: int | None = None,
     ) -> None:
         self._ctx = ctx
+        # Starts, resumes and close from another thread are refused (`OwnerThread`).
+        self.owner = OwnerThread()
         self._registry, self._ref = start_local(
             RegistryActor, max_children, max_children_per_parent
         )
@@ -389,6 +392,7 @@ class SubagentService:
 
     def runs(self, parent_id: str | None = None) -> list[RunHandle]:
         """The live runs (all, or one parent's), from the registry's run table."""
+        self.owner.check()
         with _registry_open():
             runs: list[RunHandle] = self._ref.ask(reg.Runs(parent_id), block=True)
         return runs
@@ -408,6 +412,7 @@ class SubagentService:
             raise TypeError("provider name must be a string")
         if not isinstance(request, SubagentStartRequest):
             raise TypeError("request must be a SubagentStartRequest")
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         if request.output_schema is not None:
@@ -476,6 +481,7 @@ class SubagentService:
             name = getattr(request.descriptor, "provider", None)
             if not isinstance(name, str):
                 raise TypeError("request.descriptor names no provider; pass name=")
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
@@ -661,6 +667,7 @@ class SubagentService:
         """Start a durable child; resolves once its first prompt is accepted into its inbox."""
         if not isinstance(request, SubagentStartRequest):
             raise TypeError("request must be a SubagentStartRequest")
+        self.owner.check()
         return self._continuation.start_continuable(name, request, label=label, child_id=child_id)
 
     def send_message(
@@ -672,6 +679,7 @@ class SubagentService:
         signal: AbortSignal | None = None,
     ) -> SendResult:
         """Steer the child's live activation, or cold-resume it with this message."""
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         return self._continuation.send_message(
@@ -686,6 +694,7 @@ class SubagentService:
         cancel; an ACP agent is reaped once the run's owner disposes it). True once it settled
         so and the registry handled its end: a listing asked after this shows it `ended`. One
         that ended already is not running (False), for as long as it stays listed."""
+        self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
         validate_session_id(child_id)
@@ -716,9 +725,11 @@ class SubagentService:
         return None
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
+        self.owner.check()
         return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
+        self.owner.check()
         return self._listings.list_descendants(root_session_id)
 
     def _remote_runs(self) -> list[RemoteRun]:
@@ -780,6 +791,7 @@ class SubagentService:
 
     def close(self) -> None:
         """Dispose every live run, then stop the registry. Every start gets its end first."""
+        self.owner.check()
         self._closed = True
         self._ended.clear()
         self._continuation.close()

@@ -32,12 +32,14 @@ from agent.model import (
     ToolSpec,
 )
 from agent.models.http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_RETRIES,
     DEFAULT_READ_TIMEOUT,
     HTTPModel,
     Retryable,
     RetryHook,
     drain,
+    loads,
     sse_events,
 )
 from agent.usage import checked_usage, normalize_usage
@@ -297,6 +299,7 @@ class AnthropicModel(HTTPModel):
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         on_retry: RetryHook | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
@@ -319,6 +322,7 @@ class AnthropicModel(HTTPModel):
             timeout=timeout,
             pool_size=pool_size,
             on_retry=on_retry,
+            max_response_bytes=max_response_bytes,
         )
         self._needs_key = not key and self.base_url == DEFAULT_BASE_URL
         self._max_tokens = max_tokens
@@ -369,9 +373,9 @@ class AnthropicModel(HTTPModel):
         if "text/event-stream" not in ctype:
             raise ModelError(f"anthropic: unexpected content type {ctype!r}")
         answer = _Answer()
-        for event in sse_events(resp, "anthropic"):
+        for event in sse_events(resp, "anthropic", self.max_response_bytes):
             try:
-                obj = json.loads(event.data)
+                obj = loads(event.data)
             except (ValueError, RecursionError) as e:
                 raise ModelError(
                     f"anthropic stream: malformed SSE data ({e}): {event.data[:200]!r}"

@@ -37,9 +37,11 @@ from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
 from supervision.group import TaskGroup
+from supervision.offload import offload
 from supervision.signal import AbortSignal
 
 __all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_READ_TIMEOUT",
     "RETRY_STATUSES",
@@ -48,6 +50,8 @@ __all__ = [
     "Retryable",
     "aborted",
     "jsonable",
+    "loads",
+    "read_body",
     "read_capped",
     "retry_after",
     "sse_events",
@@ -60,6 +64,14 @@ RETRY_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 DEFAULT_READ_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 2
 _ERROR_BODY_LIMIT = 64 * 1024
+# The most one answer may stream, in bytes of body. A model's longest answer is tens of MB of
+# SSE (128k tokens at ~300 bytes an event); a server that streams without end (a broken proxy, a
+# wrong base URL serving a download, a hostile endpoint) would otherwise fill the memory of the
+# whole process through one child.
+DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+_BODY_BLOCK = 64 * 1024
+# JSON text this long is parsed in the hub's thread pool: ~10 ms a MB would hold every child.
+_PARSE_ON_HUB_MAX = 1024 * 1024
 
 # Called before each retry with (attempt that failed, delay in seconds, diagnostic).
 RetryHook = Callable[[int, float, str], None]
@@ -117,15 +129,49 @@ def read_capped(resp: HTTPSocketPoolResponse, limit: int = _ERROR_BODY_LIMIT) ->
     return bytes(data)
 
 
-def sse_events(resp: HTTPSocketPoolResponse, label: str) -> Iterator[SSEEvent]:
+def _too_large(label: str, limit: int) -> ModelError:
+    return ModelError(
+        f"{label}: the answer ran past {limit} bytes (max_response_bytes); the rest was not read"
+    )
+
+
+def read_body(resp: HTTPSocketPoolResponse, label: str, limit: int) -> bytes:
+    """A whole (unstreamed) body, refused once it runs past `limit` bytes."""
+    blocks: list[bytes] = []
+    size = 0
+    while True:
+        block = resp.read(_BODY_BLOCK)
+        if not block:
+            return b"".join(blocks)
+        size += len(block)
+        if size > limit:
+            raise _too_large(label, limit)
+        blocks.append(block)
+
+
+def loads(text: str | bytes) -> Any:
+    """`json.loads`, in the hub's thread pool when the text is long (see `_PARSE_ON_HUB_MAX`)."""
+    if len(text) > _PARSE_ON_HUB_MAX:
+        return offload(json.loads, text)
+    return json.loads(text)
+
+
+def sse_events(
+    resp: HTTPSocketPoolResponse, label: str, limit: int = DEFAULT_MAX_RESPONSE_BYTES
+) -> Iterator[SSEEvent]:
     """The server-sent events of a streamed response, as they arrive.
 
-    Ends when the body ends; raises `ModelError` when the connection closes mid-body or a line
-    is not UTF-8. The caller decides whether the stream was complete.
+    Ends when the body ends; raises `ModelError` when the connection closes mid-body, a line
+    is not UTF-8, or the body runs past `limit` bytes. The caller decides whether the stream
+    was complete.
     """
     parser = SSEParser()
+    size = 0
     while True:
         line = resp.readline(b"\n")
+        size += len(line)
+        if size > limit:
+            raise _too_large(label, limit)
         if not line:
             if not resp.message_complete:
                 raise ModelError(f"{label}: connection closed mid-stream")
@@ -176,6 +222,7 @@ class HTTPModel:
         timeout: float | None = None,
         pool_size: int = 1024,
         on_retry: RetryHook | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if timeout is not None:  # `subagent run --timeout`: both timeouts at once
             connect_timeout = read_timeout = timeout
@@ -194,6 +241,10 @@ class HTTPModel:
             raise TypeError("pool_size must be an int")
         if max_retries < 0 or pool_size < 1:
             raise ValueError("max_retries must be >= 0 and pool_size >= 1")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
+            raise TypeError("max_response_bytes must be an int")
+        if max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be >= 1")
         for name, value in (
             ("backoff_base", backoff_base),
             ("backoff_max", backoff_max),
@@ -213,6 +264,7 @@ class HTTPModel:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.pool_size = pool_size
+        self.max_response_bytes = max_response_bytes
         self._on_retry = on_retry
         self._path = (parts.path or "") + path
         # Every call streams JSON; `headers` add the adapter's auth and the caller's extras.

@@ -24,6 +24,7 @@ from agent.model import (
     ToolSpec,
 )
 from agent.models.http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_RETRIES,
     DEFAULT_READ_TIMEOUT,
     RETRY_STATUSES,
@@ -31,6 +32,8 @@ from agent.models.http import (
     RetryHook,
     drain,
     jsonable,
+    loads,
+    read_body,
     sse_events,
 )
 from agent.usage import checked_usage
@@ -285,6 +288,7 @@ class OpenAIModel(HTTPModel):
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         on_retry: RetryHook | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -305,6 +309,7 @@ class OpenAIModel(HTTPModel):
             timeout=timeout,
             pool_size=pool_size,
             on_retry=on_retry,
+            max_response_bytes=max_response_bytes,
         )
         self._max_tokens_field = max_tokens_field
         self._extra_body = dict(extra_body or {})
@@ -359,11 +364,11 @@ class OpenAIModel(HTTPModel):
     def _read_json(
         self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
     ) -> ModelResponse:
-        raw = resp.read()
+        raw = read_body(resp, "openai", self.max_response_bytes)
         if not resp.message_complete:
             raise ModelError("openai: connection closed before the JSON answer ended")
         try:
-            obj = json.loads(raw)
+            obj = loads(raw)
         except (ValueError, RecursionError) as e:
             raise ModelError(f"openai: malformed JSON answer ({e}): {raw[:200]!r}") from None
         answer = _Answer()
@@ -380,12 +385,12 @@ class OpenAIModel(HTTPModel):
     ) -> ModelResponse:
         answer = _Answer()
         done = False
-        for event in sse_events(resp, "openai"):
+        for event in sse_events(resp, "openai", self.max_response_bytes):
             if event.data == "[DONE]":
                 done = True
                 break
             try:
-                chunk = json.loads(event.data)
+                chunk = loads(event.data)
             except (ValueError, RecursionError) as e:
                 raise ModelError(
                     f"openai stream: malformed SSE data ({e}): {event.data[:200]!r}"

@@ -1,0 +1,107 @@
+"""A runtime belongs to the thread that made it: its entry points refuse another thread's call
+with `WRONG_THREAD` before anything is made, and the runtime still closes (docs/seam.md)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+import pytest
+from gevent._hub_local import get_hub_if_exists
+
+from subagent import (
+    AbortController,
+    MemoryStore,
+    Runtime,
+    SpawnProvider,
+    SubagentError,
+    SubagentStartRequest,
+    text_block,
+)
+
+
+def _in_another_thread(call: Callable[[], Any]) -> BaseException | None:
+    """What `call` raised in a new thread (None if it returned), waited for cooperatively."""
+    caught: list[BaseException | None] = []
+
+    def body() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            caught.append(exc)
+        else:
+            caught.append(None)
+        finally:
+            hub = get_hub_if_exists()
+            if hub is not None:  # the thread's own hub (and its thread pool) goes with it
+                hub.destroy(destroy_loop=True)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    while thread.is_alive():
+        gevent.sleep(0.01)  # the hub stays free: the other thread may need nothing of it
+    return caught[0]
+
+
+def test_every_entry_point_refuses_another_thread_and_nothing_is_made() -> None:
+    with Runtime(store=MemoryStore()) as rt:
+        rt.subagents.register(SpawnProvider())
+        parent = rt.agent()
+        request = SubagentStartRequest(
+            prompt=[text_block("hi")], parent=parent, signal=AbortController().signal
+        )
+        service = rt.subagents
+        calls: dict[str, Callable[[], Any]] = {
+            "agent": rt.agent,
+            "resume_agent": lambda: rt.resume_agent(parent.session_id),
+            "start": lambda: service.start("spawn", request),
+            "start_continuable": lambda: service.start_continuable("spawn", request, label="x"),
+            "send_message": lambda: service.send_message(parent, "s0", "hi", None),  # type: ignore[arg-type]
+            "interrupt": lambda: service.interrupt("s0", by=parent),
+            "runs": service.runs,
+            "list_children": lambda: service.list_children(parent.session_id),
+            "list_descendants": lambda: service.list_descendants(parent.session_id),
+            "close": rt.close,
+        }
+        agents_before = set(rt.ctx.agents)
+        for name, call in calls.items():
+            raised = _in_another_thread(call)
+            assert isinstance(raised, SubagentError), name
+            assert raised.code == "WRONG_THREAD", name
+            assert "MainThread" in str(raised), name
+        assert set(rt.ctx.agents) == agents_before  # nothing was made
+        assert service.runs() == []
+        # The owning thread still works, and the runtime closes (it used to wait for ever).
+        run = service.start("spawn", request)
+        assert run.result.get(timeout=10).stop_reason == "completed"
+        run.dispose()
+    assert rt.subagents.closed
+
+
+def test_a_runtime_made_in_a_thread_belongs_to_that_thread() -> None:
+    made: list[Runtime] = []
+    results: list[str] = []
+
+    def body() -> None:
+        with Runtime(store=MemoryStore()) as rt:
+            made.append(rt)
+            rt.subagents.register(SpawnProvider())
+            parent = rt.agent()
+            run = rt.subagents.start(
+                "spawn",
+                SubagentStartRequest(
+                    prompt=[text_block("from a thread")],
+                    parent=parent,
+                    signal=AbortController().signal,
+                ),
+            )
+            results.append(run.result.get(timeout=10).stop_reason)
+            run.dispose()
+
+    assert _in_another_thread(body) is None
+    assert results == ["completed"]
+    with pytest.raises(SubagentError) as refused:
+        made[0].agent()  # closed, and not this thread's: the thread is said first
+    assert refused.value.code == "WRONG_THREAD"
