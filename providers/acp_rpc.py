@@ -33,8 +33,9 @@ from providers.errors import (
     RequestTimedOut,
     RpcError,
     RpcFault,
+    TooManyContainers,
 )
-from providers.json_line import TooManyContainers, parse_line
+from providers.json_line import parse_line
 from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 

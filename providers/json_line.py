@@ -29,9 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.store import gc_paused
+from providers.errors import TooManyContainers
 from supervision.offload import offload
 
-__all__ = ["MAX_CONTAINERS", "ON_HUB_BYTES", "TooManyContainers", "parse_line"]
+__all__ = ["MAX_CONTAINERS", "ON_HUB_BYTES", "parse_line"]
 
 ON_HUB_BYTES = 64 * 1024
 MAX_CONTAINERS = 100_000
@@ -40,13 +41,6 @@ MAX_CONTAINERS = 100_000
 _parse_object: Callable[..., Any] = vars(json.decoder)["JSONObject"]
 _parse_array: Callable[..., Any] = vars(json.decoder)["JSONArray"]
 _py_make_scanner: Callable[[json.JSONDecoder], Any] = vars(json.scanner)["py_make_scanner"]
-
-
-class TooManyContainers(ValueError):
-    """A line holds more arrays and objects than `MAX_CONTAINERS`."""
-
-    def __init__(self) -> None:
-        super().__init__(f"a message holds more than {MAX_CONTAINERS:,} JSON arrays and objects")
 
 
 class _BoundedDecoder(json.JSONDecoder):
@@ -72,7 +66,7 @@ class _BoundedDecoder(json.JSONDecoder):
     def _spend(self) -> None:
         self._left -= 1
         if self._left < 0:
-            raise TooManyContainers
+            raise TooManyContainers(MAX_CONTAINERS)
 
 
 def _parse_off_hub(line: bytes) -> object:
