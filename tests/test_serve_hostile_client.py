@@ -386,3 +386,42 @@ def test_acp_gives_up_a_client_that_stops_reading_and_tears_down(tmp_path: Path)
     (child,) = [s for s in store.ids() if store.header(s).parent_session == background]
     (end,) = [e["data"] for e in store.inspect(child).events if e["type"] == "turn/end"]
     assert end["reason"] == "aborted"
+
+
+def test_a_connection_whose_peer_never_reads_gives_up_at_its_bound() -> None:
+    """The same rule on the connection alone, as the `acp` provider uses it towards an agent
+    that stops reading its stdin: a pending request fails with a diagnostic instead of the
+    queue growing, later messages are dropped, and `shutdown` returns (it used to be unable to:
+    closing the pipe flushed into a peer that never reads) and the peer's end sees EOF."""
+    to_peer_r, to_peer_w = os.pipe()
+    from_peer_r, from_peer_w = os.pipe()
+    conn = JsonRpcConnection(
+        FileObjectPosix(to_peer_w, "wb"),
+        FileObjectPosix(from_peer_r, "rb"),
+        on_request=lambda method, params: {},
+        on_notification=lambda method, params: None,
+        max_line_bytes=MAX_LINE_BYTES,
+        name="client",
+        max_unread_bytes=1 << 20,
+    )
+    try:
+        chunk = "n" * 1000
+        sent = 0
+        while conn.notify("note", {"text": chunk}):  # nobody reads: the pipe fills, then the queue
+            sent += 1
+            if sent % 100 == 0:
+                gevent.sleep(0)  # let the writer fill the pipe meanwhile
+            assert sent < 10_000, "never gave up"
+        assert conn.gave_up
+        with pytest.raises(acp_rpc.ConnectionClosed, match="the peer stopped reading"):
+            conn.request("session/prompt", {})
+        assert conn.notify("note", {}) is False
+    finally:
+        conn.shutdown()
+    os.close(from_peer_w)
+    # The peer's end: what was written before the bound, then EOF (our end was closed).
+    received = 0
+    with os.fdopen(to_peer_r, "rb") as peer:
+        while block := peer.read(1 << 16):
+            received += len(block)
+    assert 0 < received < sent * 1100
