@@ -425,3 +425,37 @@ def test_a_connection_whose_peer_never_reads_gives_up_at_its_bound() -> None:
         while block := peer.read(1 << 16):
             received += len(block)
     assert 0 < received < sent * 1100
+
+
+def test_mcp_gives_up_a_client_that_stops_reading_and_tears_down(tmp_path: Path) -> None:
+    """`subagent mcp` the same way: a client that keeps sending `tools/list` (each answer a few
+    KiB) and never reads used to make the server hold every answer; past 64 MiB unread the
+    connection is given up, its background child is ended, and the server exits 1."""
+    client = McpClient(tmp_path / "home")
+    assert "result" in client.ask("init", "initialize", {"protocolVersion": "2025-06-18"})
+    hang = {"description": "bg", "prompt": "/hang", "run_in_background": True}
+    started = client.ask(1, "tools/call", {"name": "subagent", "arguments": hang})
+    assert started["result"]["isError"] is False
+    size = len(json.dumps(client.ask(2, "tools/list", {})))
+    flood = b"".join(
+        json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/list"}).encode() + b"\n"
+        for rid in range(3, 3 + 2 * (64 << 20) // size)  # twice the bound's worth of answers
+    )
+    assert client.proc.stdin is not None
+    try:
+        client.proc.stdin.write(flood)
+        client.proc.stdin.flush()
+    except BrokenPipeError:
+        pass  # it gave up before reading all of it
+    client.proc.wait(timeout=TIMEOUT)  # nothing read: it gave up by itself
+    _, raw = client.proc.communicate(timeout=TIMEOUT)
+    stderr = raw.decode("utf-8", "replace")
+    assert client.proc.returncode == 1, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    (warning,) = [line for line in stderr.splitlines() if "the connection is given up" in line]
+    unread = int(warning.split("has not read ")[1].split(" bytes")[0].replace(",", ""))
+    assert 60 << 20 < unread <= 64 << 20
+    store = SessionStore(tmp_path / "home" / "sessions")
+    (child,) = [s for s in store.ids() if store.header(s).parent_session is not None]
+    (end,) = [e["data"] for e in store.inspect(child).events if e["type"] == "turn/end"]
+    assert end["reason"] == "aborted"
