@@ -776,6 +776,32 @@ _NO_KINDS = b""
 _HEADS: dict[bytes, int] = {
     b"\x84\xa4type" + msgpack.packb(name): code for name, code in _KIND_OF.items()
 }
+_ENVELOPE_HEAD = b"\x84\xa4type"
+
+
+def _leading_type(payload: bytes | memoryview) -> str | None:
+    """The type of an event payload that starts as the log encodes one (a map of four whose
+    first key is "type" and whose value is a str), read from those bytes alone; None when it
+    starts otherwise (then decode it)."""
+    if payload[:6] != _ENVELOPE_HEAD or len(payload) < 7:
+        return None
+    marker = payload[6]
+    if 0xA0 <= marker <= 0xBF:  # fixstr
+        start, size = 7, marker & 0x1F
+    elif marker == 0xD9 and len(payload) >= 8:  # str 8
+        start, size = 8, payload[7]
+    elif marker == 0xDA and len(payload) >= 9:  # str 16
+        start, size = 9, int.from_bytes(payload[7:9], "big")
+    else:
+        return None
+    if len(payload) < start + size:
+        return None
+    try:
+        return bytes(payload[start : start + size]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 _INBOX_CODES = frozenset(
     _KIND_OF[name] for name in (ev.INBOX_ACCEPTED, ev.INBOX_CLAIMED, ev.INBOX_DISCARDED)
 )
@@ -937,34 +963,67 @@ class EventView(_PayloadEvents):
         return self._loaded + len(self._payloads)
 
     def positions(self, types: Collection[str], start: int = 0) -> array[int]:
-        """The indexes of the events of `types`, from `start` on, in order. Those the view was
-        built with are found by their type codes, decoding none (but those of a type outside
-        the known vocabulary, when `types` names one); later ones are decoded."""
+        """The indexes of the events of `types`, from `start` on, in order, found by their
+        type codes: those the view was built with by the codes they were kept with, those
+        appended since by the codes their payloads' first bytes give (`_coded`). Decodes
+        nothing: a type outside the known vocabulary, when `types` names one, is read from the
+        payload's first bytes too (decoded only where a payload does not start as the log
+        encodes events, which another writer's file may)."""
         loaded = self._loaded
+        size = loaded + len(self._payloads)
         found = array("q")
         if start < 0:
             start = 0
+        if start >= size:
+            return found
+        codes = bytearray(256)
+        unknown = False
+        for name in types:
+            code = _KIND_OF.get(name, _OTHER)
+            codes[code] = 1
+            unknown = unknown or code == _OTHER
         if start < loaded:
-            codes = bytearray(256)
-            unknown = False
-            for name in types:
-                code = _KIND_OF.get(name, _OTHER)
-                codes[code] = 1
-                unknown = unknown or code == _OTHER
-            kinds = self._kinds
-            picked = compress(range(start, loaded), kinds[start:loaded].translate(codes))
-            if not unknown:
-                found.extend(picked)
-            else:
-                for index in picked:
-                    if kinds[index] != _OTHER or self[index]["type"] in types:
-                        found.append(index)
-        payloads = self._payloads
-        if payloads:
-            for index in range(max(start, loaded), loaded + len(payloads)):
-                if _unpackb(payloads[index - loaded])["type"] in types:
-                    found.append(index)
+            self._pick(found, self._kinds, start, loaded, 0, codes, unknown, types)
+        if size > loaded:
+            tail = self._coded(size - loaded)
+            self._pick(found, tail, max(start, loaded), size, loaded, codes, unknown, types)
         return found
+
+    def _pick(
+        self,
+        found: array[int],
+        kinds: bytes | bytearray,
+        start: int,
+        stop: int,
+        base: int,
+        codes: bytearray,
+        unknown: bool,
+        types: Collection[str],
+    ) -> None:
+        """Append to `found` the indexes `start..stop` whose code (`kinds[index - base]`) is
+        picked by `codes`; an event of a type outside the vocabulary is told by its name."""
+        picked = compress(range(start, stop), kinds[start - base : stop - base].translate(codes))
+        if not unknown:
+            found.extend(picked)
+            return
+        for index in picked:
+            if kinds[index - base] != _OTHER or self._type_name(index) in types:
+                found.append(index)
+
+    def _type_name(self, index: int) -> object:
+        """Event `index`'s type, read from its payload's first bytes where it starts as the log
+        encodes an event (`{"type": ..., ...}`), else decoded."""
+        loaded = self._loaded
+        if index < loaded:
+            ends = self._ends
+            payload: bytes | memoryview = self._blob[ends[index - 1] if index else 0 : ends[index]]
+        else:
+            payload = self._payloads[index - loaded]
+        name = _leading_type(payload)
+        if name is None:
+            kind: object = _unpackb(payload).get("type")
+            return kind
+        return name
 
     def select(self, types: Collection[str], start: int = 0) -> Iterator[Event]:
         """Fresh copies of the events of `types` from `start` on (`positions`): a scan for a
@@ -1004,18 +1063,22 @@ class EventView(_PayloadEvents):
         return self._kinds[start:loaded] + tail
 
     def _coded(self, count: int) -> bytearray:
-        """The type codes of the first `count` appended events, each found once, from its
-        payload's first bytes: the log encodes `{"type": ..., "seq": ...}` in that order, so
-        a known type's payload starts with its `_HEADS` entry. Appends stay as they were (no
-        code kept per append: most logs are never forked). A payload that starts otherwise
-        (a type outside the vocabulary) is decoded to be told."""
+        """The type codes of the first `count` appended events, each found once (then kept)
+        from its payload's first bytes: `SessionLog.append` encodes `{"type": ..., "seq": ...}`
+        in that order, so a known type's payload starts with its `_HEADS` entry, and one that
+        starts as an envelope but with no entry is of a type outside the vocabulary. Nothing is
+        kept per append (the step's hot path stays as it is; most logs are never asked), and
+        nothing is decoded but a payload that does not start as an envelope (none the log
+        appends)."""
         kinds = self._tail_kinds
         if len(kinds) < count:
             heads = _HEADS
             for payload in self._payloads[len(kinds) : count]:
                 code = heads.get(payload[: 7 + (payload[6] & 0x1F)])
                 if code is None:
-                    kind = _unpackb(payload)["type"]
+                    kind = _leading_type(payload)
+                    if kind is None:
+                        kind = _unpackb(payload).get("type")
                     code = _KIND_OF.get(kind, _OTHER) if _type_of(kind) is str else _OTHER
                 kinds.append(code)
         return kinds
@@ -1227,6 +1290,12 @@ class SessionLog:
     @property
     def turn_open(self) -> bool:
         return self._replay.turn_open
+
+    @property
+    def turn(self) -> int:
+        """The number of the last turn started (0 before any): the replay's, so nothing is
+        decoded to learn it (`agent.history.last_turn_number` reads it from the events)."""
+        return self._replay.turn
 
     @property
     def closed(self) -> bool:

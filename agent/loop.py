@@ -33,7 +33,7 @@ from agent import tracing
 from agent.context import LiveAgent
 from agent.edits import EDITS
 from agent.errors import ToolCrash, TurnBlocked
-from agent.history import Conversation, last_turn_number
+from agent.history import Conversation
 from agent.jsoncheck import is_lossless
 from agent.log import SessionLog, is_plain_reply
 from agent.model import (
@@ -183,7 +183,7 @@ class AgentCore:
         # The conversation, held once: positions of the log's message events.
         self.history = Conversation(log.events)
         self._note = self.history.note_seq
-        self.turn = last_turn_number(log.events)
+        self.turn = log.turn  # the replay's: no turn/start decoded
         # This session's token spend (from its log) and budget; the subagent layer links it to
         # the parent's account so a subtree's spend counts against every ancestor's budget.
         self.usage = UsageAccount(

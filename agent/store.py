@@ -72,7 +72,6 @@ from agent.log import (
     SessionLog,
     ToolLike,
     closing_events,
-    encode_events,
     encode_payloads,
     request_header_data,
     validate_log,
@@ -133,8 +132,13 @@ def gc_paused() -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class LoadedSession:
+    """A stored session as read. `events` is a read-only sequence of the log's events kept as
+    their payloads (`agent.log.EventView`): indexing, iteration, `len`, and `positions` /
+    `select` by type decode only what they return, each read a fresh copy. Copy what you keep
+    or change (`list(loaded.events)`)."""
+
     header: SessionHeader
-    events: list[Event]
+    events: EventView
     repaired: bool
     # Bytes of an incomplete tail frame: dropped by `load`, only reported by `inspect`.
     torn_bytes: int = 0
@@ -358,15 +362,15 @@ class _Store:
         if handle is None:
             raise SessionBusyError(f"session {session_id} is already open")
         try:
-            kept = _Keeper(handle.size())
-            loaded, replay = self._load_locked(session_id, handle, kept)
-            self._check_refs(session_id, kept.refs)
+            loaded, replay, refs = self._load_locked(session_id, handle)
+            self._check_refs(session_id, refs)
         except BaseException:
             handle.close()
             raise
         # The events stay the payloads read from the file (decoded once, to replay them).
-        events = EventView(kept.payloads)
-        return SessionLog(loaded.header, events, handle, self.durability, replay, shared=self)
+        return SessionLog(
+            loaded.header, loaded.events, handle, self.durability, replay, shared=self
+        )
 
     def load(self, session_id: str) -> LoadedSession:
         """The session's header and events, with a torn or open tail repaired durably.
@@ -380,39 +384,45 @@ class _Store:
         except OSError as exc:
             if exc.errno not in _READ_ONLY_ERRNOS:
                 raise
-            loaded = self.inspect(session_id)
+            loaded, refs = self._inspect(session_id)
             if loaded.needs_repair:
                 raise SessionLogError(
                     f"session {session_id} needs a repair, but its store is not writable: {exc}"
                 ) from exc
         else:
             if handle is None:
-                loaded = self.inspect(session_id)
+                loaded, refs = self._inspect(session_id)
                 if loaded.needs_repair:
                     raise SessionBusyError(f"session {session_id} is open and mid-turn")
             else:
                 try:
-                    loaded = self._load_locked(session_id, handle)[0]
+                    loaded, _replay, refs = self._load_locked(session_id, handle)
                 finally:
                     handle.close()
-        self._check_shared(session_id, loaded.events)
+        self._check_refs(session_id, refs)
         return loaded
 
     def inspect(self, session_id: str) -> LoadedSession:
         """What is stored, as is: never writes, never takes the session."""
+        return self._inspect(session_id)[0]
+
+    def _inspect(self, session_id: str) -> tuple[LoadedSession, set[str]]:
+        """`inspect`, and the shared request headers the log names."""
         validate_session_id(session_id)
         reader = self._reader(session_id)
         try:
-            decoded, replay = self._decode(session_id, reader)
+            kept = _Keeper(reader.size())
+            decoded, replay = self._decode(session_id, reader, kept)
         finally:
             reader.close()
-        return LoadedSession(
+        loaded = LoadedSession(
             decoded.header,
-            decoded.events,
+            EventView(kept.payloads),
             repaired=False,
             torn_bytes=decoded.size - decoded.good_length,
             needs_repair=decoded.torn or replay.turn_open,
         )
+        return loaded, kept.refs
 
     def scan(self, session_id: str, start: int = 0) -> Iterator[Event]:
         """Stored events from index `start`, read and decoded lazily as consumed (see
@@ -490,11 +500,9 @@ class _Store:
 
     # -- shared internals ---------------------------------------------------------------------
 
-    def _decode(
-        self, session_id: str, reader: _Reader, kept: _Keeper | None = None
-    ) -> tuple[Decoded, LogReplay]:
-        """Read, decode and replay a stored log: into `Decoded.events`, or, given a keeper, into
-        it (each event replayed as it is decoded and kept as its payload; no list)."""
+    def _decode(self, session_id: str, reader: _Reader, kept: _Keeper) -> tuple[Decoded, LogReplay]:
+        """Read, decode and replay a stored log into a keeper: each event replayed as it is
+        decoded and kept as its payload (no list of events; `Decoded.events` is empty)."""
         size = reader.size()
         if size >= _THREADPOOL_READ:
             # Reading and decoding a big log is tens of ms of I/O and CPU: off the hub, so
@@ -503,58 +511,57 @@ class _Store:
         return self._decode_now(session_id, reader, size, kept)
 
     def _decode_now(
-        self, session_id: str, reader: _Reader, size: int, kept: _Keeper | None
+        self, session_id: str, reader: _Reader, size: int, kept: _Keeper
     ) -> tuple[Decoded, LogReplay]:
         name = self._name(session_id)
         with gc_paused():
-            decoded = read_frames(
-                reader.read_at, size, name, sink=kept.start if kept is not None else None
-            )
+            decoded = read_frames(reader.read_at, size, name, sink=kept.start)
         header = decoded.header
         # Corruption anywhere in the file outranks a wrong id, which outranks a broken rule.
         if header.id != session_id:
             raise CorruptSessionError(name, 0, f"header names session {header.id!r}")
         try:
-            replay = kept.replay() if kept is not None else validate_log(decoded.events, header)
+            replay = kept.replay()
         except InvariantError as exc:
             raise InvariantError(exc.seq, f"{name}: {exc.message}") from None
         return decoded, replay
 
     def _load_locked(
-        self, session_id: str, handle: _Handle, kept: _Keeper | None = None
-    ) -> tuple[LoadedSession, LogReplay]:
-        """`_decode`, then the repair of a torn or open tail (its events kept too)."""
+        self, session_id: str, handle: _Handle
+    ) -> tuple[LoadedSession, LogReplay, set[str]]:
+        """`_decode`, then the repair of a torn or open tail (its events kept too); also the
+        shared request headers the log names."""
+        kept = _Keeper(handle.size())
         decoded, replay = self._decode(session_id, handle, kept)
-        header, events, good, torn, size = decoded
+        header, _none, good, torn, size = decoded
         torn_bytes = size - good
         closing = closing_events(replay)
         if not torn and not closing:
-            return LoadedSession(header, events, repaired=False), replay
+            return (
+                LoadedSession(header, EventView(kept.payloads), repaired=False),
+                replay,
+                kept.refs,
+            )
         now = time.time()
-        added: builtins.list[Event] = []
+        frames: builtins.list[bytes] = []
         for etype, edata in closing:
             event: Event = {"type": etype, "seq": replay.seq, "time": now, "data": edata}
             replay.feed(event)
-            added.append(event)
-        if kept is None:
-            tail = encode_events(added)
-            events.extend(added)
-        else:
-            frames: builtins.list[bytes] = []
-            for event in added:
-                payload = _packb(event)
-                frames.append(_frame(payload))
-                kept.payloads.add(payload, event["type"])
-            tail = b"".join(frames)
+            payload = _packb(event)
+            frames.append(_frame(payload))
+            kept.payloads.add(payload, etype)
+        tail = b"".join(frames)
         handle.repair(good, tail, sync=self.durability != "none")
         logger.info(
             "repaired session %s: dropped %d torn bytes, closed %d events",
             session_id,
             torn_bytes,
-            len(added),
+            len(frames),
         )
-        loaded = LoadedSession(header, events, repaired=True, torn_bytes=torn_bytes)
-        return loaded, replay
+        loaded = LoadedSession(
+            header, EventView(kept.payloads), repaired=True, torn_bytes=torn_bytes
+        )
+        return loaded, replay, kept.refs
 
 
 def _prepare_seed(

@@ -11,6 +11,9 @@ provider seeds one (`create_agent`'s part: the provider's seed, `create` with it
 `session/end-seed`, then the log closed), on a directory store with durability "none" (no
 fsync: the CPU of the seed, not the disk's). CPU is `process_time` (every thread: a big seed's
 work in the hub's pool counts), per fork; the children are deleted after each one.
+
+`first_request_*` (q11): a forked child's first model request reads its conversation, the
+seed's messages decoded one by one (each request's are fresh copies); its CPU per read.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from agent.events import SessionHeader
+from agent.history import Conversation, last_turn_number
 from agent.log import SessionLog
 from agent.store import SessionStore
+from agent.usage import usage_of_events
 from providers.inprocess import ForkProvider
 
 DEFAULT_EVENTS = 5_000
@@ -99,6 +104,37 @@ def _parent(store: SessionStore, events: int) -> SessionLog:
     return log
 
 
+def _first_request(store: SessionStore, parent: SessionLog, forks: int) -> list[float]:
+    """CPU of a forked child's first request's conversation (q11): what `AgentCore` reads of
+    its log when it is built (the conversation's positions, the turn number, the usage after
+    the seed) and the messages read once, as a model adapter reads `request.messages`."""
+    seed = provider_seed(parent)
+    header = SessionHeader(
+        id="reader",
+        created_at=time.time(),
+        cwd="/work",
+        parent_session=parent.id,
+        seed_length=len(seed),
+    )
+    child = store.create(header, seed)
+    child.append("session/end-seed", {"length": len(seed)})
+    samples = []
+    for _ in range(forks):
+        gc.collect()
+        t0 = time.process_time()
+        history = Conversation(child.events)
+        # The turn number as `AgentCore` learns it (the replay's since q11; an older tree reads
+        # it from the events).
+        _turn_now = child.turn if hasattr(child, "turn") else last_turn_number(child.events)
+        usage_of_events(child.events, child.header.seed_length)
+        for _message in history.view():
+            pass
+        samples.append(time.process_time() - t0)
+    child.close()
+    store.delete(header.id)
+    return samples
+
+
 def _forks(store: SessionStore, parent: SessionLog, forks: int) -> list[float]:
     provider = ForkProvider()
     holder = SimpleNamespace(log=parent, id=parent.id)
@@ -135,6 +171,8 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         seed_length = len(provider_seed(parent))
         count = len(parent.events)
         per_round = [statistics.median(_forks(store, parent, forks)) for _ in range(ROUNDS)]
+        reads = [statistics.median(_first_request(store, parent, forks)) for _ in range(ROUNDS)]
+        messages = len(Conversation(parent.events)) if reads else 0
         parent.close()  # its buffered appends written: the file's whole size
         size = (root / "sessions" / "parent.session").stat().st_size
     finally:
@@ -147,6 +185,9 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         "rounds": ROUNDS,
         "cpu_per_fork_ms_median": round(statistics.median(per_round) * 1e3, 3),
         "cpu_per_fork_ms_rounds": [round(x * 1e3, 3) for x in per_round],
+        "first_request_messages": messages,
+        "first_request_cpu_ms_median": round(statistics.median(reads) * 1e3, 3),
+        "first_request_cpu_ms_rounds": [round(x * 1e3, 3) for x in reads],
         "tree": str(Path(sys.modules["agent"].__file__ or "").parent.parent),
     }
 

@@ -23,6 +23,7 @@ from gevent.event import Event as GEvent
 from actors.agent_handle import Agent
 from agent import tracing
 from agent.context import AgentContext
+from agent.log import event_positions, events_of_types
 from agent.models.scripted import DEFAULT, ScriptedModel, Step
 from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
@@ -344,7 +345,7 @@ class HostedRuntime:
             return self._start(entry, spec["start"]) if "start" in spec else None
         loaded = store.inspect(session_id)
         events = loaded.events
-        started_turn = any(e["type"] == "turn/start" for e in events[loaded.header.seed_length :])
+        started_turn = bool(event_positions(events, _TURN_START, loaded.header.seed_length))
         if not started_turn and "start" in spec:
             # Nothing happened yet: start over under the same id (the descriptor comes again).
             store.delete(session_id)
@@ -432,6 +433,11 @@ def _descriptor(data: Mapping[str, Any]) -> SubagentDescriptor:
     )
 
 
+_TURN_START = frozenset({"turn/start"})
+# What tells an activation's outcome from its log: its claim, the replies after it, its turn/end.
+_SETTLING = frozenset({"inbox/claimed", "assistant/message", "turn/end"})
+
+
 def _settled_in_log(
     events: Sequence[Mapping[str, Any]], message_id: str | None
 ) -> SubagentResult | None:
@@ -440,7 +446,7 @@ def _settled_in_log(
         return None
     claimed = False
     output: list[Mapping[str, Any]] = []
-    for event in events:
+    for event in events_of_types(events, _SETTLING):
         kind = event["type"]
         data = event["data"]
         if not claimed:

@@ -19,9 +19,9 @@ Seam vocabulary: imports nothing of ours but `subagent.types`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol, runtime_checkable
 
 from subagent.errors import DescriptorError
 from subagent.types import ToolRestriction
@@ -30,6 +30,7 @@ __all__ = [
     "DESCRIPTOR_EVENT",
     "DESCRIPTOR_VERSION",
     "DescriptorError",
+    "EventsByType",
     "SubagentDescriptor",
     "Unclassifiable",
     "authoritative_descriptor",
@@ -215,6 +216,19 @@ def _parse_tool_filter(raw: object) -> ToolRestriction | None:
     return ToolRestriction(allow=lists["allow"], deny=lists["deny"])
 
 
+@runtime_checkable
+class EventsByType(Protocol):
+    """A log's events that can be read by type without decoding the others
+    (`agent.log.EventView`, what `SessionStore.inspect` returns)."""
+
+    def select(self, types: Collection[str], start: int = 0, /) -> Iterator[Mapping[str, Any]]:
+        """The events of `types` from index `start` on, in order."""
+        ...
+
+
+_DESCRIPTOR_ONLY: Final = frozenset({DESCRIPTOR_EVENT})
+
+
 def authoritative_descriptor(
     events: Iterable[Mapping[str, Any]], seed_length: int
 ) -> SubagentDescriptor | Unclassifiable | None:
@@ -231,9 +245,16 @@ def authoritative_descriptor(
         raise TypeError(f"seed_length must be an int, got {type(seed_length).__name__}")
     if seed_length < 0:
         raise ValueError(f"seed_length must be >= 0, got {seed_length}")
-    for index, event in enumerate(events):
-        if index < seed_length or event.get("type") != DESCRIPTOR_EVENT:
-            continue
+    found: Iterable[Mapping[str, Any]]
+    if isinstance(events, EventsByType):  # a stored log's view: decodes the descriptors alone
+        found = events.select(_DESCRIPTOR_ONLY, seed_length)
+    else:
+        found = (
+            event
+            for index, event in enumerate(events)
+            if index >= seed_length and event.get("type") == DESCRIPTOR_EVENT
+        )
+    for event in found:
         data = event.get("data")
         if not isinstance(data, Mapping) or "descriptor" not in data:
             return Unclassifiable("the subagent/descriptor event carries no descriptor payload")

@@ -417,11 +417,12 @@ def test_payloads_extend_runs_after_what_they_hold() -> None:
     assert list(view.positions(["turn/start"])) == [0]
 
 
-def test_appended_events_are_typed_from_their_first_bytes_an_unknown_one_by_decoding(
+def test_appended_events_are_typed_from_their_first_bytes_an_unknown_one_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A fork finds the types of the parent's live events without decoding a known one; one
-    of a type outside the vocabulary (ignorable) is decoded to be told, and kept as such."""
+    """A fork finds the types of the parent's live events from their payloads' first bytes,
+    decoding none: one of a type outside the vocabulary (ignorable, its name a str 8) is told
+    by its name there, and kept as such."""
     store = MemoryStore()
     parent = store.create(header("parent"))
     turn(parent, 1)
@@ -429,13 +430,15 @@ def test_appended_events_are_typed_from_their_first_bytes_an_unknown_one_by_deco
     turn(parent, 2)
     decodes = count_decodes(monkeypatch)
     seed = parent.fork_seed()
-    assert seed is not None and decodes[0] == 1
+    assert seed is not None and decodes[0] == 0
     child = store.create(header("new", seed_length=len(seed)), seed)
-    assert parent.fork_seed() is not None and decodes[0] == 1  # found once per event
+    assert parent.fork_seed() is not None and decodes[0] == 0
+    custom = "x/custom-event-of-a-newer-writer-with-a-long-name"
+    assert list(child.events.positions([custom])) == list(parent.events.positions([custom]))
+    assert decodes[0] == 0  # the seed's unknown event is told by its name's bytes too
     monkeypatch.undo()
     old = old_fork(store, parent, "old")
     assert body(store, "new") == body(store, "old")
-    custom = "x/custom-event-of-a-newer-writer-with-a-long-name"
     assert list(child.events.positions([custom, "turn/end"])) == list(
         old.events.positions([custom, "turn/end"])
     )
@@ -457,3 +460,37 @@ def test_the_fork_provider_seeds_a_live_childs_log_from_the_parents_payloads() -
         events = assert_log_valid(k.store, run.id)
         assert events[: len(seed)] == list(seed)
         assert k.store.load(run.id).header.seed_length == len(seed)
+
+
+def _decodes_before_a_forks_first_request(monkeypatch: pytest.MonkeyPatch, turns: int) -> int:
+    """How many msgpack decodes a fork makes from its start until its model is first asked,
+    for a parent of `turns` completed turns (q11)."""
+    with kit() as k:
+        parent = k.parent()
+        k.respond = lambda r: S.text("parent answer")
+        for i in range(turns):
+            parent.send(f"question {i}").get()
+            parent.when_idle().get(timeout=5)
+        seen: list[int] = []
+        decodes = count_decodes(monkeypatch)
+
+        def first(request: Any) -> Any:
+            seen.append(decodes[0])  # before the request's messages are read
+            return S.text(f"child sees {len(request.messages)} messages")
+
+        k.respond = first
+        run = k.start(parent, "child task", provider="fork")
+        assert run.result.get(timeout=5).output[0]["text"] == f"child sees {2 * turns + 1} messages"
+        run.dispose()
+        monkeypatch.undo()
+        return seen[0]
+
+
+def test_a_forks_agent_is_built_without_decoding_its_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's conversation (positions by type code), turn number (the replay's) and usage
+    (the events after the seed) are read without decoding the seed: what its start decodes
+    does not grow with the parent's history. Its requests' messages are decoded as they are
+    read (fresh copies each time; docs/decisions.md, "q11")."""
+    short = _decodes_before_a_forks_first_request(monkeypatch, 2)
+    long = _decodes_before_a_forks_first_request(monkeypatch, 12)
+    assert long == short

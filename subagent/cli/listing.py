@@ -279,7 +279,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         print_json(
             {
                 "header": header.to_json(),
-                "events": loaded.events,
+                "events": list(loaded.events),
                 "needs_repair": loaded.needs_repair,
             }
         )
