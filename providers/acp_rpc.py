@@ -5,6 +5,8 @@ greenlet reads continuously (so the agent's requests are answered while ours is 
 chatty agent never fills its stdout pipe), one writer greenlet owns stdin (so the reader never
 waits on a full stdin pipe: the classic two-pipe deadlock). A malformed or oversize line is a
 protocol failure: every pending request fails with `ConnectionClosed` carrying a diagnostic.
+A long line is parsed off the hub (`providers.json_line`); at most `MAX_UNREAD_BYTES` of our
+messages wait for a peer that does not read them, then the connection is given up.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -30,7 +33,9 @@ from providers.errors import (
     RequestTimedOut,
     RpcError,
     RpcFault,
+    TooManyContainers,
 )
+from providers.json_line import parse_line
 from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 
@@ -57,6 +62,13 @@ METHOD_NOT_FOUND = -32601
 INTERNAL_ERROR = -32603
 
 RequestHandler = Callable[[str, Any], Any]
+
+# How many bytes of our messages may wait for a peer that does not read them before the
+# connection is given up as dead (docs/decisions.md, "A peer that stops reading"). Measured: a
+# turn's updates average 300 bytes each (a child's start, steps, tool calls and end), so a turn
+# of 1,000 children and 50,000 streamed text chunks is some 12 MiB; and one message of a
+# 16 MiB line replayed fits too, several times.
+MAX_UNREAD_BYTES = 64 * 1024 * 1024
 
 
 # An error's message quotes what it refuses (an id, a path, a method name): a peer that sends a
@@ -86,6 +98,8 @@ class LinePipe(Protocol):
 
 class WritePipe(Protocol):
     """The byte stream a connection writes its messages to."""
+
+    def fileno(self) -> int: ...
 
     def write(self, data: bytes, /) -> object: ...
 
@@ -161,7 +175,11 @@ class JsonRpcConnection:
     connection ends on it (our ACP provider's stance towards an agent). A server passes
     `answer_bad_lines=True`: its client gets the JSON-RPC answer for the line (`-32700` parse
     error, `-32600` invalid request, with `id: null` when the line has no usable id) and the
-    connection goes on, as JSON-RPC 2.0 asks of a server.
+    connection goes on, as JSON-RPC 2.0 asks of a server. A server also passes
+    `require_version=True`: a request or notification without `"jsonrpc": "2.0"` is such a bad
+    line (`-32600`, under its id when usable), as JSON-RPC 2.0 says it MUST carry it. Without it
+    (our ACP provider) the member is not checked: every agent we run sends it, and a child's
+    work is not thrown away over a missing version tag (docs/decisions.md).
 
     A request handler that needs to wait (a server running a tool) returns a `gevent.Greenlet`
     it spawned and owns: the answer is that greenlet's value (or its `RpcFault`/`MethodNotFound`,
@@ -179,6 +197,8 @@ class JsonRpcConnection:
         max_line_bytes: int,
         name: str = "acp",
         answer_bad_lines: bool = False,
+        require_version: bool = False,
+        max_unread_bytes: int = MAX_UNREAD_BYTES,
     ) -> None:
         self._stdin = stdin
         self._stdout = stdout
@@ -187,10 +207,17 @@ class JsonRpcConnection:
         self._max_line = max_line_bytes
         self._name = name
         self._answer_bad_lines = answer_bad_lines
+        self._require_version = require_version
         self._next_id = 0
         self._pending: dict[int, tuple[str, AsyncResult]] = {}
+        # Our messages, encoded, waiting for the writer; `_unread` counts their bytes, and past
+        # `max_unread_bytes` the peer is taken for dead (`_give_up`), never held in memory.
         self._outbox: Queue = Queue()
+        self._unread = 0
+        self._max_unread = max_unread_bytes
+        self._gave_up = False
         self._closed: ConnectionClosed | None = None
+        self._refusal: RpcFault | None = None
         self._request_id: object = None
         self.closed = Event()
         # The reader and writer loops; `shutdown` kills and joins them.
@@ -202,6 +229,11 @@ class JsonRpcConnection:
     def request_id(self) -> object:
         """The id of the peer's request whose handler is running (None outside a handler)."""
         return self._request_id
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether the connection ended because the peer stopped reading our messages."""
+        return self._gave_up
 
     @property
     def failure(self) -> ConnectionClosed | None:
@@ -251,6 +283,12 @@ class JsonRpcConnection:
         self._send({"jsonrpc": "2.0", "method": method, "params": params})
         return True
 
+    def refuse_requests(self, fault: RpcFault) -> None:
+        """From now on every request the peer sends is answered with `fault` at once, its
+        handler never called: a server tearing down starts nothing its teardown could miss.
+        Notifications (a cancel) are still handled."""
+        self._refusal = fault
+
     def close_input(self) -> None:
         """Flush what is queued, then close the child's stdin (its cue to exit)."""
         self._outbox.put(None)
@@ -260,6 +298,8 @@ class JsonRpcConnection:
         self._fail(ConnectionClosed(reason))
         self._outbox.put(None)
         self._tasks.close()
+        if self._gave_up:
+            self._discard_unwritten()
         for pipe in (self._stdin, self._stdout):
             with contextlib.suppress(OSError, ValueError):
                 pipe.close()
@@ -275,19 +315,58 @@ class JsonRpcConnection:
             # that are not UTF-8): the wire is UTF-8, so U+FFFD, as everywhere in the runtime
             # (docs/decisions.md). Only a failed encode pays for the repair.
             data = repair_surrogates(text).encode("utf-8")
+        if self._gave_up:
+            return  # the peer is gone as far as we are concerned; the warning said so
+        size = len(data) + 1
+        if self._unread and self._unread + size > self._max_unread:
+            self._give_up(size)
+            return
+        # One message bigger than the bound still goes when nothing else waits.
+        self._unread += size
         self._outbox.put(data + b"\n")
+
+    def _give_up(self, size: int) -> None:
+        """The peer has left `_max_unread` bytes of our messages unread: it is stuck or gone.
+        Holding more would grow without limit, and blocking the senders would freeze every
+        turn that reports to it, so the connection ends as on EOF (the server tears down)."""
+        self._gave_up = True
+        dropped = self._outbox.qsize()
+        log.warning(
+            "%s: the peer has not read %s bytes of our messages (%s queued, bound %s): the "
+            "connection is given up; those and the next are dropped",
+            self._name,
+            f"{self._unread:,}",
+            f"{dropped:,}",
+            f"{self._max_unread:,}",
+        )
+        reason = f"the peer stopped reading: {self._unread + size:,} bytes of messages unread"
+        self._fail(ConnectionClosed(reason))
+        self._outbox.put(None)  # the writer stops at once, without a word more
+
+    def _discard_unwritten(self) -> None:
+        """Point our end of the pipe at /dev/null, so closing it flushes into nothing instead
+        of waiting forever on a peer that does not read; the peer sees its end close."""
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stdin.fileno())
+            finally:
+                os.close(devnull)
 
     def _write_loop(self) -> None:
         try:
             while True:
                 data = self._outbox.get()
-                if data is None:
+                if data is None or self._gave_up:
                     break
+                self._unread -= len(data)
                 self._stdin.write(data)
                 if self._outbox.empty():
                     self._stdin.flush()
         except (OSError, ValueError) as exc:  # broken pipe: the reader reports EOF
             log.debug("%s: write failed: %s", self._name, exc)
+        if self._gave_up:
+            return  # a close would flush into a peer that does not read: `shutdown` discards
         with contextlib.suppress(OSError, ValueError):
             self._stdin.close()
 
@@ -331,7 +410,11 @@ class JsonRpcConnection:
 
     def _dispatch(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
+            # Off the hub for a long line (providers/json_line.py).
+            message = parse_line(line)
+        except TooManyContainers as exc:  # valid JSON, but no message we take
+            self._bad_line(INVALID_REQUEST, str(exc), line, None)
+            return
         except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             self._bad_line(PARSE_ERROR, unparsable(exc), line, None)
             return
@@ -339,6 +422,10 @@ class JsonRpcConnection:
             self._bad_line(INVALID_REQUEST, "not a JSON-RPC object", line, None)
             return
         method = message.get("method")
+        if self._require_version and "method" in message and message.get("jsonrpc") != "2.0":
+            what = 'a request must carry "jsonrpc": "2.0"'
+            self._bad_line(INVALID_REQUEST, what, line, message.get("id"))
+            return
         if isinstance(method, str):
             if "id" in message:
                 rid = message["id"]
@@ -389,6 +476,9 @@ class JsonRpcConnection:
         self._send({"jsonrpc": "2.0", "id": ident if usable else None, "error": error})
 
     def _answer(self, rid: object, method: str, params: object) -> None:
+        if self._refusal is not None:
+            self._reply_error(rid, method, self._refusal)
+            return
         self._request_id = rid
         try:
             result = self._on_request(method, params)

@@ -448,9 +448,9 @@ class ContinuationManager:
         """Cancel the child's current turn, keeping its inbox. Only an ancestor may.
 
         `remote` is the child's live run when it has no agent in this process (a one-shot ACP
-        or Ray child, a continuable ACP child's activation: the service's run table). Such a
-        run is one turn, so interrupting the turn cancels the run: it settles `aborted` through
-        the provider's cancellation, and True means it did. Its parent is a local agent (it
+        or Ray child, a continuable ACP child's activation: the service's `RemoteRunTable`).
+        Such a run is one turn, so interrupting the turn cancels the run: it settles `aborted`
+        through the provider's cancellation, and True means it did. Its parent is a local agent (it
         may have no header here at all): the ancestor walk starts from there.
 
         `ended_under` is the parent of such a run that ended (the service still knows it, as

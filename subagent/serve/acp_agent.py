@@ -34,7 +34,7 @@ from providers.acp import DEPTH_META
 from providers.acp_rpc import JsonRpcConnection, MethodNotFound, RpcFault
 from subagent.live import live_agent
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes, serve_until_closed
+from subagent.serve.stdio import ProtocolPipes, check_meta, serve_until_closed, stop_serving
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 
@@ -62,6 +62,9 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# A prompt's blocks are walked on the hub: at most this many (a 10,000-block walk takes a few
+# milliseconds; an editor's prompt has a handful, or a few hundred resources).
+MAX_PROMPT_BLOCKS = 10_000
 PROMPT_GRACE = 10.0
 # The ACP methods a client must send as requests (with an id): as a notification they get no
 # answer, so they are refused on stderr instead (docs/serve.md).
@@ -109,6 +112,10 @@ def prompt_blocks(prompt: object) -> list[dict[str, Any]]:
     schema's `annotations`, `_meta`, a client's own) are ignored, as ACP allows."""
     if not isinstance(prompt, list) or not prompt:
         raise RpcFault(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
+    if len(prompt) > MAX_PROMPT_BLOCKS:
+        raise RpcFault(
+            INVALID_PARAMS, f"a prompt holds at most {MAX_PROMPT_BLOCKS:,} content blocks"
+        )
     blocks: list[dict[str, Any]] = []
     for index, block in enumerate(prompt):
         kind = block.get("type") if isinstance(block, Mapping) else None
@@ -336,6 +343,7 @@ class AcpAgentServer:
             max_line_bytes=MAX_LINE_BYTES,
             name="acp-server",
             answer_bad_lines=True,
+            require_version=True,
         )
 
     def serve(self) -> None:
@@ -343,7 +351,8 @@ class AcpAgentServer:
         serve_until_closed(self.conn, self._stop, self.shutdown)
 
     def stop(self) -> None:
-        self._stop.set()
+        """Begin the teardown (a signal): requests are refused from now on."""
+        stop_serving(self.conn, self._stop)
 
     def shutdown(self) -> None:
         """Cancel running prompts (their children with them), then close the runtime."""
@@ -364,6 +373,7 @@ class AcpAgentServer:
         if self.conn.request_id in self._running:
             # Its answer could not be told from the running request's: refused, never run.
             raise RpcFault(INVALID_REQUEST, "a request with this id is still running")
+        check_meta(params)
         if method == "initialize":
             self._initialized = True
             return {

@@ -40,7 +40,7 @@ from providers.acp_rpc import NO_REPLY, JsonRpcConnection, MethodNotFound, RpcFa
 from providers.acp_text import describe_data
 from subagent.serve.offline import CLIENT_PROXY_MODEL
 from subagent.serve.progress import ChildFeed, describe
-from subagent.serve.stdio import ProtocolPipes, serve_until_closed
+from subagent.serve.stdio import ProtocolPipes, check_meta, serve_until_closed, stop_serving
 from subagent.serve.wiring import Served
 from subagent.tools import child_labels, install_subagent_tools
 from supervision.signal import AbortController, AbortError
@@ -108,6 +108,7 @@ class McpServer:
             max_line_bytes=MAX_LINE_BYTES,
             name="mcp",
             answer_bad_lines=True,
+            require_version=True,
         )
 
     # -- life ------------------------------------------------------------------------------
@@ -117,7 +118,8 @@ class McpServer:
         serve_until_closed(self.conn, self._stop, self.shutdown)
 
     def stop(self) -> None:
-        self._stop.set()
+        """Begin the teardown (a signal): requests are refused from now on."""
+        stop_serving(self.conn, self._stop)
 
     def shutdown(self) -> None:
         """Cancel every call (and so its foreground children), then close the runtime."""
@@ -138,6 +140,7 @@ class McpServer:
             # Whatever the method: its answer, its cancel and the running call's could not be
             # told apart. (The connection answers only ids it can echo: all hashable.)
             raise RpcFault(INVALID_REQUEST, "a call with this request id is still running")
+        check_meta(params)
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":

@@ -53,7 +53,8 @@ def serve(
     route: str | None = None,
 ) -> int:
     """Serve one client on stdin/stdout until it hangs up (0) or a signal stops it (128 + its
-    number, after the same graceful teardown)."""
+    number, after the same graceful teardown); 1 when the client stopped reading our messages
+    and the connection was given up (the same teardown, docs/serve.md)."""
     pipes = claim_stdio()
     server: object
     if kind == "mcp":
@@ -65,17 +66,19 @@ def serve(
 
         served = build_served(config, fork=False, child_options=True, models=models, route=route)
         server = mcp = McpServer(served, pipes)
-        stop, run = mcp.stop, mcp.serve
+        stop, run, conn = mcp.stop, mcp.serve, mcp.conn
     else:
         from subagent.serve.acp_agent import AcpAgentServer
 
         served = build_served(config, fork=True, child_options=False, models=models, route=route)
         server = acp = AcpAgentServer(served, pipes)
-        stop, run = acp.stop, acp.serve
+        stop, run, conn = acp.stop, acp.serve, acp.conn
     signals = _Signals(stop)
     log.info("subagent %s: serving on stdio with %r", kind, server)
     try:
         run()
     finally:
         signals.cancel()
-    return 0 if signals.received is None else 128 + signals.received
+    if signals.received is not None:
+        return 128 + signals.received
+    return 1 if conn.gave_up else 0
