@@ -10,6 +10,7 @@ the one cancellation `Cancelled`, and the picture of the whole tree)::
     ├── ToolCrash             the tool layer broke its contract: the turn ends `error`
     ├── TurnBlocked           a `before_first_request` hook refused the turn: it ends `blocked`
     ├── PromptError           a template or section that cannot be rendered
+    ├── TooManyContainers     [ValueError] a peer's long JSON holds too many arrays/objects
     └── SessionLogError       a session log that cannot be used as is
         ├── InvariantError        an event breaks the log's structure
         ├── CorruptSessionError   a damaged frame before the tail
@@ -39,6 +40,7 @@ __all__ = [
     "SessionLogError",
     "SessionNotFoundError",
     "SharedHeaderMissingError",
+    "TooManyContainers",
     "ToolCrash",
     "ToolError",
     "TurnBlocked",
@@ -134,3 +136,11 @@ class CorruptSessionError(SessionLogError):
         self.offset = offset
         self.message = message
         super().__init__(f"{name}: corrupt session at byte {offset}: {message}")
+
+
+class TooManyContainers(SubagentRuntimeError, ValueError):
+    """A peer's long JSON text holds more arrays and objects than `json_text.MAX_CONTAINERS`:
+    refused as nothing we take (each would be a tracked object the cyclic collector scans)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a message holds more than {limit:,} JSON arrays and objects")

@@ -5,7 +5,7 @@ greenlet reads continuously (so the agent's requests are answered while ours is 
 chatty agent never fills its stdout pipe), one writer greenlet owns stdin (so the reader never
 waits on a full stdin pipe: the classic two-pipe deadlock). A malformed or oversize line is a
 protocol failure: every pending request fails with `ConnectionClosed` carrying a diagnostic.
-A long line is parsed off the hub (`providers.json_line`); at most `MAX_UNREAD_BYTES` of our
+A long line is parsed off the hub (`agent.json_text`); at most `MAX_UNREAD_BYTES` of our
 messages wait for a peer that does not read them, then the connection is given up.
 """
 
@@ -24,6 +24,8 @@ import gevent
 from gevent.event import AsyncResult, Event
 from gevent.queue import Queue
 
+from agent.errors import TooManyContainers
+from agent.json_text import parse_line
 from agent.jsoncheck import repair_surrogates
 from providers.acp_text import clean_text, describe_data
 from providers.errors import (
@@ -33,9 +35,7 @@ from providers.errors import (
     RequestTimedOut,
     RpcError,
     RpcFault,
-    TooManyContainers,
 )
-from providers.json_line import parse_line
 from supervision.group import TaskGroup
 from supervision.signal import AbortSignal
 
@@ -410,7 +410,7 @@ class JsonRpcConnection:
 
     def _dispatch(self, line: bytes) -> None:
         try:
-            # Off the hub for a long line (providers/json_line.py).
+            # Off the hub for a long line (agent/json_text.py).
             message = parse_line(line)
         except TooManyContainers as exc:  # valid JSON, but no message we take
             self._bad_line(INVALID_REQUEST, str(exc), line, None)

@@ -9,8 +9,7 @@ Every class derives from `SubagentRuntimeError` or, for cancellation, from `Canc
     ├── RequestTimedOut       a request got no answer within its timeout
     ├── MethodNotFound        raised by a request handler: answered -32601
     ├── RpcFault              raised by a request handler: answered with its code and message
-    ├── AgentProcessExited    [RuntimeError] a continuable activation lost its agent process
-    └── TooManyContainers     [ValueError] a long JSON-RPC line holds too many arrays/objects
+    └── AgentProcessExited    [RuntimeError] a continuable activation lost its agent process
     Cancelled
     └── AbortError
         └── RequestAborted    the signal passed to `request` aborted while it was pending
@@ -32,7 +31,6 @@ __all__ = [
     "RequestTimedOut",
     "RpcError",
     "RpcFault",
-    "TooManyContainers",
 ]
 
 
@@ -97,11 +95,3 @@ class RpcFault(SubagentRuntimeError):
 class AgentProcessExited(SubagentRuntimeError, RuntimeError):
     """A continuable activation lost its agent process mid-turn: an infrastructure fault, which
     the continuation service answers with a transient restart (cold resume)."""
-
-
-class TooManyContainers(SubagentRuntimeError, ValueError):
-    """A long line holds more JSON arrays and objects than `json_line.MAX_CONTAINERS`: refused
-    as no message we take (each would be a tracked object the cyclic collector scans)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"a message holds more than {limit:,} JSON arrays and objects")

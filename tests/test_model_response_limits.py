@@ -13,8 +13,8 @@ import pytest
 from anthropic_stub import AnthropicStub
 from openai_stub import Conn, OpenAIStub, StubRequest
 
+from agent import json_text
 from agent.model import ModelError, ModelRequest
-from agent.models import http
 from agent.models.anthropic import AnthropicModel
 from agent.models.http import DEFAULT_MAX_RESPONSE_BYTES, HTTPModel
 from agent.models.openai import OpenAIModel
@@ -117,18 +117,20 @@ def test_a_json_answer_past_the_limit_fails(models: list[HTTPModel]) -> None:
         assert roomy.complete(_request()).content == ({"type": "text", "text": "z" * (2 * LIMIT)},)
 
 
-def test_long_json_is_parsed_in_the_thread_pool(
+def test_long_json_is_parsed_off_the_hub(
     models: list[HTTPModel], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A long answer goes to `agent.json_text`'s thread-pool parse (the pure-Python scanner,
+    which gives the GIL back); a short event is parsed on the hub."""
     offloaded: list[int] = []
-    real = http.offload
+    real = json_text.offload
 
     def counting(fn: Any, *args: Any) -> Any:
         offloaded.append(len(args[0]))
         return real(fn, *args)
 
-    monkeypatch.setattr(http, "offload", counting)
-    big = "w" * (2 * 1024 * 1024)
+    monkeypatch.setattr(json_text, "offload", counting)
+    big = "w" * (2 * json_text.ON_HUB_BYTES)
     with OpenAIStub() as stub:
         stub.enqueue(st.status(200, {"choices": [{"index": 0, "message": {"content": big}}]}))
         stub.enqueue(st.stream_text(["short"]))
@@ -136,7 +138,7 @@ def test_long_json_is_parsed_in_the_thread_pool(
         models.append(model)
         assert model.complete(_request()).content == ({"type": "text", "text": big},)
         assert model.complete(_request()).content == ({"type": "text", "text": "short"},)
-    assert len(offloaded) == 1 and offloaded[0] > 2 * 1024 * 1024  # the long one only
+    assert len(offloaded) == 1 and offloaded[0] > 2 * json_text.ON_HUB_BYTES  # the long one
 
 
 @pytest.mark.parametrize("bad", [0, -1])

@@ -18,10 +18,11 @@ from gevent.fileobject import FileObjectPosix
 from gevent.subprocess import PIPE
 from test_serve_acp_misbehaving import REPO, TIMEOUT, Client, _alive, _children, prompt, text
 
+from agent import json_text
+from agent.json_text import ON_HUB_BYTES
 from agent.store import SessionStore
-from providers import acp_rpc, json_line
+from providers import acp_rpc
 from providers.acp_rpc import JsonRpcConnection
-from providers.json_line import ON_HUB_BYTES
 from subagent.serve.acp_agent import MAX_LINE_BYTES
 
 SHUTTING_DOWN = -32000
@@ -218,7 +219,7 @@ class Server:
         def parse(line: bytes) -> object:
             before = self.ticks
             try:
-                return json_line.parse_line(line)
+                return json_text.parse_line(line)
             finally:
                 self.ticks_while_parsing.append((len(line), self.ticks - before))
 

@@ -33,11 +33,11 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
 from agent.errors import Retryable
+from agent.json_text import parse_line
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
 from supervision.group import TaskGroup
-from supervision.offload import offload
 from supervision.signal import AbortSignal
 
 __all__ = [
@@ -70,8 +70,6 @@ _ERROR_BODY_LIMIT = 64 * 1024
 # whole process through one child.
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 _BODY_BLOCK = 64 * 1024
-# JSON text this long is parsed in the hub's thread pool: ~10 ms a MB would hold every child.
-_PARSE_ON_HUB_MAX = 1024 * 1024
 
 # Called before each retry with (attempt that failed, delay in seconds, diagnostic).
 RetryHook = Callable[[int, float, str], None]
@@ -150,10 +148,9 @@ def read_body(resp: HTTPSocketPoolResponse, label: str, limit: int) -> bytes:
 
 
 def loads(text: str | bytes) -> Any:
-    """`json.loads`, in the hub's thread pool when the text is long (see `_PARSE_ON_HUB_MAX`)."""
-    if len(text) > _PARSE_ON_HUB_MAX:
-        return offload(json.loads, text)
-    return json.loads(text)
+    """`json.loads`, without holding the hub when the text is long (`agent.json_text`): a long
+    answer, or one huge event, would otherwise pause every other child while it is parsed."""
+    return parse_line(text)
 
 
 def sse_events(

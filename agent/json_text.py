@@ -1,4 +1,4 @@
-"""Parsing one JSON-RPC line without holding the gevent hub, whatever the peer sent.
+"""Parsing JSON a peer sent (a JSON-RPC line, a model's answer) without holding the gevent hub.
 
 `json.loads` is C code that keeps the GIL for the whole parse: a 16 MiB line of tiny objects
 takes a fraction of a second to seconds, and running it in a thread does not help, since the
@@ -28,8 +28,8 @@ import json.scanner
 from collections.abc import Callable
 from typing import Any
 
+from agent.errors import TooManyContainers
 from agent.store import gc_paused
-from providers.errors import TooManyContainers
 from supervision.offload import offload
 
 __all__ = ["MAX_CONTAINERS", "ON_HUB_BYTES", "parse_line"]
@@ -69,16 +69,17 @@ class _BoundedDecoder(json.JSONDecoder):
             raise TooManyContainers(MAX_CONTAINERS)
 
 
-def _parse_off_hub(line: bytes) -> object:
-    text = line.decode(json.detect_encoding(line), "surrogatepass")  # as json.loads does
+def _parse_off_hub(line: bytes | str) -> object:
+    if isinstance(line, bytes):
+        line = line.decode(json.detect_encoding(line), "surrogatepass")  # as json.loads does
     # Nothing parsed is garbage: the collector, held off, does not rescan the heap meanwhile.
     with gc_paused():
-        return _BoundedDecoder().decode(text)
+        return _BoundedDecoder().decode(line)
 
 
-def parse_line(line: bytes) -> object:
+def parse_line(line: bytes | str) -> object:
     """`json.loads(line)`, without holding the hub; `TooManyContainers` (a `ValueError`) for a
-    long line that holds too many arrays and objects."""
+    long text that holds too many arrays and objects."""
     if len(line) <= ON_HUB_BYTES:
         return json.loads(line)
     return offload(_parse_off_hub, line)
