@@ -19,6 +19,7 @@ import contextlib
 import gzip
 import http.client
 import logging
+import math
 import random
 import socket
 import struct
@@ -751,6 +752,8 @@ class BatchExporter:
         self._served = 0  # flush requests whose spans have been exported (or dropped)
         self._full = 0  # dropped at the queue (the hub's count)
         self._failed = 0  # dropped by a failed post (the drainer's count)
+        self._posting = 0  # spans in the post in flight
+        self._given_up = False  # an exit's deadline passed: what is left was counted lost
         self.first_loss: str | None = None  # why the first span was lost (said once)
         self.exported = 0
         self._draining = threading.Lock()  # one drainer at a time: the greenlet, thread or caller
@@ -942,6 +945,7 @@ class BatchExporter:
         else:  # no hub to run the greenlet: the caller drains (a plain socket, outside one)
             if self._green is not None:
                 self._green.kill(block=False)  # ends when (if) a hub runs again
+            until = time.monotonic() + timeout_s
             if threading.get_ident() == self._hub_thread:
                 # Only the greenlet can hold it, mid-post, and it cannot run while we wait.
                 finished = self._draining.acquire(blocking=False)
@@ -949,9 +953,11 @@ class BatchExporter:
                 finished = self._draining.acquire(timeout=timeout_s)
             if finished:
                 try:
-                    self._drain()
+                    # No batch starts after the timeout (one in flight ends at the post's own).
+                    self._drain(until)
                 finally:
                     self._draining.release()
+                finished = not self._queue
         if on_hub:
             self._group.close(timeout_s)
         if not finished:
@@ -1014,9 +1020,9 @@ class BatchExporter:
             if closing:
                 return
 
-    def _drain(self) -> None:
+    def _drain(self, until: float = math.inf) -> None:
         queue = self._queue
-        while queue:
+        while queue and time.monotonic() < until:
             # Popped one at a time (a span may be appended from another thread meanwhile), in
             # a C loop: a comprehension was a Python step per span.
             items = list(starmap(queue.popleft, repeat((), min(len(queue), self._batch))))
@@ -1032,16 +1038,35 @@ class BatchExporter:
                 log.exception("encoding %d spans failed", len(items))
                 self._failed += len(items)
                 continue
+            self._posting = len(items)
             try:
                 reason = self._post(body)
             except Exception as exc:  # a bug of ours or the HTTP client's: lose the batch only
                 log.debug("posting %d spans failed", len(items), exc_info=True)
                 reason = type(exc).__name__
+            finally:
+                self._posting = 0
+            if self._given_up:  # counted lost at the deadline (`give_up`), whatever came of it
+                return
             if reason is None:
                 self.exported += len(items)
             else:
                 self._failed += len(items)
                 self._lost(f"the export to the collector failed ({reason})")
+
+    def give_up(self, reason: str) -> int:
+        """An exit's deadline passed: stop, and count every span not exported as lost with
+        `reason` (those queued, and those of a post still in flight: the collector may yet
+        take them, which nothing here can know). Returns how many. Later calls do nothing."""
+        if self._given_up:
+            return 0
+        self._given_up = self._closed = True
+        lost = len(self._queue) + self._posting
+        self._queue.clear()
+        if lost:
+            self._failed += lost
+            self._lost(reason)
+        return lost
 
     def _lost(self, reason: str) -> None:
         if self.first_loss is None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from agent.store import MemoryStore, SessionStore
     from subagent.lean_tracing import LeanTracerProvider
+    from subagent.otlp import BatchExporter
 
 __all__ = [
     "begin_resume",
@@ -57,7 +58,7 @@ DEFAULT_SERVICE_NAME = "subagent"
 # 16,384 holds a round of 8,000 stepping children (a queued span is ~2.8 KB: ~45 MB at most).
 DEFAULT_MAX_QUEUE_SIZE = 16_384
 
-# The most the SDK pipeline's exit (flush and shutdown together) waits, when the exporter's own
+# The most a pipeline's exit (flush and shutdown together) waits, when the exporter's own
 # timeout is longer: a command whose work is done, or that was interrupted, should not wait
 # longer for spans a collector may never take (docs/decisions.md).
 EXIT_TIMEOUT_CAP_S = 5.0
@@ -77,9 +78,9 @@ class _Losses(Protocol):
 class _Installed(NamedTuple):
     provider: LeanTracerProvider | SdkTracerProvider
     losses: tuple[_Losses, ...]
-    # The SDK pipeline's bounded exit (`SdkExit.close(cooperative)`); None for the lean one,
-    # whose exporter bounds its own flush and shutdown.
-    close: Callable[[bool], bool] | None
+    # The pipeline's exit within its deadline (`close(cooperative)`: `SdkExit.close`, or the
+    # lean one's `_lean_exit`); True when every span went.
+    close: Callable[[bool], bool]
 
 
 # The provider this module installed (never a host's), with what counts its losses: flushed by
@@ -308,9 +309,9 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     lean = lean_settings(env, names)
     provider: LeanTracerProvider | SdkTracerProvider
     losses: tuple[_Losses, ...]
-    close: Callable[[bool], bool] | None = None
+    close: Callable[[bool], bool]
     if lean is not None:
-        provider, losses = _lean_provider(lean)
+        provider, losses, close = _lean_provider(lean)
     else:
         provider, losses, close = _sdk_provider(env, names)
     trace.set_tracer_provider(provider)
@@ -318,10 +319,10 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
         provider.shutdown()
         return False
     _installed.append(_Installed(provider, losses, close))
-    if close is not None:
-        # In place of the SDK's own exit hook (`shutdown_on_exit`), which waits unbounded on
-        # a dead collector; a CLI command has closed it already (`flush_at_exit`).
-        atexit.register(close, False)
+    # In place of the SDK's own exit hook (`shutdown_on_exit`), which waits unbounded on a dead
+    # collector, and of the lean exporter's drain of its whole queue; a CLI command has closed
+    # it already (`flush_at_exit`), which leaves this nothing to do.
+    atexit.register(close, False)
     return True
 
 
@@ -348,7 +349,7 @@ class LeanSettings:
         "compression",
         "delay_s",
         "endpoint",
-        "export_timeout_s",
+        "exit_timeout_s",
         "headers",
         "max_batch",
         "max_queue",
@@ -368,7 +369,9 @@ class LeanSettings:
         self.max_queue = _queue_size(env)
         self.max_batch = int(_number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", None, 512))
         self.delay_s = _number(env, "OTEL_BSP_SCHEDULE_DELAY", None, 5000) / 1000
-        self.export_timeout_s = _number(env, "OTEL_BSP_EXPORT_TIMEOUT", None, 30_000) / 1000
+        # `OTEL_BSP_EXPORT_TIMEOUT` is not read: an exit waits `exit_timeout_s` (the SDK's
+        # batch processor stores that setting and never uses it either).
+        self.exit_timeout_s = exit_timeout_s(env)
         self.resource = resource_attributes(env)
 
 
@@ -386,8 +389,11 @@ def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | No
     return LeanSettings(env)
 
 
-def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, tuple[_Losses, ...]]:
-    """The lean provider and its batch exporter (which counts its own losses)."""
+def _lean_provider(
+    settings: LeanSettings,
+) -> tuple[LeanTracerProvider, tuple[_Losses, ...], Callable[[bool], bool]]:
+    """The lean provider, its batch exporter (which counts its own losses), and its exit
+    within `exit_timeout_s` (`_lean_exit`)."""
     from subagent.lean_tracing import LeanResource, LeanTracerProvider, Sampling
     from subagent.otlp import BatchExporter, HttpPoster
 
@@ -405,10 +411,25 @@ def _lean_provider(settings: LeanSettings) -> tuple[LeanTracerProvider, tuple[_L
         close=poster.close,
     )
     provider = LeanTracerProvider(resource, exporter, sampling)
-    # As the SDK's provider: what is still queued at interpreter exit is exported then (no hub
-    # runs by then, so the wait is the calling thread's).
-    atexit.register(exporter.shutdown, settings.export_timeout_s, False)
-    return provider, (exporter,)
+    return provider, (exporter,), _lean_exit(exporter, settings.exit_timeout_s)
+
+
+def _lean_exit(exporter: BatchExporter, deadline_s: float) -> Callable[[bool], bool]:
+    """The lean pipeline's exit, within `deadline_s` as the SDK's (`exit_timeout_s`): export
+    what is queued, then count what is left lost. `cooperative`: waiting on the hub (a CLI
+    command's `flush_at_exit`); else in the calling thread (interpreter exit, no hub running:
+    at most one post in flight past the deadline, bounded by the exporter's timeout)."""
+    why = f"the exit deadline ({deadline_s:g} s) passed before they were exported"
+
+    def close(cooperative: bool) -> bool:
+        if cooperative:
+            exported = exporter.force_flush(deadline_s)
+        else:
+            exporter.shutdown(deadline_s, cooperative=False)
+            exported = True
+        return exporter.give_up(why) == 0 and exported
+
+    return close
 
 
 def _sdk_provider(
@@ -733,18 +754,14 @@ def flush(timeout_s: float = 30.0) -> None:
             log.exception("flushing spans failed")
 
 
-def flush_at_exit(timeout_s: float = 30.0) -> None:
+def flush_at_exit() -> None:
     """What a process about to exit does with the provider this module installed (a CLI
-    command, before it says what was lost): the SDK pipeline is flushed and shut down within
-    its exit deadline (`exit_timeout_s`), the spans not exported by then counted lost; the lean
-    pipeline is flushed within `timeout_s` (each post bounded by the exporter's timeout; its
-    exporter's own exit hook shuts it down). Waits on the hub: other greenlets run meanwhile."""
+    command, before it says what was lost): either pipeline is flushed and shut down within its
+    exit deadline (`exit_timeout_s`), the spans not exported by then counted lost. Waits on the
+    hub: other greenlets run meanwhile."""
     for installed in _installed:
         try:
-            if installed.close is not None:
-                installed.close(True)
-            else:
-                installed.provider.force_flush(int(timeout_s * 1000))
+            installed.close(True)
         except Exception:
             log.exception("flushing spans failed")
 
