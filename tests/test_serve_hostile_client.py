@@ -277,15 +277,27 @@ def _request(rid: int, params: object) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
+def _repeated(item: bytes, count: int) -> bytes:
+    """`item` `count` times, comma-joined, in slices with a yield between: encoding such a
+    prompt whole (`json.dumps`, or one join of millions) held the test's own hub past the
+    suite's 0.1 s on a loaded machine."""
+    step = 50_000
+    parts = []
+    for start in range(0, count, step):
+        parts.append(b",".join([item] * min(step, count - start)))
+        gevent.sleep(0)
+    return b",".join(parts)
+
+
 @pytest.mark.parametrize(
-    "prompt",
+    ("item", "count"),
     [
-        pytest.param([{"type": "text", "text": ""}] * 600_000, id="600,000 tiny blocks"),
-        pytest.param([[]] * 4_000_000, id="4,000,000 empty arrays"),
+        pytest.param(b'{"type":"text","text":""}', 600_000, id="600,000 tiny blocks"),
+        pytest.param(b"[]", 4_000_000, id="4,000,000 empty arrays"),
     ],
 )
 def test_a_line_of_tiny_containers_is_refused_without_holding_the_hub(
-    prompt: object, monkeypatch: pytest.MonkeyPatch
+    item: bytes, count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Such a line used to be parsed by `json.loads` on the hub: 0.15 s (600,000 blocks) to
     over a second (4,000,000 empty arrays: the cyclic collector rescans them as they are
@@ -294,7 +306,8 @@ def test_a_line_of_tiny_containers_is_refused_without_holding_the_hub(
     once it holds 100,000 containers."""
     server = Server(monkeypatch)
     try:
-        line = _request(1, {"sessionId": "s", "prompt": prompt})
+        prompt = b"[" + _repeated(item, count) + b"]"
+        line = _request(1, {"sessionId": "s", "prompt": "PROMPT"}).replace(b'"PROMPT"', prompt)
         assert len(line) < MAX_LINE_BYTES
         answer = server.ask(line)
         assert answer["id"] is None
@@ -309,6 +322,21 @@ def test_a_line_of_tiny_containers_is_refused_without_holding_the_hub(
         server.close()
 
 
+# A ~10 MB line (its parse must outlast a few GIL switch intervals for the ticker to be seen
+# running) and what `json.loads` reads of it, made at import: encoding and decoding it inside
+# the test held the test's own hub past the suite's 0.1 s on a loaded machine.
+_LONG_LINE = _request(
+    1,
+    {
+        "sessionId": "s\u00e9\ud83d\ude00",
+        "prompt": [{"type": "text", "text": f"{i} " + 'x\n"\\\u2028' * 400} for i in range(2000)],
+        "numbers": [1, -2.5, 1e300, None, True, False, "\x00"],
+        "nested": [[[[{"k": [{}]}]]]],
+    },
+)
+_LONG_PARAMS = json.loads(_LONG_LINE)["params"]
+
+
 def test_a_long_line_is_parsed_off_the_hub_to_the_same_message(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -317,18 +345,10 @@ def test_a_long_line_is_parsed_off_the_hub_to_the_same_message(
     server = Server(monkeypatch)
     try:
         assert ON_HUB_BYTES < 100_000
-        params: dict[str, Any] = {
-            "sessionId": "s\u00e9\ud83d\ude00",
-            "prompt": [
-                {"type": "text", "text": f"{i} " + 'x\n"\\\u2028' * 400} for i in range(2000)
-            ],
-            "numbers": [1, -2.5, 1e300, None, True, False, "\x00"],
-            "nested": [[[[{"k": [{}]}]]]],
-        }
-        line = _request(1, params)
+        line = _LONG_LINE
         assert len(line) > 10 * ON_HUB_BYTES
         assert server.ask(line)["result"] == {}
-        assert server.asked == [("session/prompt", json.loads(line)["params"])]
+        assert server.asked == [("session/prompt", _LONG_PARAMS)]
         broken = line[:-1]  # the closing brace missing
         error = server.ask(broken)["error"]
         assert error["code"] == -32700
@@ -438,9 +458,10 @@ def test_mcp_gives_up_a_client_that_stops_reading_and_tears_down(tmp_path: Path)
     started = client.ask(1, "tools/call", {"name": "subagent", "arguments": hang})
     assert started["result"]["isError"] is False
     size = len(json.dumps(client.ask(2, "tools/list", {})))
+    # Formatted, not `json.dumps`-ed one by one: that took ~0.05 s on the test's own hub.
+    request = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/list"}\n'
     flood = b"".join(
-        json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/list"}).encode() + b"\n"
-        for rid in range(3, 3 + 2 * (64 << 20) // size)  # twice the bound's worth of answers
+        [request % rid for rid in range(3, 3 + 2 * (64 << 20) // size)]  # twice the bound's worth
     )
     assert client.proc.stdin is not None
     try:
