@@ -7,29 +7,18 @@ registry for every live run (real one-shot ACP children; only the parent's model
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 from acp_peers.support import peer_config
 from seam_kit import Kit, kit
+from test_remote_children_listing import Run
 
 from providers.acp import AcpProvider
 from subagent.errors import SubagentError
 from subagent.remote_runs import RemoteRunTable
 
 TIMEOUT = 60.0
-
-
-@dataclass(eq=False)
-class Run:
-    """What the table reads of a live run (the service's `RunHandle` has these)."""
-
-    id: str
-    parent_id: str
-    started_at: float = field(default_factory=time.monotonic)
-    settled: bool = False
 
 
 def states(table: RemoteRunTable[Run], parent_id: str) -> list[tuple[str, bool]]:

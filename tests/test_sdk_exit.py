@@ -82,16 +82,21 @@ def _demo_exit(home: Path, env: Mapping[str, str]) -> tuple[float, str]:
             break
     else:
         pytest.fail(f"the demo did not finish: {proc.communicate(timeout=60)[1][-2000:]}")
-    done = time.monotonic()
+    elapsed, stderr = _exit_after(proc, time.monotonic(), "the demo, its work done")
+    assert proc.returncode == 0, stderr[-2000:]
+    return elapsed, stderr
+
+
+def _exit_after(proc: Any, since: float, what: str) -> tuple[float, str]:
+    """How long after `since` `proc` exited, and its stderr; a minute at most (else killed,
+    and the test fails)."""
     try:
         _, stderr = proc.communicate(timeout=60)
     except gsub.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        pytest.fail("the demo had not exited a minute after its work was done")
-    elapsed = time.monotonic() - done
-    assert proc.returncode == 0, stderr[-2000:]
-    return elapsed, stderr
+        pytest.fail(f"{what}, had not exited a minute later")
+    return time.monotonic() - since, stderr
 
 
 def _lost(stderr: str) -> tuple[int, str]:
@@ -291,14 +296,7 @@ def _ask(proc: Any, rid: int, method: str, params: dict[str, Any]) -> dict[str, 
 def _terminated(proc: Any) -> tuple[float, str]:
     """SIGTERM; how long the server took to exit, and its stderr."""
     proc.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
-    try:
-        _, stderr = proc.communicate(timeout=60)
-    except gsub.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail("the server had not exited a minute after SIGTERM")
-    elapsed = time.monotonic() - sent
+    elapsed, stderr = _exit_after(proc, time.monotonic(), "the server, sent SIGTERM")
     assert proc.returncode == 143, stderr[-2000:]
     return elapsed, stderr
 

@@ -39,6 +39,18 @@ class McpClient(Client):
         self._taken = set()
 
 
+def _given_up(client: Client) -> int:
+    """Wait for a server that stopped being read to give its connection up and exit 1 with
+    one warning and no traceback; how many bytes the warning says were left unread."""
+    client.proc.wait(timeout=TIMEOUT)
+    _, raw = client.proc.communicate(timeout=TIMEOUT)
+    stderr = raw.decode("utf-8", "replace")
+    assert client.proc.returncode == 1, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    (warning,) = [line for line in stderr.splitlines() if "the connection is given up" in line]
+    return int(warning.split("has not read ")[1].split(" bytes")[0].replace(",", ""))
+
+
 def _refused_while_stopping(client: Client, first_probe: int) -> int:
     """Probe with an unknown method until the answer says the server is shutting down (before
     the signal is handled it is `-32601`); the next free request id."""
@@ -395,13 +407,7 @@ def test_acp_gives_up_a_client_that_stops_reading_and_tears_down(tmp_path: Path)
     load = {"cwd": str(REPO), "mcpServers": [], "sessionId": sid}
     for rid in range(3, 9):  # 96 MiB of replays; nothing of it is read
         client.send({"id": rid, "method": "session/load", "params": load})
-    client.proc.wait(timeout=TIMEOUT)  # with nothing read: it gave up by itself
-    _, raw = client.proc.communicate(timeout=TIMEOUT)
-    stderr = raw.decode("utf-8", "replace")
-    assert client.proc.returncode == 1, stderr[-2000:]
-    assert "Traceback" not in stderr, stderr[-2000:]
-    (warning,) = [line for line in stderr.splitlines() if "the connection is given up" in line]
-    unread = int(warning.split("has not read ")[1].split(" bytes")[0].replace(",", ""))
+    unread = _given_up(client)  # with nothing read: it gave up by itself
     assert 48 << 20 < unread <= 64 << 20  # bounded: never more than the bound was held
     store = SessionStore(tmp_path / "home" / "sessions")
     (child,) = [s for s in store.ids() if store.header(s).parent_session == background]
@@ -469,13 +475,7 @@ def test_mcp_gives_up_a_client_that_stops_reading_and_tears_down(tmp_path: Path)
         client.proc.stdin.flush()
     except BrokenPipeError:
         pass  # it gave up before reading all of it
-    client.proc.wait(timeout=TIMEOUT)  # nothing read: it gave up by itself
-    _, raw = client.proc.communicate(timeout=TIMEOUT)
-    stderr = raw.decode("utf-8", "replace")
-    assert client.proc.returncode == 1, stderr[-2000:]
-    assert "Traceback" not in stderr, stderr[-2000:]
-    (warning,) = [line for line in stderr.splitlines() if "the connection is given up" in line]
-    unread = int(warning.split("has not read ")[1].split(" bytes")[0].replace(",", ""))
+    unread = _given_up(client)  # nothing read: it gave up by itself
     assert 60 << 20 < unread <= 64 << 20
     store = SessionStore(tmp_path / "home" / "sessions")
     (child,) = [s for s in store.ids() if store.header(s).parent_session is not None]

@@ -12,7 +12,7 @@ import gevent
 import pytest
 from gevent.event import Event
 from greenlet import greenlet
-from test_agent_loop import kit, of_type
+from test_agent_loop import Kit, kit, of_type
 
 from agent.models import scripted as S
 from agent.tools import ToolContext
@@ -75,25 +75,36 @@ def test_a_child_whose_tool_raises_an_exit_still_settles(
         run.dispose()
 
 
+class _Holding:
+    """A `hold` tool registered on `k`: it notes the greenlet of the turn that calls it (the
+    tool runs in it) and waits there until that greenlet is killed."""
+
+    def __init__(self, k: Kit) -> None:
+        self.inside = Event()
+        self._turns: list[greenlet] = []
+        k.tool("hold", self._hold)
+
+    @property
+    def turn(self) -> greenlet:
+        return self._turns[0]
+
+    def _hold(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+        self._turns.append(gevent.getcurrent())
+        self.inside.set()
+        gevent.sleep(60)  # the kill comes first
+        return "late"
+
+
 def test_a_killed_turn_ends_aborted_and_the_next_message_still_runs() -> None:
     """A stray `gevent.kill` of the greenlet running a turn ends that turn, not the child."""
     with kit() as k:
-        inside = Event()
-        turn_greenlet: list[greenlet] = []
-
-        def hold(args: Mapping[str, Any], ctx: ToolContext) -> str:
-            turn_greenlet.append(gevent.getcurrent())
-            inside.set()
-            gevent.sleep(60)  # the kill comes first
-            return "late"
-
-        k.tool("hold", hold)
+        holding = _Holding(k)
         a = k.agent()
         k.model.script(a.id, [S.tool_call("hold", {}), S.text("second answer")])
         a.send("first").get()
-        inside.wait(timeout=10)
+        holding.inside.wait(timeout=10)
         a.send("second").get()  # queued behind the running turn
-        gevent.kill(turn_greenlet[0])
+        gevent.kill(holding.turn)
         outcome = a.when_idle().get()
         assert outcome.reason == "completed"
         assert outcome.output == [{"type": "text", "text": "second answer"}]
@@ -108,22 +119,13 @@ def test_a_killed_turn_ends_aborted_and_the_next_message_still_runs() -> None:
 
 def test_a_killed_turn_with_nothing_queued_leaves_the_child_idle_and_usable() -> None:
     with kit() as k:
-        inside = Event()
-        turn_greenlet: list[greenlet] = []
-
-        def hold(args: Mapping[str, Any], ctx: ToolContext) -> str:
-            turn_greenlet.append(gevent.getcurrent())
-            inside.set()
-            gevent.sleep(60)
-            return "late"
-
-        k.tool("hold", hold)
+        holding = _Holding(k)
         a = k.agent()
         k.model.script(a.id, [S.tool_call("hold", {}), S.text("again")])
         a.send("first").get()
-        inside.wait(timeout=10)
+        holding.inside.wait(timeout=10)
         waiting = a.when_idle()
-        gevent.kill(turn_greenlet[0])
+        gevent.kill(holding.turn)
         assert waiting.get().reason == "aborted"
         assert a.status == "idle" and not a.turn_running
         a.send("next").get()
