@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import gevent
 import gevent.event
@@ -24,7 +24,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-__all__ = ["SdkExit", "TalliedExporter", "TalliedProcessor", "Tally"]
+__all__ = ["SdkExit", "TalliedExporter", "TalliedProcessor", "Tally", "run_bounded"]
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,34 @@ class TalliedProcessor(SpanProcessor):
         return drained
 
 
+def run_bounded(work: Callable[[], object], timeout_s: float, cooperative: bool = True) -> bool:
+    """Run `work` (an SDK call that may block for as long as its collector likes) in a daemon
+    thread of its own, and wait for it at most `timeout_s`: True if it finished. `cooperative`
+    waits on the gevent hub (other greenlets run meanwhile); False in the calling thread (at
+    interpreter exit, no hub running). Past the timeout the thread is left behind, a daemon.
+    `RuntimeError` when no thread can start (at interpreter exit on Python 3.12+)."""
+    done = threading.Event()
+    woken = gevent.event.Event() if cooperative else None
+    loop = gevent.get_hub().loop if cooperative else None
+
+    def run() -> None:
+        try:
+            work()
+        except Exception:  # the SDK's own failure: its losses are counted where they happen
+            log.exception("flushing spans failed")
+        finally:
+            done.set()
+            if loop is not None and woken is not None:
+                loop.run_callback_threadsafe(woken.set)
+
+    threading.Thread(target=run, name="subagent-otel-flush", daemon=True).start()
+    if woken is not None:
+        woken.wait(timeout_s)
+    else:
+        done.wait(timeout_s)
+    return done.is_set()
+
+
 class SdkExit:
     """Flush and shut down the SDK provider the runtime installed, all within one deadline.
 
@@ -189,35 +217,21 @@ class SdkExit:
             if self._started:
                 return True
             self._started = True
-        done = threading.Event()
-        woken = gevent.event.Event() if cooperative else None
-        loop = gevent.get_hub().loop if cooperative else None
+        provider = self._provider
 
         def work() -> None:
-            try:
-                self._provider.force_flush(int(self.deadline_s * 1000))
-                self._provider.shutdown()
-            except Exception:  # the SDK's own failure: what was not exported is counted
-                log.exception("flushing spans at exit failed")
-            finally:
-                done.set()
-                if loop is not None and woken is not None:
-                    loop.run_callback_threadsafe(woken.set)
+            provider.force_flush(int(self.deadline_s * 1000))
+            provider.shutdown()
 
-        thread = threading.Thread(target=work, name="subagent-otel-exit", daemon=True)
         try:
-            thread.start()
+            finished = run_bounded(work, self.deadline_s, cooperative)
         except RuntimeError:
             # No new thread at interpreter exit (Python 3.12+): the SDK's own shutdown, in the
             # calling thread, within the SDK's own bounds (docs/tracing.md).
-            self._provider.shutdown()
+            provider.shutdown()
             self._close_tallies(None)
             return True
-        if woken is not None:
-            woken.wait(self.deadline_s)
-        else:
-            done.wait(self.deadline_s)
-        if done.is_set():
+        if finished:
             self._close_tallies(None)
             return True
         # Count what is not exported yet as lost, then stop the exporters' retries.

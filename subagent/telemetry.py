@@ -20,6 +20,7 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from agent import tracing
@@ -744,14 +745,33 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     )
 
 
-def flush(timeout_s: float = 30.0) -> None:
-    """Export what the provider this module installed still holds. (The SDK's batch processor
-    ignores the timeout: a process about to exit calls `flush_at_exit`.)"""
-    for provider, _, _ in _installed:
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export what the provider this module installed still holds, waiting at most `timeout_s`
+    (cooperatively on the hub: other greenlets run meanwhile); True if it all went. The SDK's
+    batch processor ignores its timeout and exports in the calling thread, retrying against a
+    dead collector, so on that path the flush runs in a thread of its own (`run_bounded`) and
+    is left to finish there. (A process about to exit calls `flush_at_exit`.)"""
+    flushed = True
+    for installed in _installed:
+        provider = installed.provider
+        millis = int(timeout_s * 1000)
         try:
-            provider.force_flush(int(timeout_s * 1000))
+            if isinstance(provider, _lean_provider_class()):
+                flushed = provider.force_flush(millis) and flushed
+            else:
+                from subagent.sdk_losses import run_bounded
+
+                flushed = run_bounded(partial(provider.force_flush, millis), timeout_s) and flushed
         except Exception:
             log.exception("flushing spans failed")
+            flushed = False
+    return flushed
+
+
+def _lean_provider_class() -> type[LeanTracerProvider]:
+    from subagent.lean_tracing import LeanTracerProvider
+
+    return LeanTracerProvider
 
 
 def flush_at_exit() -> None:

@@ -363,3 +363,49 @@ def test_the_exit_never_closes_the_hosts_own_provider() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["1", "0"]  # still exporting; nothing of ours to count
+
+
+# -- a flush that is not an exit ---------------------------------------------------------------
+
+FLUSH_SCRIPT = """
+import sys, time
+import gevent
+from opentelemetry import trace
+from subagent import telemetry
+
+env = {"SUBAGENT_OTEL_SDK": "true", "OTEL_TRACES_EXPORTER": "otlp",
+       "OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1], "OTEL_EXPORTER_OTLP_TIMEOUT": "10000"}
+assert telemetry.configure_from_env(env) is True
+for i in range(5):
+    trace.get_tracer("t").start_span(f"span {i}").end()
+ticks = [0]
+def tick():
+    while True:
+        ticks[0] += 1
+        gevent.sleep(0.01)
+ticker = gevent.spawn(tick)
+start = time.monotonic()
+flushed = telemetry.flush(1.0)
+print(flushed, ticks[0], round(time.monotonic() - start, 2))
+ticker.kill()
+"""
+
+
+def test_a_flush_on_the_sdk_path_keeps_its_timeout_and_the_hub_free(silent: _Silent) -> None:
+    """`telemetry.flush(timeout_s)` against a collector that never answers: the SDK's flush
+    ignores its timeout and exports in the calling thread, so it used to hold the hub (and the
+    caller) for the exporter's 10 s; it now waits at most its timeout, on the hub, and says it
+    did not finish."""
+    proc = gsub.run(
+        [sys.executable, "-c", FLUSH_SCRIPT, silent.endpoint],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SUBAGENT_"))},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    flushed, ticks, elapsed = proc.stdout.split()
+    assert flushed == "False"
+    assert int(ticks) > 0  # other greenlets ran while it waited
+    assert float(elapsed) < 3 * 1.0  # a bound on a hang (the exporter's own timeout is 10 s)
