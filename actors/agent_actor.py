@@ -367,15 +367,12 @@ class AgentActor(GeventActor):
                     run.finish(outcome)
                 self._tell_turn_listeners(outcome)
                 if outcome.exit is not None:  # answered: now the kill (or a tool's exit) goes on
-                    killed = isinstance(outcome.exit, gevent.GreenletExit)
+                    killed = outcome.reason == "aborted"
                     raise outcome.exit
         finally:
             self._worker = None
-            if killed and self._queue and not (self._closing or self._held):
-                killed = not self.actor_stopped.is_set()
-            else:
-                killed = False
-            if killed:
+            stopping = self._closing or self._held or self.actor_stopped.is_set()
+            if killed and self._queue and not stopping:
                 # A kill ended the turn it hit, not the child: its next message still runs (so
                 # it is still busy: no idle waiter is answered, no steer refused).
                 self._worker = spawn_untracked(self._work_guarded)

@@ -266,9 +266,10 @@ class AgentCore:
             # A result, not an incident: the host sees it in the outcome (docs/decisions.md).
             log.debug("agent %s: turn %d crashed", self.session_id, turn, exc_info=True)
             outcome = TurnOutcome(turn, "error", message=f"{type(exc).__name__}: {exc}")
-        except gevent.GreenletExit as exc:
-            # The turn's greenlet was killed, or a tool raised the kill's exception: cancelled,
-            # never crashed (docs/supervision.md), and still answered, so no run waits for ever.
+        except (gevent.GreenletExit, Cancelled) as exc:
+            # The turn's greenlet was killed, or a tool raised the kill's exception (or another
+            # cancellation than its signal's): cancelled, never crashed (docs/supervision.md),
+            # and still answered, so no run waits for ever.
             cause = _cause(signal.reason) if signal.aborted else "the turn was killed"
             outcome = TurnOutcome(turn, "aborted", cause=cause, exit=exc)
         except BaseException as exc:  # `SystemExit`, `KeyboardInterrupt` from a tool: a crash

@@ -26,6 +26,7 @@ from subagent import (
     text_block,
 )
 from subagent import scripted as RS
+from supervision.errors import Cancelled
 
 
 def _once_then_text(request: Any) -> Any:
@@ -38,6 +39,7 @@ def _once_then_text(request: Any) -> Any:
     ("raised", "stop", "diagnostic"),
     [
         (gevent.GreenletExit(), "aborted", "the turn was killed"),
+        (Cancelled("stray"), "aborted", "the turn was killed"),
         (SystemExit(3), "error", "SystemExit: 3"),
         (KeyboardInterrupt(), "error", "KeyboardInterrupt"),
     ],
@@ -58,7 +60,7 @@ def test_a_child_whose_tool_raises_an_exit_still_settles(
                 prompt=[text_block("go")], parent=parent, signal=AbortController().signal
             ),
         )
-        if isinstance(raised, gevent.GreenletExit):
+        if isinstance(raised, (gevent.GreenletExit, Cancelled)):
             result = run.result.get(timeout=10)
         else:
             # gevent hands a greenlet's SystemExit and KeyboardInterrupt to the main greenlet,
