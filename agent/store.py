@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import gevent
 import gevent.lock
@@ -100,6 +100,8 @@ _TMP_SUFFIX: Final = ".tmp"
 # Either way a file is read a chunk at a time as it is decoded (`frames.read_frames`), never
 # held whole: a load's transient memory is one chunk, not the file's size.
 _THREADPOOL_READ: Final = 1 << 18
+# A listing that must read more session headers than this (~20 us each) reads them off the hub.
+_HEADERS_READ_ON_HUB: Final = 64
 # Seeds of this many events or more are checked and encoded in the hub's thread pool too.
 _THREADPOOL_SEED: Final = 2_000
 # Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
@@ -128,6 +130,14 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_T = TypeVar("_T")
+
+
+def _call(fn: Callable[..., _T], *args: object) -> _T:
+    """`fn(*args)` in place: `offload`'s shape, for what is cheap enough to run on the hub."""
+    return fn(*args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +187,9 @@ class _Store:
         if durability not in DURABILITY_SETTINGS:
             raise ValueError(f"durability must be one of {sorted(DURABILITY_SETTINGS)}")
         self.durability: Durability = durability
+        # Headers `census` read, by id, with their file's stamp (`_stamped_ids`): a header is
+        # written once, at create, so a listing reads only the files that are new since.
+        self._known_headers: dict[str, tuple[object, SessionHeader]] = {}
         # system prompt -> [(tools, address)]: the addresses of headers stored or seen here.
         self._header_refs: dict[str, builtins.list[tuple[tuple[Any, ...], str]]] = {}
         self._header_count = 0
@@ -465,19 +478,50 @@ class _Store:
         """Every stored session's header (oldest first), and every `<id>.session` entry whose
         header cannot be read (a damaged header, a symlink, a directory), with the offset."""
         headers: builtins.list[SessionHeader] = []
+        known = self._known_headers
+        kept: dict[str, tuple[object, SessionHeader]] = {}
+        unknown: builtins.list[tuple[str, object]] = []
+        for session_id, stamp in self._stamped_ids():
+            hit = known.get(session_id)
+            if hit is not None and hit[0] == stamp:
+                kept[session_id] = hit
+                headers.append(hit[1])
+            else:
+                unknown.append((session_id, stamp))
+        # Many files to open and read (a first listing of a big store): off the hub.
+        read = offload if len(unknown) > _HEADERS_READ_ON_HUB else _call
+        found, unreadable = read(self._read_headers, unknown)
+        for session_id, stamp, header in found:
+            headers.append(header)
+            if stamp is not None:
+                kept[session_id] = (stamp, header)
+        self._known_headers = kept  # what is gone from the store is gone from here too
+        headers.sort(key=lambda h: (h.created_at, h.id))
+        return headers, unreadable
+
+    def _read_headers(
+        self, stamped: Iterable[tuple[str, object]]
+    ) -> tuple[builtins.list[tuple[str, object, SessionHeader]], builtins.list[UnreadableSession]]:
+        found: builtins.list[tuple[str, object, SessionHeader]] = []
         unreadable: builtins.list[UnreadableSession] = []
-        for session_id in self._ids():
+        for session_id, stamp in stamped:
             try:
                 data = self._read_header_bytes(session_id)
-                headers.append(decode_header(data, self._name(session_id)))
+                header = decode_header(data, self._name(session_id))
             except CorruptSessionError as exc:
                 unreadable.append(UnreadableSession(session_id, exc.offset, exc.message))
             except SessionNotFoundError:
                 continue  # deleted since the directory was listed
             except (SessionLogError, OSError) as exc:
                 unreadable.append(UnreadableSession(session_id, None, str(exc)))
-        headers.sort(key=lambda h: (h.created_at, h.id))
-        return headers, unreadable
+            else:
+                found.append((session_id, stamp, header))
+        return found, unreadable
+
+    def _stamped_ids(self) -> Iterable[tuple[str, object]]:
+        """Every stored id, with what tells whether its file is the one whose header `census`
+        read last time (None: read it again)."""
+        return ((session_id, None) for session_id in self._ids())
 
     def is_held(self, session_id: str) -> bool:
         """Whether a live SessionLog holds the session, in this process or another (a reader's
@@ -991,6 +1035,31 @@ class SessionStore(_Store):
             return not _held(fd)
         finally:
             os.close(fd)
+
+    def _stamped_ids(self) -> Iterable[tuple[str, object]]:
+        """Each file's inode and status-change time: a new file (a create, or a session deleted
+        and made again under its id) has another; an append changes the time too, which costs
+        only a re-read of a live log's header."""
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        out: builtins.list[tuple[str, object]] = []
+        for entry in entries:
+            name = entry.name
+            if not name.endswith(SUFFIX) or name.startswith("."):
+                continue
+            try:
+                session_id = validate_session_id(name[: -len(SUFFIX)])
+            except ValueError:
+                continue
+            try:
+                found = entry.stat(follow_symlinks=False)
+            except OSError:  # gone since the directory was read: the read says so
+                out.append((session_id, None))
+                continue
+            out.append((session_id, (found.st_ino, found.st_ctime_ns)))
+        return out
 
     def _ids(self) -> Iterable[str]:
         try:
