@@ -332,6 +332,21 @@ def test_subagent_acp_exits_within_the_deadline_after_sigterm(
     assert count > 0 and f"the exit deadline ({DEADLINE_S:g} s) passed" in why
 
 
+def _script(script: str, endpoint: str) -> list[str]:
+    """Run `script` in a fresh interpreter (no `OTEL_`/`SUBAGENT_` settings) with `endpoint`;
+    the words it printed."""
+    proc = gsub.run(
+        [sys.executable, "-c", script, endpoint],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SUBAGENT_"))},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()
+
+
 HOST_SCRIPT = """
 import sys
 from opentelemetry import trace
@@ -353,16 +368,8 @@ print(len(exporter.get_finished_spans()), telemetry.lost_spans()[0])
 
 
 def test_the_exit_never_closes_the_hosts_own_provider() -> None:
-    proc = gsub.run(
-        [sys.executable, "-c", HOST_SCRIPT, f"http://127.0.0.1:{_closed_port()}"],
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SUBAGENT_"))},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["1", "0"]  # still exporting; nothing of ours to count
+    # Still exporting; nothing of ours to count.
+    assert _script(HOST_SCRIPT, f"http://127.0.0.1:{_closed_port()}") == ["1", "0"]
 
 
 # -- a flush that is not an exit ---------------------------------------------------------------
@@ -396,16 +403,7 @@ def test_a_flush_on_the_sdk_path_keeps_its_timeout_and_the_hub_free(silent: _Sil
     ignores its timeout and exports in the calling thread, so it used to hold the hub (and the
     caller) for the exporter's 10 s; it now waits at most its timeout, on the hub, and says it
     did not finish."""
-    proc = gsub.run(
-        [sys.executable, "-c", FLUSH_SCRIPT, silent.endpoint],
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SUBAGENT_"))},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    flushed, ticks, elapsed = proc.stdout.split()
+    flushed, ticks, elapsed = _script(FLUSH_SCRIPT, silent.endpoint)
     assert flushed == "False"
     assert int(ticks) > 0  # other greenlets ran while it waited
     assert float(elapsed) < 3 * 1.0  # a bound on a hang (the exporter's own timeout is 10 s)
