@@ -32,7 +32,7 @@ from agent.errors import TooManyContainers
 from agent.store import gc_paused
 from supervision.offload import offload
 
-__all__ = ["MAX_CONTAINERS", "ON_HUB_BYTES", "parse_line"]
+__all__ = ["MAX_CONTAINERS", "ON_HUB_BYTES", "parse_json"]
 
 ON_HUB_BYTES = 64 * 1024
 MAX_CONTAINERS = 100_000
@@ -77,7 +77,7 @@ def _parse_off_hub(line: bytes | str) -> object:
         return _BoundedDecoder().decode(line)
 
 
-def parse_line(line: bytes | str) -> object:
+def parse_json(line: bytes | str) -> Any:
     """`json.loads(line)`, without holding the hub; `TooManyContainers` (a `ValueError`) for a
     long text that holds too many arrays and objects."""
     if len(line) <= ON_HUB_BYTES:

@@ -25,7 +25,7 @@ from gevent.event import AsyncResult, Event
 from gevent.queue import Queue
 
 from agent.errors import TooManyContainers
-from agent.json_text import parse_line
+from agent.json_text import parse_json
 from agent.jsoncheck import repair_surrogates
 from providers.acp_text import clean_text, describe_data
 from providers.errors import (
@@ -411,7 +411,7 @@ class JsonRpcConnection:
     def _dispatch(self, line: bytes) -> None:
         try:
             # Off the hub for a long line (agent/json_text.py).
-            message = parse_line(line)
+            message = parse_json(line)
         except TooManyContainers as exc:  # valid JSON, but no message we take
             self._bad_line(INVALID_REQUEST, str(exc), line, None)
             return

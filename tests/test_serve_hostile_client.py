@@ -231,11 +231,11 @@ class Server:
         def parse(line: bytes) -> object:
             before = self.ticks
             try:
-                return json_text.parse_line(line)
+                return json_text.parse_json(line)
             finally:
                 self.ticks_while_parsing.append((len(line), self.ticks - before))
 
-        monkeypatch.setattr(acp_rpc, "parse_line", parse)
+        monkeypatch.setattr(acp_rpc, "parse_json", parse)
         to_server_r, self._to_server_w = os.pipe()
         self._to_client_r, to_client_w = os.pipe()
         self.asked: list[tuple[str, Any]] = []

@@ -21,6 +21,7 @@ from typing import Any
 
 from geventhttpclient.response import HTTPSocketPoolResponse
 
+from agent.json_text import parse_json
 from agent.model import (
     MAX_ARGUMENT_DEPTH,
     FinishReason,
@@ -39,7 +40,6 @@ from agent.models.http import (
     Retryable,
     RetryHook,
     drain,
-    loads,
     sse_events,
 )
 from agent.usage import checked_usage, normalize_usage
@@ -375,7 +375,7 @@ class AnthropicModel(HTTPModel):
         answer = _Answer()
         for event in sse_events(resp, "anthropic", self.max_response_bytes):
             try:
-                obj = loads(event.data)
+                obj = parse_json(event.data)
             except (ValueError, RecursionError) as e:
                 raise ModelError(
                     f"anthropic stream: malformed SSE data ({e}): {event.data[:200]!r}"

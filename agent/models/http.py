@@ -33,7 +33,6 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
 from agent.errors import Retryable
-from agent.json_text import parse_line
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
@@ -50,7 +49,6 @@ __all__ = [
     "Retryable",
     "aborted",
     "jsonable",
-    "loads",
     "read_body",
     "read_capped",
     "retry_after",
@@ -145,12 +143,6 @@ def read_body(resp: HTTPSocketPoolResponse, label: str, limit: int) -> bytes:
         if size > limit:
             raise _too_large(label, limit)
         blocks.append(block)
-
-
-def loads(text: str | bytes) -> Any:
-    """`json.loads`, without holding the hub when the text is long (`agent.json_text`): a long
-    answer, or one huge event, would otherwise pause every other child while it is parsed."""
-    return parse_line(text)
 
 
 def sse_events(

@@ -13,6 +13,7 @@ from typing import Any
 
 from geventhttpclient.response import HTTPSocketPoolResponse
 
+from agent.json_text import parse_json
 from agent.model import (
     MAX_ARGUMENT_DEPTH,
     FinishReason,
@@ -32,7 +33,6 @@ from agent.models.http import (
     RetryHook,
     drain,
     jsonable,
-    loads,
     read_body,
     sse_events,
 )
@@ -368,7 +368,7 @@ class OpenAIModel(HTTPModel):
         if not resp.message_complete:
             raise ModelError("openai: connection closed before the JSON answer ended")
         try:
-            obj = loads(raw)
+            obj = parse_json(raw)
         except (ValueError, RecursionError) as e:
             raise ModelError(f"openai: malformed JSON answer ({e}): {raw[:200]!r}") from None
         answer = _Answer()
@@ -390,7 +390,7 @@ class OpenAIModel(HTTPModel):
                 done = True
                 break
             try:
-                chunk = loads(event.data)
+                chunk = parse_json(event.data)
             except (ValueError, RecursionError) as e:
                 raise ModelError(
                     f"openai stream: malformed SSE data ({e}): {event.data[:200]!r}"
