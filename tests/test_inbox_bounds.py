@@ -289,3 +289,37 @@ def test_send_message_to_a_flooded_child_is_a_tool_error_result_for_the_parent(
             e for e in of_type(_events(child), "inbox/accepted") if e["data"]["kind"] == "steer"
         ]
         assert [e["data"]["content"][0]["text"] for e in steers] == ["1st"]
+
+
+def test_send_message_to_a_child_whose_steers_are_full_is_refused_not_retried(
+    tmp_path: Any,
+) -> None:
+    """The child's own inbox full (steered directly): `send_message` fails `INBOX_FULL` at once
+    instead of waiting, and nothing of it is logged in the child."""
+    gates = Gates()
+
+    def model(request: ModelRequest) -> S.Step:
+        if not any(m["role"] == "tool" for m in request.messages):
+            return S.tool_call("wait", {})
+        return S.text("done")
+
+    store = SessionStore(tmp_path, durability="none")
+    with Runtime(store=store, scripted=ScriptedModel(model), max_pending_steers=1) as rt:
+        rt.ctx.tools.register(gates.tool())
+        rt.subagents.register(SpawnProvider())
+        parent = rt.agent()
+        request = SubagentStartRequest(
+            prompt=[text_block("go")], parent=parent, signal=AbortSignal.never()
+        )
+        started = rt.subagents.start_continuable("spawn", request, label="worker")
+        assert gates.reached[0].wait(timeout=10)
+        child = rt.ctx.agents[started.child_id]
+        direct = child.steer("direct")
+        with pytest.raises(SubagentError) as refused:
+            rt.subagents.send_message(
+                parent, started.child_id, "via send_message", MessageSource.coordinator(parent.id)
+            )
+        assert refused.value.code == "INBOX_FULL"
+        gates.opened[0].set()
+        direct.get(timeout=10)
+        assert _user_texts(child) == ["go", "direct"]
