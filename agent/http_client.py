@@ -26,7 +26,8 @@ then a body by `Content-Length`, `chunked` or the connection's end) and nothing 
   timeout raced ours) is sent once more on a new connection; every other failure is the
   caller's (the model adapters' retries stay theirs).
 - Timeouts: `connect_timeout` bounds the connect and the TLS handshake, `read_timeout` each
-  later socket call. TLS is the default verified context (`gevent.ssl`'s for gevent sockets).
+  later socket call. TLS is the default verified context (`gevent.ssl`'s for gevent sockets),
+  or the pool's `tls_context` (e.g. one that trusts a private CA).
 
 Failures are the standard library's: `OSError` (`TimeoutError` for a timeout) from the socket,
 `http.client.HTTPException` (`RemoteDisconnected`, `BadStatusLine`, `LineTooLong`,
@@ -119,13 +120,20 @@ _contexts_lock = threading.Lock()
 
 
 def _default_context(cooperative: bool) -> ssl.SSLContext:
-    """The default verified TLS context, made once per kind (making one loads the system's
-    certificates: milliseconds not worth spending per pool)."""
+    """The default verified TLS context (the server's certificate and name checked against
+    the system's certificates), made once per kind: making one loads those certificates,
+    milliseconds not worth spending per pool. For gevent sockets it must be gevent's
+    `SSLContext` class: `gevent.ssl.create_default_context` is the standard library's function
+    and returns a standard context, whose sockets block the hub."""
     with _contexts_lock:
         context = _contexts.get(cooperative)
         if context is None:
-            maker = gevent.ssl.create_default_context if cooperative else ssl.create_default_context
-            context = _contexts[cooperative] = maker()
+            if cooperative:
+                context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.load_default_certs()
+            else:
+                context = ssl.create_default_context()
+            _contexts[cooperative] = context
         return context
 
 
@@ -433,6 +441,7 @@ class HTTPPool:
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         cooperative: bool = True,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         try:
             parts = urlsplit(url)
@@ -445,6 +454,12 @@ class HTTPPool:
             raise TypeError("max_connections must be an int")
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if tls_context is not None:
+            # A standard-library context would wrap a gevent socket in a blocking one.
+            kind = gevent.ssl.SSLContext if cooperative else ssl.SSLContext
+            if not isinstance(tls_context, kind):
+                raise TypeError(f"tls_context must be a {kind.__module__}.SSLContext here")
+        self._tls_context = tls_context
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
         default = http.client.HTTPS_PORT if self.tls else http.client.HTTP_PORT
@@ -501,7 +516,7 @@ class HTTPPool:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls:  # the handshake is bounded by the connect timeout too
-                context = _default_context(self.cooperative)
+                context = self._tls_context or _default_context(self.cooperative)
                 sock = context.wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(self.read_timeout)
         except BaseException:

@@ -4,10 +4,13 @@ sends exactly the bytes each test gives it."""
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import gevent
+import gevent.ssl
 import pytest
 from gevent.server import StreamServer
 from gevent.socket import socket as Socket
@@ -355,3 +358,51 @@ def test_many_exchanges_wait_for_a_slot_cooperatively(pools: list[HTTPPool]) -> 
     finally:
         server.close()
     assert server.connections <= 2
+
+
+# --- TLS ------------------------------------------------------------------------------------------
+
+TLS = Path(__file__).resolve().parent / "tls"  # a self-signed certificate for 127.0.0.1
+
+
+def _tls_server() -> StreamServer:
+    context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # gevent's: a cooperative server
+    context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret"
+    raw = RawServer(*[send(ok)] * 3)
+    raw.close()
+    server = StreamServer(("127.0.0.1", 0), raw._handle, ssl_context=context)
+    server.start()
+    return server
+
+
+def test_tls_verifies_the_server_by_default(pools: list[HTTPPool]) -> None:
+    """Refused by the default context: the certificate is no system CA's."""
+    server = _tls_server()
+    try:
+        pool = HTTPPool(f"https://127.0.0.1:{server.server_port}", read_timeout=10)
+        pools.append(pool)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _get(pool)
+    finally:
+        server.stop(timeout=1)
+
+
+def test_tls_with_a_context_that_trusts_the_server(pools: list[HTTPPool]) -> None:
+    """The server runs on this hub: a client that blocked the hub in its handshake or reads
+    (a standard-library TLS socket) would never be answered."""
+    server = _tls_server()
+    try:
+        context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_verify_locations(TLS / "cert.pem")
+        pool = HTTPPool(
+            f"https://127.0.0.1:{server.server_port}", read_timeout=10, tls_context=context
+        )
+        pools.append(pool)
+        assert _get(pool)[1] == b"secret"
+        assert _get(pool)[1] == b"secret"
+        assert pool.connections_made == 1  # kept alive over TLS too
+    finally:
+        server.stop(timeout=1)
+    with pytest.raises(TypeError, match=r"gevent\.ssl\.SSLContext"):
+        HTTPPool("https://h", tls_context=ssl.create_default_context())
