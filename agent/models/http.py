@@ -13,6 +13,10 @@ format: the JSON body, how an error body reads, and how a 200 response becomes a
   exponential backoff, capped by `retry_after_max`.
 - Every transport or protocol failure becomes `ModelError` with a diagnostic; only on_progress's
   own exceptions pass through unchanged.
+- The exchange is the runtime's one HTTP client's (`agent.http_client`: a pool of kept-alive
+  connections per adapter). A streamed body is cut into lines as it arrives, each byte searched
+  once, and bounded as it arrives: `max_response_bytes` for the body, `MAX_LINE_BYTES` for one
+  line; each event goes to the adapter as soon as its blank line is in.
 
 Defaults (issue 12): a server that accepts and never answers fails a call after
 `max_retries + 1` attempts of `read_timeout` seconds each, i.e. about 3 minutes, not half an hour.
