@@ -49,6 +49,7 @@ from types import TracebackType
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import gevent
 import gevent.lock
 import gevent.socket
 import gevent.ssl
@@ -64,6 +65,8 @@ MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 # A chunk's size line: hex digits and extensions nobody sends.
 _MAX_SIZE_LINE = 1024
+# A stream read without ever waiting (the data was always there) lets the hub run this often.
+_YIELD_BYTES = 1024 * 1024
 
 # What a kept-alive connection the server closed while it was idle fails with, before any answer.
 _STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
@@ -85,12 +88,13 @@ class _Slots(Protocol):
 class _Connection:
     """A socket to the origin and the bytes received on it that nothing has read yet."""
 
-    __slots__ = ("generation", "rest", "sock")
+    __slots__ = ("cooperative", "generation", "rest", "sock")
 
-    def __init__(self, sock: socket.socket, generation: int) -> None:
+    def __init__(self, sock: socket.socket, generation: int, cooperative: bool) -> None:
         self.sock = sock
         self.rest = b""
         self.generation = generation  # the pool's when made: one made before `close()` goes
+        self.cooperative = cooperative
 
     def recv(self) -> bytes:
         return self.sock.recv(BLOCK)
@@ -338,10 +342,16 @@ class Response:
         runs past `max_line` bytes, or the body past `max_body`, as the bytes arrive.
         """
         pending = bytearray()
+        pause_at = _YIELD_BYTES
         while True:
             data = self.read1(BLOCK)
             if self.received > max_body:
                 raise ResponseTooLarge("body", max_body, self.received)
+            if self.received >= pause_at:
+                # A socket that always has data never waits, so never yields: let the hub run.
+                pause_at = self.received + _YIELD_BYTES
+                if self._conn.cooperative:
+                    gevent.sleep(0)
             if not data:
                 if pending:
                     yield bytes(pending)
@@ -523,7 +533,7 @@ class HTTPPool:
             sock.close()
             raise
         self.connections_made += 1
-        return _Connection(sock, self._generation)
+        return _Connection(sock, self._generation, self.cooperative)
 
     def give_back(self, conn: _Connection) -> None:
         if conn.generation != self._generation:
