@@ -16,8 +16,10 @@ then a body by `Content-Length`, `chunked` or the connection's end) and nothing 
 - Bounds on what a server can make us hold: a head of at most 64 KiB and 100 headers, a chunk
   size line of at most 1 KiB, trailers within the head's bound.
 - `HTTPPool(url, max_connections=...)`: at most that many connections at once (a caller past
-  the bound waits for a slot); idle ones are kept, the most recent first, and one the server
-  closed meanwhile is noticed (readable while idle) before it is used.
+  the bound waits for a slot); idle ones are kept, the most recent first, for at most
+  `max_idle` seconds (a connection a NAT or a server dropped without a word would cost a whole
+  read timeout), and one the server closed meanwhile is noticed (readable while idle) before
+  it is used.
 - `pool.exchange()`: a context manager holding one slot; `request()` sends the request in one
   write and returns the `Response` once its head arrived. Leaving the block keeps the
   connection when the body was read to its end and the server keeps it open, and closes it
@@ -43,6 +45,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
@@ -88,13 +91,14 @@ class _Slots(Protocol):
 class _Connection:
     """A socket to the origin and the bytes received on it that nothing has read yet."""
 
-    __slots__ = ("cooperative", "generation", "rest", "sock")
+    __slots__ = ("cooperative", "generation", "idle_since", "rest", "sock")
 
     def __init__(self, sock: socket.socket, generation: int, cooperative: bool) -> None:
         self.sock = sock
         self.rest = b""
         self.generation = generation  # the pool's when made: one made before `close()` goes
         self.cooperative = cooperative
+        self.idle_since = 0.0
 
     def recv(self) -> bytes:
         return self.sock.recv(BLOCK)
@@ -452,6 +456,7 @@ class HTTPPool:
         read_timeout: float = 60.0,
         cooperative: bool = True,
         tls_context: ssl.SSLContext | None = None,
+        max_idle: float = 60.0,
     ) -> None:
         try:
             parts = urlsplit(url)
@@ -464,6 +469,10 @@ class HTTPPool:
             raise TypeError("max_connections must be an int")
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if isinstance(max_idle, bool) or not isinstance(max_idle, (int, float)):
+            raise TypeError("max_idle must be a number of seconds")
+        if not max_idle >= 0:
+            raise ValueError("max_idle must be >= 0")
         if tls_context is not None:
             # A standard-library context would wrap a gevent socket in a blocking one.
             kind = gevent.ssl.SSLContext if cooperative else ssl.SSLContext
@@ -478,6 +487,7 @@ class HTTPPool:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.cooperative = cooperative
+        self.max_idle = max_idle
         self.connections_made = 0
         self.slots: _Slots = (
             gevent.lock.BoundedSemaphore(max_connections)
@@ -514,8 +524,12 @@ class HTTPPool:
 
     def take(self) -> tuple[_Connection, bool]:
         """An idle connection that is still open (True), else a new one."""
+        now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
+            if now - conn.idle_since >= self.max_idle:
+                self._close_idle(conn)  # the most recent is too old: so are the others
+                break
             if not conn.dropped():
                 return conn, True
             conn.close()
@@ -539,12 +553,18 @@ class HTTPPool:
         if conn.generation != self._generation:
             conn.close()
         else:
+            conn.idle_since = time.monotonic()
             self._idle.append(conn)
 
     def close(self) -> None:
         """Close the idle connections; the ones in use close as their exchanges end (a later
         exchange opens a new one)."""
         self._generation += 1
+        self._close_idle()
+
+    def _close_idle(self, *also: _Connection) -> None:
+        for conn in also:
+            conn.close()
         while self._idle:
             self._idle.pop().close()
 

@@ -312,6 +312,23 @@ def test_pool_close_closes_idle_connections_and_the_pool_still_serves(
     assert server.connections == 2 and pool.connections_made == 2 and len(server.requests) == 3
 
 
+def test_a_connection_idle_past_max_idle_is_not_used(pools: list[HTTPPool]) -> None:
+    ok = b"HTTP/1.1 204 -\r\n\r\n"
+    server = RawServer(send(ok), send(ok), send(ok), send(ok))
+    try:
+        fresh = _pool(server, pools, max_idle=0)  # no idle time at all: never reused
+        _get(fresh)
+        _get(fresh)
+        assert fresh.connections_made == 2
+        kept = _pool(server, pools)  # the default (60 s): reused
+        _get(kept)
+        _get(kept)
+        assert kept.connections_made == 1
+    finally:
+        server.close()
+    assert server.connections == 3
+
+
 def test_bad_urls_and_bounds_are_refused() -> None:
     for url in ("ftp://x", "http://", "http://[::1", "http://h:99999"):
         with pytest.raises(ValueError, match="not an http"):
@@ -320,6 +337,10 @@ def test_bad_urls_and_bounds_are_refused() -> None:
         HTTPPool("http://h", max_connections=0)
     with pytest.raises(TypeError, match="max_connections"):
         HTTPPool("http://h", max_connections=True)
+    with pytest.raises(ValueError, match="max_idle"):
+        HTTPPool("http://h", max_idle=-1)
+    with pytest.raises(TypeError, match="max_idle"):
+        HTTPPool("http://h", max_idle="60")  # type: ignore[arg-type]
 
 
 def test_a_thread_with_plain_sockets_can_cut_its_exchange() -> None:

@@ -19,7 +19,7 @@ from openai_stub import SSE_HEAD, Conn, OpenAIStub, StubRequest
 from agent.http_client import BLOCK
 from agent.model import ModelError, ModelRequest
 from agent.models.anthropic import AnthropicModel
-from agent.models.http import MAX_LINE_BYTES, HTTPModel
+from agent.models.http import MAX_LINE_BYTES, USER_AGENT, HTTPModel
 from agent.models.openai import OpenAIModel
 from supervision.signal import AbortSignal
 
@@ -330,3 +330,10 @@ def test_an_anthropic_stream_cut_in_a_chunk_fails(models: list[HTTPModel]) -> No
         models.append(model)
         with pytest.raises(ModelError, match="connection closed mid-stream"):
             model.complete(_request())
+
+
+def test_a_user_agent_is_sent_unless_the_caller_names_one(models: list[HTTPModel]) -> None:
+    with OpenAIStub() as stub:
+        _openai(stub, models).complete(_request())
+        _openai(stub, models, headers={"User-Agent": "mine/1"}).complete(_request())
+    assert [r.headers["user-agent"] for r in stub.requests] == [USER_AGENT, "mine/1"]

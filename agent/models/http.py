@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_READ_TIMEOUT",
     "MAX_LINE_BYTES",
     "RETRY_STATUSES",
+    "USER_AGENT",
     "HTTPModel",
     "RetryHook",
     "Retryable",
@@ -79,7 +80,7 @@ DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 # most a model's longest output, 128k tokens (~0.5 MB of text, ~1 MB once JSON-escaped). 16 MiB
 # is many times that, and the most memory a line without an end can take before it is refused.
 MAX_LINE_BYTES = 16 * 1024 * 1024
-_BODY_BLOCK = 64 * 1024
+USER_AGENT = "subagent-runtime"
 _DRAIN_LIMIT = 64 * 1024
 
 # Called before each retry with (attempt that failed, delay in seconds, diagnostic).
@@ -259,7 +260,11 @@ class HTTPModel:
         self._on_retry = on_retry
         self._path = (parts.path or "") + path
         # Every call streams JSON; `headers` add the adapter's auth and the caller's extras.
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "User-Agent": USER_AGENT,  # some gateways refuse a request without one
+        }
         self._headers.update(headers)
         # One keep-alive pool per adapter (= per base URL), sized for many concurrent streams.
         self._pool = HTTPPool(
