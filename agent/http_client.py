@@ -147,24 +147,28 @@ def _default_context(cooperative: bool) -> ssl.SSLContext:
 
 def _head_of(conn: _Connection) -> bytes:
     """The next head on the connection (through its blank line); what followed stays in
-    `conn.rest`. Searches each received byte once (from 3 before the new bytes)."""
-    data = conn.rest
+    `conn.rest`. Linear: each received byte is searched once (from 3 before the new bytes),
+    and the head grows in a `bytearray`."""
+    data = bytearray(conn.rest)
     start = 0
     while True:
-        end = data.find(b"\r\n\r\n", start)
-        if end >= 0:
-            conn.rest = data[end + 4 :]
-            return data[: end + 4]
+        crlf = data.find(b"\r\n\r\n", start)
         bare = data.find(b"\n\n", start)  # a server that ends its lines with LF alone
-        if bare >= 0:
-            conn.rest = data[bare + 2 :]
-            return data[: bare + 2]
-        if len(data) > MAX_HEAD:
+        if crlf >= 0 and not 0 <= bare < crlf:
+            end = crlf + 4
+        elif bare >= 0:
+            end = bare + 2
+        else:
+            end = 0
+        if end > MAX_HEAD or (not end and len(data) > MAX_HEAD):
             raise http.client.LineTooLong(f"a response head of more than {MAX_HEAD} bytes")
+        if end:
+            conn.rest = bytes(data[end:])
+            return bytes(data[:end])
         more = conn.recv()
         if not more:
             if data:
-                raise http.client.IncompleteRead(data)
+                raise http.client.IncompleteRead(bytes(data))
             raise http.client.RemoteDisconnected("the server closed the connection unanswered")
         start = max(0, len(data) - 3)
         data += more

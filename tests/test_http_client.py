@@ -157,6 +157,32 @@ def test_a_content_length_body_an_interim_answer_and_lf_only_lines(pools: list[H
     assert server.connections == 1
 
 
+def test_a_head_of_lf_lines_is_not_cut_at_a_crlf_pair_in_its_body(pools: list[HTTPPool]) -> None:
+    server = RawServer(send(b"HTTP/1.1 200 OK\nContent-Length: 6\n\nab\r\n\r\n"))
+    try:
+        response, body = _get(_pool(server, pools))
+    finally:
+        server.close()
+    assert (response.header("content-length"), body) == ("6", b"ab\r\n\r\n")
+
+
+def test_a_head_dribbled_a_byte_at_a_time_is_read(pools: list[HTTPPool]) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Long: " + b"v" * 5000 + b"\r\n\r\nok"
+
+    def dribble(sock: Socket, _head: bytes) -> None:
+        for at in range(len(head)):
+            sock.sendall(head[at : at + 1])
+            if at % 256 == 0:
+                gevent.idle()  # the client reads what came so far
+
+    server = RawServer(dribble)
+    try:
+        response, body = _get(_pool(server, pools))
+    finally:
+        server.close()
+    assert body == b"ok" and response.header("x-long") == "v" * 5000
+
+
 def test_a_body_to_the_connections_end_is_complete_and_the_connection_not_kept(
     pools: list[HTTPPool],
 ) -> None:
