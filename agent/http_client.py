@@ -56,6 +56,7 @@ import gevent
 import gevent.lock
 import gevent.socket
 import gevent.ssl
+import httptools
 
 from agent.errors import ResponseTooLarge
 
@@ -74,12 +75,6 @@ _YIELD_BYTES = 1024 * 1024
 # What a kept-alive connection the server closed while it was idle fails with, before any answer.
 _STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_STATUS = re.compile(rb"HTTP/1\.([01]) (\d{3})(?: ([^\r\n]*))?\r?")
-
-# Body framings.
-_LENGTH, _CHUNKED, _TO_CLOSE = 0, 1, 2
-# Where a chunked body is.
-_SIZE, _DATA, _DATA_END, _TRAILER, _DONE = 0, 1, 2, 3, 4
 
 
 class _Slots(Protocol):
@@ -89,13 +84,12 @@ class _Slots(Protocol):
 
 
 class _Connection:
-    """A socket to the origin and the bytes received on it that nothing has read yet."""
+    """A socket to the origin."""
 
-    __slots__ = ("cooperative", "generation", "idle_since", "rest", "sock")
+    __slots__ = ("cooperative", "generation", "idle_since", "sock")
 
     def __init__(self, sock: socket.socket, generation: int, cooperative: bool) -> None:
         self.sock = sock
-        self.rest = b""
         self.generation = generation  # the pool's when made: one made before `close()` goes
         self.cooperative = cooperative
         self.idle_since = 0.0
@@ -110,8 +104,6 @@ class _Connection:
     def dropped(self) -> bool:
         """True when the idle connection is readable: the server closed it (or sent what
         nobody asked for); either way it cannot carry the next exchange."""
-        if self.rest:
-            return True
         try:
             if hasattr(select, "poll"):
                 poller = select.poll()
@@ -145,60 +137,36 @@ def _default_context(cooperative: bool) -> ssl.SSLContext:
         return context
 
 
-def _head_of(conn: _Connection) -> bytes:
-    """The next head on the connection (through its blank line); what followed stays in
-    `conn.rest`. Linear: each received byte is searched once (from 3 before the new bytes),
-    and the head grows in a `bytearray`."""
-    data = bytearray(conn.rest)
-    start = 0
-    while True:
-        crlf = data.find(b"\r\n\r\n", start)
-        bare = data.find(b"\n\n", start)  # a server that ends its lines with LF alone
-        if crlf >= 0 and not 0 <= bare < crlf:
-            end = crlf + 4
-        elif bare >= 0:
-            end = bare + 2
-        else:
-            end = 0
-        if end > MAX_HEAD or (not end and len(data) > MAX_HEAD):
-            raise http.client.LineTooLong(f"a response head of more than {MAX_HEAD} bytes")
-        if end:
-            conn.rest = bytes(data[end:])
-            return bytes(data[:end])
-        more = conn.recv()
-        if not more:
-            if data:
-                raise http.client.IncompleteRead(bytes(data))
-            raise http.client.RemoteDisconnected("the server closed the connection unanswered")
-        start = max(0, len(data) - 3)
-        data += more
+class _Stop(Exception):
+    """Raised in a parser callback to stop the parser where it is (not an error)."""
 
 
-def _fields(lines: list[bytes], what: str) -> dict[str, str]:
-    """Header (or trailer) lines as a dict of lower-case names; repeated ones joined by ", "."""
-    if len(lines) > MAX_HEADERS:
-        raise http.client.HTTPException(f"more than {MAX_HEADERS} {what}")
-    fields: dict[str, str] = {}
-    for raw in lines:
-        name, sep, value = raw.decode("latin-1").partition(":")
-        name = name.strip().lower()
-        if not sep or not name:
-            raise http.client.HTTPException(f"a malformed {what[:-1]} line: {raw[:100]!r}")
-        value = value.strip()
-        fields[name] = f"{fields[name]}, {value}" if name in fields else value
-    return fields
+# llhttp's words for a chunk size of more hex digits than 64 bits hold: a size line too long.
+_OVERFLOW = "overflow"
 
 
 class Response:
-    """The status, headers and body of one answer; the body is read as it arrives."""
+    """The status, headers and body of one answer; the body is read as it arrives.
+
+    The framing is llhttp's (`httptools.HttpResponseParser`, fed every received block once);
+    this class keeps what llhttp hands over and enforces the bounds llhttp does not."""
 
     __slots__ = (
-        "_chunk_left",
+        "_body",
         "_conn",
-        "_framing",
-        "_left",
-        "_state",
-        "complete",
+        "_debt",
+        "_done",
+        "_error",
+        "_fed",
+        "_head_done",
+        "_head_size",
+        "_header_count",
+        "_interim",
+        "_parser",
+        "_pieces",
+        "_reason",
+        "_size_lines",
+        "_to_close",
         "headers",
         "reason",
         "received",
@@ -207,43 +175,127 @@ class Response:
     )
 
     def __init__(self, conn: _Connection, head_only: bool = False) -> None:
-        while True:
-            head = _head_of(conn)
-            lines = head.split(b"\n")
-            match = _STATUS.fullmatch(lines[0])
-            if match is None:
-                raise http.client.BadStatusLine(lines[0][:100].decode("latin-1"))
-            status = int(match.group(2))
-            if not 100 <= status < 200 or status == 101:
-                break  # an interim 1xx answer is followed by the real one
         self._conn = conn
-        self.status = status
-        self.reason = (match.group(3) or b"").decode("latin-1")
-        self.headers = _fields([line.rstrip(b"\r") for line in lines[1:-2]], "headers")
-        connection = self.headers.get("connection", "").lower()
-        self.will_close = "close" in connection or (
-            match.group(1) == b"0" and "keep-alive" not in connection
-        )
+        self.status = 0
+        self.reason = ""
+        self.headers: dict[str, str] = {}
+        self.will_close = False
         self.received = 0  # bytes of body handed over so far
-        self.complete = False  # the body was read to its end
-        self._state = _SIZE
-        self._chunk_left = 0
-        self._left = 0
-        coding = self.headers.get("transfer-encoding", "").lower()
-        length = self.headers.get("content-length")
-        if head_only or status in (101, 204, 304):
-            self._framing, self.complete = _LENGTH, True
-        elif coding:
-            if coding.rsplit(",", 1)[-1].strip() != "chunked":
-                raise http.client.HTTPException(f"unsupported transfer-encoding {coding!r}")
-            self._framing = _CHUNKED
-        elif length is not None:
-            if not length.isdigit():
-                raise http.client.HTTPException(f"a malformed content-length {length!r}")
-            self._framing, self._left = _LENGTH, int(length)
-            self.complete = self._left == 0
+        self._body: list[bytes] = []  # decoded, not yet handed over
+        self._done = False  # llhttp saw the message's end
+        self._error: BaseException | None = None
+        self._fed = 0  # bytes given to the parser before the head's end
+        self._head_done = False
+        self._head_size = 0
+        self._header_count = 0
+        self._interim = False
+        self._reason: list[bytes] = []
+        self._pieces = 0  # body pieces in the current block
+        self._size_lines = False  # the body is chunked: its framing bytes are bounded by us
+        self._debt = 0  # framing bytes of a chunked body not yet accounted for by a chunk
+        self._to_close = False
+        parser = self._parser = httptools.HttpResponseParser(self)
+        parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        while not self._head_done:
+            data = conn.recv()
+            if not data:
+                if self._fed:
+                    raise http.client.IncompleteRead(b"")
+                raise http.client.RemoteDisconnected("the server closed the connection unanswered")
+            self._fed += len(data)
+            self._feed(data)
+            if not self._head_done and self._fed > MAX_HEAD:
+                raise http.client.LineTooLong(f"a response head of more than {MAX_HEAD} bytes")
+        if head_only:
+            # llhttp cannot be told the answer has no body: what followed the head is unknown.
+            self._done, self.will_close = True, True
+
+    # --- llhttp's callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._done:  # bytes after the answer: nobody asked for them
+            self.will_close = True
+            raise _Stop
+
+    def on_status(self, piece: bytes) -> None:
+        self._reason.append(piece)
+        self._head_size += len(piece)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        headers = self.headers
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD:
+            what = "trailers" if self._head_done else "a response head"
+            self._fail(http.client.LineTooLong(f"{what} of more than {MAX_HEAD} bytes"))
+        if self._head_done:  # a trailer, not kept
+            return
+        self._header_count += 1
+        if self._header_count > MAX_HEADERS:
+            self._fail(http.client.HTTPException(f"more than {MAX_HEADERS} headers"))
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip()
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer, followed by the real one
+            self._interim = True
+            self.headers, self._reason, self._head_size, self._header_count = {}, [], 0, 0
+            return
+        self.status = status
+        self.reason = b"".join(self._reason).decode("latin-1").strip()
+        self._head_done = True
+        self._head_size = 0  # from here on: the trailers' bytes
+        self.will_close = not parser.should_keep_alive() or status == 101
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None:
+            if coding.rsplit(",", 1)[-1].strip().lower() != "chunked":
+                self._fail(http.client.HTTPException(f"unsupported transfer-encoding {coding!r}"))
+            self._size_lines = True
+        elif "content-length" not in self.headers and status not in (204, 304):
+            self._to_close = True
+
+    def on_body(self, piece: bytes) -> None:
+        self._body.append(piece)
+        self._pieces += 1
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
         else:
-            self._framing, self.will_close = _TO_CLOSE, True
+            self._done = True
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        raise error
+
+    # --- feeding ------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        """Parse one received block; errors as the standard library's `http.client` names them."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # a 101: what follows is not HTTP any more
+            self._done = True
+        except httptools.HttpParserCallbackError:
+            error, self._error = self._error, None
+            if error is not None:
+                raise error from None
+            # `_Stop`: the answer ended and more followed
+        except httptools.HttpParserError as exc:
+            if not self._head_done:
+                if not (self._reason or self.headers or self._parser.get_status_code()):
+                    raise http.client.BadStatusLine(repr(data[:100])) from None
+                raise http.client.HTTPException(f"a malformed response head: {exc}") from None
+            if _OVERFLOW in str(exc):
+                raise http.client.LineTooLong("a chunk size line") from None
+            raise http.client.IncompleteRead(b"", 0) from None  # framing lost
+
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end."""
+        return self._done and not self._body
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -252,84 +304,43 @@ class Response:
         """What has arrived of the body (everything decodable, at most about `n` bytes), or,
         when nothing has, what one read of the socket brings. b"" at the end;
         `http.client.IncompleteRead` when the connection closed before the body's end."""
-        if self.complete:
-            return b""
-        data = self._read_chunked(n) if self._framing == _CHUNKED else self._read_plain(n)
+        body = self._body
+        while not body:
+            if self._done:
+                return b""
+            data = self._conn.recv()
+            if not data:
+                if self._to_close:
+                    self._done = True
+                    return b""
+                raise http.client.IncompleteRead(b"", self._left())
+            self._pieces = 0
+            self._feed(data)
+            if self._size_lines and not self._done:
+                self._bound_framing(len(data))
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        if len(data) > n:
+            data, rest = data[:n], data[n:]
+            body.append(rest)
         self.received += len(data)
         return data
 
-    def _read_plain(self, n: int) -> bytes:
-        conn = self._conn
-        data = conn.rest or conn.recv()
-        if self._framing == _LENGTH:
-            if not data:
-                raise http.client.IncompleteRead(b"", self._left)
-            take = min(n, self._left)
-            data, conn.rest = data[:take], data[take:]
-            self._left -= len(data)
-            self.complete = self._left == 0
-        else:
-            take = min(n, len(data))
-            data, conn.rest = data[:take], data[take:]
-            self.complete = not data
-        return data
+    def _bound_framing(self, size: int) -> None:
+        """A chunked body's bytes that are not data (size lines, extensions, trailers), which
+        llhttp reads without bound: at most `_MAX_SIZE_LINE` a chunk, and what a block holds
+        beyond that at most `MAX_HEAD` over the blocks since."""
+        framing = size - sum(map(len, self._body))
+        allowance = self._pieces * (_MAX_SIZE_LINE + 4)
+        self._debt = max(0, self._debt + framing - allowance)
+        if self._debt > MAX_HEAD:
+            raise http.client.LineTooLong("a chunk size or trailer line")
 
-    def _read_chunked(self, n: int) -> bytes:
-        conn = self._conn
-        out: list[bytes] = []
-        size = 0
-        while True:
-            buf, pos = conn.rest, 0
-            end = len(buf)
-            while pos < end and size < n:
-                state = self._state
-                if state == _DATA:
-                    take = min(self._chunk_left, end - pos, n - size)
-                    out.append(buf[pos : pos + take])
-                    pos += take
-                    size += take
-                    self._chunk_left -= take
-                    if not self._chunk_left:
-                        self._state = _DATA_END
-                    continue
-                eol = buf.find(b"\n", pos)
-                if eol < 0:
-                    if end - pos > (_MAX_SIZE_LINE if state != _TRAILER else MAX_HEAD):
-                        raise http.client.LineTooLong("a chunk size or trailer line")
-                    break
-                line = buf[pos:eol].rstrip(b"\r")
-                pos = eol + 1
-                if state == _DATA_END:
-                    if line:
-                        raise http.client.IncompleteRead(b"", 0)  # framing lost
-                    self._state = _SIZE
-                elif state == _SIZE:
-                    digits = line.split(b";", 1)[0].strip()
-                    try:
-                        if len(digits) > 16:
-                            raise ValueError(digits)
-                        chunk = int(digits, 16)
-                    except ValueError:
-                        raise http.client.IncompleteRead(b"", 0) from None  # framing lost
-                    if chunk:
-                        self._chunk_left, self._state = chunk, _DATA
-                    else:
-                        self._state = _TRAILER
-                elif not line:  # the blank line after the trailers: the body's end
-                    self._state = _DONE
-                    self.complete = True
-                    break
-                else:  # a trailer, not kept; all of them within the bound of a head
-                    self._left += len(line)
-                    if self._left > MAX_HEAD:
-                        raise http.client.LineTooLong(f"trailers of more than {MAX_HEAD} bytes")
-            conn.rest = buf[pos:]
-            if out or self.complete:
-                return b"".join(out)
-            more = conn.recv()
-            if not more:
-                raise http.client.IncompleteRead(b"", self._chunk_left or None)
-            conn.rest += more
+    def _left(self) -> int | None:
+        length = self.headers.get("content-length")
+        if length is None or not length.isdigit():
+            return None
+        return int(length) - self.received - sum(map(len, self._body))
 
     def read(self, limit: int) -> bytes:
         """Up to `limit` bytes of the body (all of it when it is shorter)."""
@@ -440,7 +451,7 @@ class Exchange:
             if conn is None:
                 return
             reusable = response is not None and response.complete and not response.will_close
-            if reusable and not self._cut and not conn.rest:
+            if reusable and not self._cut:
                 self._pool.give_back(conn)
             else:
                 conn.close()
