@@ -138,18 +138,17 @@ def _default_context(cooperative: bool) -> ssl.SSLContext:
 
 
 class _Stop(Exception):
-    """Raised in a parser callback to stop the parser where it is (not an error)."""
-
-
-# llhttp's words for a chunk size of more hex digits than 64 bits hold: a size line too long.
-_OVERFLOW = "overflow"
+    """Raised in a parser callback to stop llhttp where it is: the answer ended and more bytes
+    followed (nobody asked for them)."""
 
 
 class Response:
     """The status, headers and body of one answer; the body is read as it arrives.
 
-    The framing is llhttp's (`httptools.HttpResponseParser`, fed every received block once);
-    this class keeps what llhttp hands over and enforces the bounds llhttp does not."""
+    The framing is llhttp's (`httptools.HttpResponseParser`, fed each received block once, in
+    C); this class is its callbacks: it keeps what llhttp hands over and enforces the bounds
+    llhttp does not (the head's size and count, a chunked body's framing bytes, trailers), and
+    names llhttp's errors as `http.client` does."""
 
     __slots__ = (
         "_body",
@@ -163,9 +162,7 @@ class Response:
         "_header_count",
         "_interim",
         "_parser",
-        "_pieces",
         "_reason",
-        "_size_lines",
         "_to_close",
         "headers",
         "reason",
@@ -181,21 +178,19 @@ class Response:
         self.headers: dict[str, str] = {}
         self.will_close = False
         self.received = 0  # bytes of body handed over so far
-        self._body: list[bytes] = []  # decoded, not yet handed over
-        self._done = False  # llhttp saw the message's end
-        self._error: BaseException | None = None
-        self._fed = 0  # bytes given to the parser before the head's end
+        self._body: list[bytes] = []  # decoded by llhttp, not handed over yet
+        self._done = False  # llhttp saw the answer's end
+        self._error: BaseException | None = None  # what a callback raised, to raise as is
+        self._fed = 0  # bytes received before the head's end
         self._head_done = False
-        self._head_size = 0
+        self._head_size = 0  # the bytes of the head's (later: the trailers') lines
         self._header_count = 0
-        self._interim = False
+        self._interim = False  # a 1xx answer is being read: the real one follows
         self._reason: list[bytes] = []
-        self._pieces = 0  # body pieces in the current block
-        self._size_lines = False  # the body is chunked: its framing bytes are bounded by us
-        self._debt = 0  # framing bytes of a chunked body not yet accounted for by a chunk
-        self._to_close = False
+        self._debt = -1  # framing bytes of a chunked body beyond its chunks' due (-1: not one)
+        self._to_close = False  # the body ends with the connection
         parser = self._parser = httptools.HttpResponseParser(self)
-        parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)  # LF-only lines
         while not self._head_done:
             data = conn.recv()
             if not data:
@@ -207,22 +202,23 @@ class Response:
             if not self._head_done and self._fed > MAX_HEAD:
                 raise http.client.LineTooLong(f"a response head of more than {MAX_HEAD} bytes")
         if head_only:
-            # llhttp cannot be told the answer has no body: what followed the head is unknown.
-            self._done, self.will_close = True, True
+            # llhttp cannot be told that an answer to HEAD has no body, so where it ended in
+            # what was received is unknown: the connection is not used again.
+            self._done = self.will_close = True
+            self._body.clear()
 
-    # --- llhttp's callbacks -----------------------------------------------------------------
+    # --- llhttp's callbacks (called from `feed_data`) -----------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._done:  # bytes after the answer: nobody asked for them
+        if self._done:
             self.will_close = True
-            raise _Stop
+            self._fail(_Stop())
 
     def on_status(self, piece: bytes) -> None:
-        self._reason.append(piece)
+        self._reason.append(piece)  # in pieces when it spans reads
         self._head_size += len(piece)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        headers = self.headers
         self._head_size += len(name) + len(value) + 4
         if self._head_size > MAX_HEAD:
             what = "trailers" if self._head_done else "a response head"
@@ -232,6 +228,7 @@ class Response:
         self._header_count += 1
         if self._header_count > MAX_HEADERS:
             self._fail(http.client.HTTPException(f"more than {MAX_HEADERS} headers"))
+        headers = self.headers
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1").strip()
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
@@ -246,19 +243,20 @@ class Response:
         self.status = status
         self.reason = b"".join(self._reason).decode("latin-1").strip()
         self._head_done = True
-        self._head_size = 0  # from here on: the trailers' bytes
-        self.will_close = not parser.should_keep_alive() or status == 101
+        self._head_size = 0  # from here on: the trailers' lines
+        # A 101 switched the connection to another protocol: never an HTTP connection again.
+        self.will_close = status == 101 or not parser.should_keep_alive()
         coding = self.headers.get("transfer-encoding")
         if coding is not None:
+            # llhttp reads any other last coding to the connection's end; we decode none.
             if coding.rsplit(",", 1)[-1].strip().lower() != "chunked":
                 self._fail(http.client.HTTPException(f"unsupported transfer-encoding {coding!r}"))
-            self._size_lines = True
+            self._debt = 0
         elif "content-length" not in self.headers and status not in (204, 304):
             self._to_close = True
 
     def on_body(self, piece: bytes) -> None:
         self._body.append(piece)
-        self._pieces += 1
 
     def on_message_complete(self) -> None:
         if self._interim:
@@ -267,41 +265,44 @@ class Response:
             self._done = True
 
     def _fail(self, error: BaseException) -> None:
+        """Raise `error` out of the callback; `_feed` raises it again out of llhttp."""
         self._error = error
         raise error
 
-    # --- feeding ------------------------------------------------------------------------------
+    # --- reading ------------------------------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
-        """Parse one received block; errors as the standard library's `http.client` names them."""
+        """Parse one received block; llhttp's errors named as `http.client` names them."""
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:  # a 101: what follows is not HTTP any more
+        except httptools.HttpParserUpgrade:  # after a 101: what follows is not HTTP
             self._done = True
-        except httptools.HttpParserCallbackError:
+        except httptools.HttpParserCallbackError as exc:
             error, self._error = self._error, None
-            if error is not None:
-                raise error from None
-            # `_Stop`: the answer ended and more followed
+            if isinstance(error, _Stop):
+                return
+            if error is None:  # pragma: no cover - every callback raises through `_fail`
+                raise http.client.HTTPException(str(exc)) from None
+            raise error from None
         except httptools.HttpParserError as exc:
             if not self._head_done:
-                if not (self._reason or self.headers or self._parser.get_status_code()):
+                if not (self._reason or self._header_count or self._parser.get_status_code()):
                     raise http.client.BadStatusLine(repr(data[:100])) from None
                 raise http.client.HTTPException(f"a malformed response head: {exc}") from None
-            if _OVERFLOW in str(exc):
+            if "overflow" in str(exc):  # a chunk size of more hex digits than 64 bits hold
                 raise http.client.LineTooLong("a chunk size line") from None
-            raise http.client.IncompleteRead(b"", 0) from None  # framing lost
+            raise http.client.IncompleteRead(b"", 0) from None  # the framing is lost
 
     @property
     def complete(self) -> bool:
-        """The body was read to its end."""
+        """The body was read to its end (llhttp saw its end, and all of it was handed over)."""
         return self._done and not self._body
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
 
     def read1(self, n: int = BLOCK) -> bytes:
-        """What has arrived of the body (everything decodable, at most about `n` bytes), or,
+        """What has arrived of the body (everything decoded, at most about `n` bytes), or,
         when nothing has, what one read of the socket brings. b"" at the end;
         `http.client.IncompleteRead` when the connection closed before the body's end."""
         body = self._body
@@ -314,9 +315,8 @@ class Response:
                     self._done = True
                     return b""
                 raise http.client.IncompleteRead(b"", self._left())
-            self._pieces = 0
             self._feed(data)
-            if self._size_lines and not self._done:
+            if self._debt >= 0 and not self._done:
                 self._bound_framing(len(data))
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
@@ -327,20 +327,21 @@ class Response:
         return data
 
     def _bound_framing(self, size: int) -> None:
-        """A chunked body's bytes that are not data (size lines, extensions, trailers), which
-        llhttp reads without bound: at most `_MAX_SIZE_LINE` a chunk, and what a block holds
-        beyond that at most `MAX_HEAD` over the blocks since."""
-        framing = size - sum(map(len, self._body))
-        allowance = self._pieces * (_MAX_SIZE_LINE + 4)
-        self._debt = max(0, self._debt + framing - allowance)
+        """Bound what llhttp reads of a chunked body without handing over anything (size lines,
+        extensions, trailers: it holds none of it but a trailer being read): a block may hold
+        `_MAX_SIZE_LINE` of those bytes a piece of data it held, and what runs past that, over
+        the blocks since, at most `MAX_HEAD`. Without it an endless extension or trailer would
+        be read for ever, uncounted by any bound."""
+        body = self._body
+        due = len(body) * (_MAX_SIZE_LINE + 4)  # `body` holds this block's pieces only
+        self._debt = max(0, self._debt + size - sum(map(len, body)) - due)
         if self._debt > MAX_HEAD:
-            raise http.client.LineTooLong("a chunk size or trailer line")
+            raise http.client.LineTooLong("a chunk size line, extensions or trailers")
 
     def _left(self) -> int | None:
-        length = self.headers.get("content-length")
-        if length is None or not length.isdigit():
-            return None
-        return int(length) - self.received - sum(map(len, self._body))
+        """Bytes of a `Content-Length` body not received yet (for `IncompleteRead`)."""
+        length = self.headers.get("content-length", "")
+        return int(length) - self.received - sum(map(len, self._body)) if length.isdigit() else None
 
     def read(self, limit: int) -> bytes:
         """Up to `limit` bytes of the body (all of it when it is shorter)."""

@@ -6,9 +6,9 @@ process (gevent, raw sockets: its CPU is not ours) answers every request with a 
 Completions stream of 20 text deltas, one chunk each, then `[DONE]`, on a kept-alive
 connection; a request under `/json/` gets the same text as one `application/json` answer with a
 `Content-Length`. Each round runs N calls of each kind in a fresh interpreter and reports its
-process CPU per call (after a warm-up). With `MODEL_STREAM_AGAINST=/path/to/another/tree` the rounds alternate
-between this tree and that one (e.g. an export of `main` before a change), in the same run, and
-the ratio of the medians is reported.
+process CPU per call (after a warm-up). With `MODEL_STREAM_AGAINST=/path/to/another/tree` the
+rounds alternate between this tree and that one (e.g. an export of `main` before a change), in
+the same run, and the ratios of the medians are reported.
 """
 
 from __future__ import annotations
