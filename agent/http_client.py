@@ -7,14 +7,20 @@ geventhttpclient, used before, buffered a whole line of a streamed answer and se
 buffer from its start on every `recv`, so a stream with no newline cost quadratic CPU and
 unbounded memory; the standard library's `http.client` reads linearly but spends Python calls
 on every chunk of a chunked body and parses headers with the `email` package, ~25 % more CPU
-per streamed model call than before. This module frames HTTP/1.1 (a status line, headers,
-then a body by `Content-Length`, `chunked` or the connection's end) and nothing else:
+per streamed model call than before. The pool, the requests, the keep-alive rules and the
+bounds are this module's; a response's framing (status line, headers, a body by
+`Content-Length`, `chunked` or the connection's end) is llhttp's, Node.js's parser, through
+`httptools`: each received block goes through it once, in C, and its callbacks (`Response`)
+keep what it hands over. It costs less CPU than the framing we wrote before it
+(docs/performance.md, "The HTTP client's framing on llhttp").
 
-- `Response.read1()` returns everything that has arrived (decoding every complete chunk in the
-  buffer at once), or waits for one `recv`; `Response.lines()` cuts it into lines, searching
+- `Response.read1()` returns everything that has arrived (every complete chunk in the block
+  decoded at once), or waits for one `recv`; `Response.lines()` cuts it into lines, searching
   each byte once, with a bound per line and per body counted as bytes arrive.
-- Bounds on what a server can make us hold: a head of at most 64 KiB and 100 headers, a chunk
-  size line of at most 1 KiB, trailers within the head's bound.
+- Bounds on what a server can make us hold, enforced in llhttp's callbacks since it has none:
+  a head of at most 64 KiB (a head not ended within 64 KiB received is refused) and 100
+  headers; a chunked body's bytes other than data (size lines, extensions, trailers) at most
+  1 KiB a chunk, with at most 64 KiB past that over the blocks since; trailers within 64 KiB.
 - `HTTPPool(url, max_connections=...)`: at most that many connections at once (a caller past
   the bound waits for a slot); idle ones are kept, the most recent first, for at most
   `max_idle` seconds (a connection a NAT or a server dropped without a word would cost a whole
@@ -23,7 +29,8 @@ then a body by `Content-Length`, `chunked` or the connection's end) and nothing 
 - `pool.exchange()`: a context manager holding one slot; `request()` sends the request in one
   write and returns the `Response` once its head arrived. Leaving the block keeps the
   connection when the body was read to its end and the server keeps it open, and closes it
-  otherwise (a half-read body, a kill, an error): a connection is never reused out of step.
+  otherwise (a half-read body, a kill, an error, bytes after the answer, a `101`, an answer to
+  `HEAD`: llhttp cannot be told it has no body): a connection is never reused out of step.
 - A request on a kept-alive connection that the server closed before answering (its idle
   timeout raced ours) is sent once more on a new connection; every other failure is the
   caller's (the model adapters' retries stay theirs).
@@ -67,7 +74,7 @@ BLOCK = 64 * 1024
 # The most a response's head (status line and headers, or a chunked body's trailers) may hold.
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
-# A chunk's size line: hex digits and extensions nobody sends.
+# What a chunk may spend on its size line (hex digits, extensions nobody sends) and line ends.
 _MAX_SIZE_LINE = 1024
 # A stream read without ever waiting (the data was always there) lets the hub run this often.
 _YIELD_BYTES = 1024 * 1024
