@@ -16,6 +16,7 @@ import functools
 import gc
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -79,6 +80,7 @@ from agent.log import (
 from supervision.offload import offload
 
 __all__ = [
+    "Digested",
     "LoadedSession",
     "MemoryStore",
     "SessionBusyError",
@@ -86,6 +88,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionStore",
     "SharedHeaderMissingError",
+    "Stamp",
     "UnreadableSession",
     "default_root",
 ]
@@ -102,6 +105,20 @@ _TMP_SUFFIX: Final = ".tmp"
 _THREADPOOL_READ: Final = 1 << 18
 # A listing that must read more session headers than this (~20 us each) reads them off the hub.
 _HEADERS_READ_ON_HUB: Final = 64
+# `digest_logs` reads the logs it must read off the hub when they are more than this many, or
+# this many bytes together: a log of a few turns is ~0.1 ms to read and decode, so what stays on
+# the hub is a couple of milliseconds at most.
+_LOGS_READ_ON_HUB: Final = 16
+_LOG_BYTES_ON_HUB: Final = 1 << 16
+# A digest of a log changed this recently (ns, by its file's times) is not kept: file times
+# have a coarse grain (a kernel tick; a second or two on some filesystems), so a rewrite of the
+# same size within the grain would look unchanged (git's "racy clean" problem). Read again
+# instead, until the file has been still for this long.
+_RACY_NS: Final = 2_000_000_000
+# How long the stamps a `census` saw stand for the files (s): a listing calls `census` for its
+# headers, then `digest_logs` for its rows, so the stamps of that census are as fresh as its
+# headers; a `digest_logs` later than this stats the files itself.
+_STAMPS_FRESH: Final = 1.0
 # Seeds of this many events or more are checked and encoded in the hub's thread pool too.
 _THREADPOOL_SEED: Final = 2_000
 # Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
@@ -133,6 +150,28 @@ def gc_paused() -> Iterator[None]:
 
 
 _T = TypeVar("_T")
+
+# What tells a stored file's version: (inode, size, mtime ns, ctime ns). An append grows the
+# size (and moves both times); a session made again under its id is another inode, or the
+# same one reused with other times; a repair (truncate, then append) moves the times.
+Stamp = tuple[int, int, int, int]
+# `digest_logs`' answer for one log: the stamp of the file as read (None: not to be kept, the
+# file changed too recently to tell or could not be read), and the digest or what failed.
+Digested = tuple[Stamp | None, _T | Exception]
+
+
+def _stamp_of(info: os.stat_result) -> Stamp:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _bare(exc: Exception) -> Exception:
+    """`exc` without its traceback (nor its chain's): kept in a cache, it must not hold the
+    frames of the read that raised it, nor their buffers."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return exc
 
 
 def _call(fn: Callable[..., _T], *args: object) -> _T:
@@ -190,6 +229,10 @@ class _Store:
         # Headers `census` read, by id, with their file's stamp (`_stamped_ids`): a header is
         # written once, at create, so a listing reads only the files that are new since.
         self._known_headers: dict[str, tuple[object, SessionHeader]] = {}
+        # Each file's stamp as the last `census` saw it, and when (monotonic s): `digest_logs`
+        # compares with these while they are fresh (`_STAMPS_FRESH`), else stats the files.
+        self._stamps: dict[str, object] = {}
+        self._stamped_at = -math.inf
         # system prompt -> [(tools, address)]: the addresses of headers stored or seen here.
         self._header_refs: dict[str, builtins.list[tuple[tuple[Any, ...], str]]] = {}
         self._header_count = 0
@@ -428,14 +471,69 @@ class _Store:
             decoded, replay = self._decode(session_id, reader, kept)
         finally:
             reader.close()
-        loaded = LoadedSession(
-            decoded.header,
-            EventView(kept.payloads),
-            repaired=False,
-            torn_bytes=decoded.size - decoded.good_length,
-            needs_repair=decoded.torn or replay.turn_open,
-        )
-        return loaded, kept.refs
+        return _as_inspected(decoded, replay, kept), kept.refs
+
+    def digest_logs(
+        self, known: Mapping[str, object], digest: Callable[[LoadedSession], _T]
+    ) -> dict[str, Digested[_T]]:
+        """`digest` of each stored log named in `known` whose file is not the one its known
+        stamp (the mapped value; None: none known) describes, as `inspect` reads it: what
+        a caller that keeps a digest per log (a listing: descriptor, usage, cost) needs to read
+        again, and only that. Logs not in the answer are unchanged.
+
+        The stamps compared are those of the last `census` (a listing calls it first), else
+        taken now. Many logs, or many bytes, are read in the hub's thread pool: `digest` then
+        runs there too, so it must be pure. A failure to read or digest is the answer's value
+        (`SessionNotFoundError` for one deleted meanwhile), never raised. The memory store has
+        no stamps: every log is read each time.
+        """
+        todo: builtins.list[str] = []
+        size = 0
+        for session_id, seen in known.items():
+            stamp, length = self._probe(session_id)
+            if stamp is not None and stamp == seen:
+                continue
+            todo.append(session_id)
+            size += length
+        if not todo:
+            return {}
+        many = len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB
+        read = offload if many else _call
+        return read(self._digest_now, todo, digest)
+
+    def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
+        """The file's stamp (None: none to trust) and size, for `digest_logs`."""
+        raise NotImplementedError
+
+    def _digest_now(
+        self, session_ids: Iterable[str], digest: Callable[[LoadedSession], _T]
+    ) -> dict[str, Digested[_T]]:
+        """Read and digest each log, here and now (on the hub or in a pool thread)."""
+        return {session_id: self._digest_one(session_id, digest) for session_id in session_ids}
+
+    def _digest_one(self, session_id: str, digest: Callable[[LoadedSession], _T]) -> Digested[_T]:
+        stamp: Stamp | None = None
+        value: _T | Exception
+        try:
+            validate_session_id(session_id)
+            reader = self._reader(session_id)
+            try:
+                # The stamp of the bytes read: the read stops at the size it names, so an
+                # append meanwhile is read next time, never mistaken for what was read now.
+                stamp = reader.stamp()
+                size = stamp[1] if stamp is not None else reader.size()
+                kept = _Keeper(size)
+                decoded, replay = self._decode_now(session_id, reader, size, kept)
+            finally:
+                reader.close()
+            value = digest(_as_inspected(decoded, replay, kept))
+        except OSError as exc:  # perhaps passing (EIO, EMFILE): read again next time
+            return None, _bare(exc)
+        except Exception as exc:  # what the bytes say (corrupt, a bad descriptor): kept
+            value = _bare(exc)
+        if stamp is not None and time.time_ns() - max(stamp[2], stamp[3]) < _RACY_NS:
+            stamp = None
+        return stamp, value
 
     def scan(self, session_id: str, start: int = 0) -> Iterator[Event]:
         """Stored events from index `start`, read and decoded lazily as consumed (see
@@ -481,7 +579,10 @@ class _Store:
         known = self._known_headers
         kept: dict[str, tuple[object, SessionHeader]] = {}
         unknown: builtins.list[tuple[str, object]] = []
-        for session_id, stamp in self._stamped_ids():
+        stamped = builtins.list(self._stamped_ids())
+        self._stamps = dict(stamped)
+        self._stamped_at = time.monotonic()
+        for session_id, stamp in stamped:
             hit = known.get(session_id)
             if hit is not None and hit[0] == stamp:
                 kept[session_id] = hit
@@ -625,6 +726,17 @@ def _prepare_seed(
     return replay, encode_payloads(seed, frames)  # type: ignore[arg-type]
 
 
+def _as_inspected(decoded: Decoded, replay: LogReplay, kept: _Keeper) -> LoadedSession:
+    """What `inspect` answers for a log read into `kept`: as stored, nothing repaired."""
+    return LoadedSession(
+        decoded.header,
+        EventView(kept.payloads),
+        repaired=False,
+        torn_bytes=decoded.size - decoded.good_length,
+        needs_repair=decoded.torn or replay.turn_open,
+    )
+
+
 class _Keeper:
     """How `open` reads a log: each event, as it is decoded, is replayed and its payload kept
     (as read: the same msgpack the live log appends), and the dict is dropped; the shared
@@ -682,6 +794,10 @@ class _Reader(Protocol):
 
     def read_at(self, offset: int, size: int, /) -> bytes | bytearray: ...
 
+    def stamp(self) -> Stamp | None:
+        """The file's stamp now (None where there is none: the memory store)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -696,6 +812,9 @@ class _Handle:
 
     def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
         raise NotImplementedError
+
+    def stamp(self) -> Stamp | None:
+        return None
 
     def write(self, data: bytes | bytearray) -> None:
         raise NotImplementedError
@@ -721,6 +840,9 @@ class _FileHandle(_Handle):
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
+
+    def stamp(self) -> Stamp | None:
+        return _stamp_of(os.fstat(self.fd))
 
     def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
         return _pread_at(self.fd, offset, size)
@@ -1037,9 +1159,9 @@ class SessionStore(_Store):
             os.close(fd)
 
     def _stamped_ids(self) -> Iterable[tuple[str, object]]:
-        """Each file's inode and status-change time: a new file (a create, or a session deleted
-        and made again under its id) has another; an append changes the time too, which costs
-        only a re-read of a live log's header."""
+        """Each file's stamp (`Stamp`): a new file (a create, or a session deleted and made
+        again under its id) has another inode or times; an append changes the size and times
+        too, which costs only a re-read of a live log's header."""
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
@@ -1058,8 +1180,23 @@ class SessionStore(_Store):
             except OSError:  # gone since the directory was read: the read says so
                 out.append((session_id, None))
                 continue
-            out.append((session_id, (found.st_ino, found.st_ctime_ns)))
+            out.append((session_id, _stamp_of(found)))
         return out
+
+    def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
+        stamp = None
+        if time.monotonic() - self._stamped_at < _STAMPS_FRESH:
+            stamp = self._stamps.get(session_id)
+        if stamp is None:
+            try:
+                found = os.lstat(self._path(session_id))
+            except OSError:
+                return None, 0
+            if not stat.S_ISREG(found.st_mode):
+                return None, 0
+            stamp = _stamp_of(found)
+        seen = cast(Stamp, stamp)
+        return seen, seen[1]
 
     def _ids(self) -> Iterable[str]:
         try:
@@ -1260,6 +1397,9 @@ class _MemoryReader:
     def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
         return self.file.data[offset : offset + size]
 
+    def stamp(self) -> Stamp | None:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -1316,6 +1456,10 @@ class MemoryStore(_Store):
 
     def _ids(self) -> Iterable[str]:
         return list(self.files)
+
+    def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
+        file = self.files.get(session_id)
+        return None, len(file.data) if file is not None else 0
 
     def _remove(self, session_id: str) -> None:
         del self.files[session_id]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NotRequired, Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict, TypeVar
 
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
@@ -104,14 +104,31 @@ class _Loaded(Protocol):
     def header(self) -> SessionHeader: ...
 
 
+# What a row needs of a stored child's log, read once per version of the file: its descriptor
+# (or None, or why it cannot be read), its own usage (as items: smaller than a dict, and each
+# row gets a dict of its own) and its own cost in picodollars.
+_Digest = tuple[SubagentDescriptor | Unclassifiable | None, tuple[tuple[str, int], ...], int]
+_T = TypeVar("_T")
+
+
 class ListingStore(Protocol):
-    """The part of a session store a listing reads."""
+    """The part of a session store a listing reads (`agent.store.SessionStore`)."""
 
     def list(self) -> Sequence[SessionHeader]: ...
 
-    def inspect(self, session_id: str) -> _Loaded: ...
+    def digest_logs(
+        self, known: Mapping[str, object], digest: Callable[[_Loaded], _T], /
+    ) -> Mapping[str, tuple[object | None, _T | Exception]]: ...
 
     def is_held(self, session_id: str) -> bool: ...
+
+
+def _digest(loaded: _Loaded) -> _Digest:
+    """A stored child's `_Digest` (pure: it may run in the hub's thread pool)."""
+    events, seed_length = loaded.events, loaded.header.seed_length
+    descriptor = authoritative_descriptor(events, seed_length)
+    usage = tuple(usage_of_events(events, seed_length).items())
+    return descriptor, usage, cost_of_events(events, seed_length)
 
 
 class ChildRow(TypedDict):
@@ -172,6 +189,10 @@ class Listings:
         self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
         self._remote: RemoteRunView = remote_runs if remote_runs is not None else _NoRuns()
+        # Stored children's digests by id, with the stamp of the file they were read from:
+        # a listing reads again only the logs that changed (`ListingStore.digest_logs`). At
+        # most one entry per subagent session of the store (pruned to the listed headers).
+        self._digests: dict[str, tuple[object, _Digest | Exception]] = {}
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         """The parent's direct children (live-preferred), ordered by creation time."""
@@ -250,7 +271,15 @@ class Listings:
     ) -> list[ChildRow]:
         rows: list[ChildRow] = []
         runs = self._remote
-        for header in sorted(found, key=lambda h: (h.created_at, h.id)):
+        ordered = sorted(found, key=lambda h: (h.created_at, h.id))
+        # Which children are live is taken once, before the stored logs are read (perhaps in
+        # the thread pool, while agents come and go): each row is one or the other.
+        live = {h.id: agent for h in ordered if (agent := self._agents.get(h.id)) is not None}
+        stored = self._stored_digests(
+            [h.id for h in ordered if h.id not in live and (h.id in headers or h.id not in remote)],
+            headers,
+        )
+        for header in ordered:
             child_id = header.id
             parent = child_id in by_parent or runs.has_runs(child_id)
             ended = remote.get(child_id)
@@ -264,16 +293,20 @@ class Listings:
                     _child_row(header, parent, mode, label, "ended" if ended else "running")
                 )
                 continue
-            agent = self._agents.get(child_id)
+            agent = live.get(child_id)
+            read: _Digest | Exception
             try:
-                descriptor, usage, cost = self._descriptor_of(child_id, agent)
-                cost_usd = pico_to_usd(cost) if cost else None
-            except Exception as exc:  # one unreadable log never hides its siblings
-                log.warning("listing: child %s is unreadable: %s", child_id, exc)
-                row = _child_row(header, parent, "unknown", None, _diagnostic(exc))
-                row["error"] = str(exc)
+                read = stored[child_id] if agent is None else _live_digest(agent)
+            except Exception as exc:
+                read = exc
+            if isinstance(read, Exception):  # one unreadable log never hides its siblings
+                log.warning("listing: child %s is unreadable: %s", child_id, read)
+                row = _child_row(header, parent, "unknown", None, _diagnostic(read))
+                row["error"] = str(read)
                 rows.append(row)
                 continue
+            descriptor, usage_items, cost = read
+            cost_usd = pico_to_usd(cost) if cost else None
             activation = self._activations(child_id)
             mode, label, error = "one-shot", None, None
             if isinstance(descriptor, SubagentDescriptor):
@@ -297,7 +330,7 @@ class Listings:
             else:
                 activity = "running" if agent.status == "running" else "idle"
             row = _child_row(header, parent, mode, label, activity)
-            row["usage"] = usage
+            row["usage"] = dict(usage_items)
             if cost_usd is not None:
                 row["cost_usd"] = cost_usd
             if error is not None:
@@ -309,24 +342,39 @@ class Listings:
         """Held open for writing by another process (the store's lock says so)."""
         return bool(self._store.is_held(child_id))
 
-    def _descriptor_of(
-        self, child_id: str, agent: ListedAgent | None
-    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
-        """The child's descriptor, its own token usage and cost in picodollars (live: its
-        account; else its log)."""
-        events: Iterable[Mapping[str, object]]
-        if agent is not None:
-            # Only the descriptor events after the seed are decoded from the live log.
-            events = events_of_types(agent.log.events, _DESCRIPTOR_ONLY, agent.header.seed_length)
-            seed_length = 0
-            usage = dict(agent.usage.own)
-            cost = agent.usage.cost_own
-        else:
-            loaded = self._store.inspect(child_id)
-            events, seed_length = loaded.events, loaded.header.seed_length
-            usage = usage_of_events(events, seed_length)
-            cost = cost_of_events(events, seed_length)
-        return authoritative_descriptor(events, seed_length), usage, cost
+    def _stored_digests(
+        self, child_ids: Sequence[str], headers: Mapping[str, SessionHeader]
+    ) -> dict[str, _Digest | Exception]:
+        """The digests of these stored children's logs: kept ones whose file is unchanged,
+        the rest read now (off the hub when many: `digest_logs`)."""
+        kept = self._digests
+        if len(kept) > len(headers):  # sessions gone from the store: their digests go too
+            self._digests = kept = {i: v for i, v in kept.items() if i in headers}
+        if not child_ids:
+            return {}
+        known = {i: (kept[i][0] if i in kept else None) for i in child_ids}
+        fresh = self._store.digest_logs(known, _digest)
+        out: dict[str, _Digest | Exception] = {}
+        for child_id in child_ids:
+            got = fresh.get(child_id)
+            if got is None:
+                out[child_id] = kept[child_id][1]
+                continue
+            stamp, value = got
+            if stamp is None:  # not to be kept (changed too recently, or a passing failure)
+                kept.pop(child_id, None)
+            else:
+                kept[child_id] = (stamp, value)
+            out[child_id] = value
+        return out
+
+
+def _live_digest(agent: ListedAgent) -> _Digest:
+    """A live child's descriptor (only the descriptor events after its seed are decoded from
+    its log), and its own usage and cost from its account."""
+    events = events_of_types(agent.log.events, _DESCRIPTOR_ONLY, agent.header.seed_length)
+    usage = tuple(agent.usage.own.items())
+    return authoritative_descriptor(events, 0), usage, agent.usage.cost_own
 
 
 def _child_row(
