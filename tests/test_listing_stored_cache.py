@@ -64,6 +64,10 @@ class _Reads:
         return ids
 
 
+def _released(k: Kit, child_id: str) -> None:
+    wait_until(lambda: child_id not in k.runtime.ctx.agents)
+
+
 def _stored_children(k: Kit, parent: Any, count: int) -> list[str]:
     ids = []
     for i in range(count):
@@ -71,9 +75,8 @@ def _stored_children(k: Kit, parent: Any, count: int) -> list[str]:
             "spawn", k.request(parent, f"task {i}"), label=f"w{i}"
         )
         k.runtime.tasks.wait(started.task_id)
-        child_id = started.child_id
-        wait_until(lambda child_id=child_id: child_id not in k.runtime.ctx.agents)
-        ids.append(child_id)
+        _released(k, started.child_id)
+        ids.append(started.child_id)
     return ids
 
 
@@ -81,7 +84,7 @@ def _resume(k: Kit, parent: Any, child_id: str, text: str) -> None:
     sent = k.service.send_message(parent, child_id, text, MessageSource.coordinator(parent.id))
     assert sent.kind == "started" and sent.task_id is not None
     k.runtime.tasks.wait(sent.task_id)
-    wait_until(lambda: child_id not in k.runtime.ctx.agents)
+    _released(k, child_id)
 
 
 def _brief(rows: list[Any]) -> list[tuple[str, str | None, str, dict[str, int]]]:
