@@ -497,19 +497,31 @@ class _Store:
             size += length
         if not todo:
             return {}
-        many = len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB
-        read = offload if many else _call
-        return read(self._digest_now, todo, digest)
+        if len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB:
+            return offload(self._digest_now, todo, digest, True)
+        return self._digest_now(todo, digest, False)
 
     def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
         """The file's stamp (None: none to trust) and size, for `digest_logs`."""
         raise NotImplementedError
 
     def _digest_now(
-        self, session_ids: Iterable[str], digest: Callable[[LoadedSession], _T]
+        self,
+        session_ids: Iterable[str],
+        digest: Callable[[LoadedSession], _T],
+        in_thread: bool,
     ) -> dict[str, Digested[_T]]:
-        """Read and digest each log, here and now (on the hub or in a pool thread)."""
-        return {session_id: self._digest_one(session_id, digest) for session_id in session_ids}
+        """Read and digest each log, here and now (on the hub or in a pool thread).
+
+        In a pool thread, the GIL is offered back after each log: Python hands it to a waiting
+        thread only every switch interval (5 ms) otherwise, and the hub needs it several
+        times a tick, so a long batch would stretch every other greenlet's wake-up."""
+        out: dict[str, Digested[_T]] = {}
+        for session_id in session_ids:
+            out[session_id] = self._digest_one(session_id, digest)
+            if in_thread:
+                time.sleep(0)
+        return out
 
     def _digest_one(self, session_id: str, digest: Callable[[LoadedSession], _T]) -> Digested[_T]:
         stamp: Stamp | None = None
@@ -628,6 +640,11 @@ class _Store:
         """Whether a live SessionLog holds the session, in this process or another (a reader's
         query: it takes nothing). False for a missing or unreadable session."""
         raise NotImplementedError
+
+    def held_among(self, session_ids: Iterable[str]) -> set[str]:
+        """The sessions of `session_ids` that are held (`is_held`), asked together: a listing
+        asks for every stored child it lists, so a long batch is asked off the hub."""
+        return {session_id for session_id in session_ids if self.is_held(session_id)}
 
     def clean_temporaries(self, *, dry_run: bool = False) -> builtins.list[str]:
         """Remove what interrupted creates left behind; returns the names (see SessionStore)."""
@@ -1092,6 +1109,21 @@ class SessionStore(_Store):
             return prefix + os.pread(fd, min(length, 1 << 20), 8)
         finally:
             os.close(fd)
+
+    def held_among(self, session_ids: Iterable[str]) -> set[str]:
+        ids = builtins.list(session_ids)
+        if len(ids) > _HEADERS_READ_ON_HUB:  # an open, a lock query and a close each
+            return offload(self._held_now, ids)
+        return self._held_now(ids, False)
+
+    def _held_now(self, session_ids: Iterable[str], in_thread: bool = True) -> set[str]:
+        held = set()
+        for index, session_id in enumerate(session_ids):
+            if self.is_held(session_id):
+                held.add(session_id)
+            if in_thread and index % 16 == 15:
+                time.sleep(0)  # the GIL offered back to the hub (see `_digest_now`)
+        return held
 
     def is_held(self, session_id: str) -> bool:
         validate_session_id(session_id)

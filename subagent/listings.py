@@ -120,7 +120,7 @@ class ListingStore(Protocol):
         self, known: Mapping[str, object], digest: Callable[[_Loaded], _T], /
     ) -> Mapping[str, tuple[object | None, _T | Exception]]: ...
 
-    def is_held(self, session_id: str) -> bool: ...
+    def held_among(self, session_ids: Iterable[str], /) -> set[str]: ...
 
 
 def _digest(loaded: _Loaded) -> _Digest:
@@ -275,10 +275,12 @@ class Listings:
         # Which children are live is taken once, before the stored logs are read (perhaps in
         # the thread pool, while agents come and go): each row is one or the other.
         live = {h.id: agent for h in ordered if (agent := self._agents.get(h.id)) is not None}
-        stored = self._stored_digests(
-            [h.id for h in ordered if h.id not in live and (h.id in headers or h.id not in remote)],
-            headers,
-        )
+        stored_ids = [
+            h.id for h in ordered if h.id not in live and (h.id in headers or h.id not in remote)
+        ]
+        stored = self._stored_digests(stored_ids, headers)
+        # Held by another process: asked after the logs are read, as the old per-row ask was.
+        held = self._store.held_among(stored_ids) if stored_ids else set()
         for header in ordered:
             child_id = header.id
             parent = child_id in by_parent or runs.has_runs(child_id)
@@ -323,7 +325,7 @@ class Listings:
                     activity = "running"
                 elif ended and mode == "one-shot":
                     activity = "ended"
-                elif self._held(child_id):
+                elif child_id in held:
                     activity = "running elsewhere"  # another process holds its log
                 else:
                     activity = "stored"
@@ -337,10 +339,6 @@ class Listings:
                 row["error"] = error
             rows.append(row)
         return rows
-
-    def _held(self, child_id: str) -> bool:
-        """Held open for writing by another process (the store's lock says so)."""
-        return bool(self._store.is_held(child_id))
 
     def _stored_digests(
         self, child_ids: Sequence[str], headers: Mapping[str, SessionHeader]
