@@ -109,6 +109,8 @@ _HEADERS_READ_ON_HUB: Final = 64
 # this many bytes together: a log of a few turns is ~0.1 ms to read and decode, so what stays on
 # the hub is a couple of milliseconds at most.
 _LOGS_READ_ON_HUB: Final = 16
+# `held_among` asks off the hub past this many sessions (an open, a lock query, a close each).
+_HELD_ASKED_ON_HUB: Final = 64
 _LOG_BYTES_ON_HUB: Final = 1 << 16
 # A digest of a log changed this recently (ns, by its file's times) is not kept: file times
 # have a coarse grain (a kernel tick; a second or two on some filesystems), so a rewrite of the
@@ -1112,7 +1114,7 @@ class SessionStore(_Store):
 
     def held_among(self, session_ids: Iterable[str]) -> set[str]:
         ids = builtins.list(session_ids)
-        if len(ids) > _HEADERS_READ_ON_HUB:  # an open, a lock query and a close each
+        if len(ids) > _HELD_ASKED_ON_HUB:
             return offload(self._held_now, ids)
         return self._held_now(ids, False)
 

@@ -204,9 +204,13 @@ def test_many_logs_to_read_are_read_off_the_hub_few_in_place(
     offloaded: list[int] = []
     real = real_offload
 
+    asked: list[int] = []
+
     def counting(fn: Any, *args: Any) -> Any:
         if getattr(fn, "__name__", "") == "_digest_now":
             offloaded.append(len(args[0]))
+        if getattr(fn, "__name__", "") == "_held_now":
+            asked.append(len(args[0]))
         return real(fn, *args)
 
     monkeypatch.setattr(store_module, "offload", counting)
@@ -223,6 +227,12 @@ def test_many_logs_to_read_are_read_off_the_hub_few_in_place(
     _resume(k, parent, children[1], "more")
     assert k.service.list_children(parent.id)[1]["usage"] == _twice(TURN)
     assert offloaded == [many, 1]
+    # Whether another process holds each stored child's log: asked together, off the hub
+    # when many.
+    assert asked == []
+    monkeypatch.setattr(store_module, "_HELD_ASKED_ON_HUB", many - 1)
+    assert len(k.service.list_children(parent.id)) == many
+    assert asked == [many]
 
 
 @pytest.mark.usefixtures("steady")
