@@ -16,10 +16,9 @@ N session files of a few turns sit in the store. Then, in this process:
 
 With `STORED_LISTING_OLD=/path/to/a/worktree` in the environment, the big parent's listing is
 also measured over the same store by that tree's code and by this one, each in a fresh
-interpreter (`python benchmarks/stored_listing.py --measure ...` with the tree first on
-`PYTHONPATH`), alternating, and their rows are checked to be the same. No peer: the figures of
-interest are the later listing against the first, and the new code against the old, which
-`docs/performance.md` records.
+interpreter (this file's `measure`, with the tree first on `PYTHONPATH`), alternating, and
+their rows are checked to be the same. No peer: the figures of interest are the later listing
+against the first, and the new code against the old, which `docs/performance.md` records.
 """
 
 from __future__ import annotations
@@ -59,6 +58,13 @@ PRICES = {"scripted:*": {"input": 3, "output": 15, "cache_read": 0.3}}
 # `agent.store._RACY_NS`): the later listings are measured once every log is older.
 SETTLE_S = 2.1
 _SCRIPT = Path(__file__).resolve()
+# What a fresh interpreter runs to measure a tree (its root first on `sys.path`): this file's
+# `measure`, loaded by path, so the old tree needs none of this file's code.
+_MEASURE = (
+    "import json, runpy, sys; script, home, parent, rounds = sys.argv[1:]; "
+    "figures = runpy.run_path(script)['measure'](home, parent, int(rounds)); "
+    "print(json.dumps(figures))"
+)
 
 
 def _ms(call: Callable[[], object]) -> float:
@@ -163,7 +169,7 @@ def _measure_in(tree: Path, home: str, parent_id: str, rounds: int) -> dict[str,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, str(_SCRIPT), "--measure", home, parent_id, str(rounds)],
+        [sys.executable, "-c", _MEASURE, str(_SCRIPT), home, parent_id, str(rounds)],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -238,8 +244,3 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
         if old:
             figures["against_old"] = _against_old(Path(old).resolve(), home, big_id)
         return figures
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--measure"]:
-    _home, _parent, _rounds = sys.argv[2:5]
-    sys.stdout.write(json.dumps(measure(_home, _parent, int(_rounds))) + "\n")
