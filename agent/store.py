@@ -109,6 +109,8 @@ _HEADERS_READ_ON_HUB: Final = 64
 # this many bytes together: a log of a few turns is ~0.1 ms to read and decode, so what stays on
 # the hub is a couple of milliseconds at most.
 _LOGS_READ_ON_HUB: Final = 16
+# `census` scans the directory off the hub when the last scan found more files than this.
+_SCANNED_ON_HUB: Final = 1024
 # `held_among` asks off the hub past this many sessions (an open, a lock query, a close each).
 _HELD_ASKED_ON_HUB: Final = 64
 _LOG_BYTES_ON_HUB: Final = 1 << 16
@@ -152,6 +154,11 @@ def gc_paused() -> Iterator[None]:
 
 
 _T = TypeVar("_T")
+
+
+def _listed(items: Callable[[], Iterable[_T]]) -> builtins.list[_T]:
+    return builtins.list(items())
+
 
 # What tells a stored file's version: (inode, size, mtime ns, ctime ns). An append grows the
 # size (and moves both times); a session made again under its id is another inode, or the
@@ -593,7 +600,9 @@ class _Store:
         known = self._known_headers
         kept: dict[str, tuple[object, SessionHeader]] = {}
         unknown: builtins.list[tuple[str, object]] = []
-        stamped = builtins.list(self._stamped_ids())
+        # A big directory's scan (a `stat` and an id check a file, ~5 us) in the thread pool.
+        scan = offload if len(self._stamps) > _SCANNED_ON_HUB else _call
+        stamped = scan(_listed, self._stamped_ids)
         self._stamps = dict(stamped)
         self._stamped_at = time.monotonic()
         for session_id, stamp in stamped:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NotRequired, Protocol, TypedDict, TypeVar
 
+import gevent
+
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
 from agent.log import SessionLog, events_of_types
@@ -46,6 +48,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# A listing builds this many rows (~10 us each) between yields to the hub.
+_ROWS_BETWEEN_YIELDS = 256
 _DESCRIPTOR_ONLY = frozenset({DESCRIPTOR_EVENT})
 
 
@@ -281,7 +285,9 @@ class Listings:
         stored = self._stored_digests(stored_ids, headers)
         # Held by another process: asked after the logs are read, as the old per-row ask was.
         held = self._store.held_among(stored_ids) if stored_ids else set()
-        for header in ordered:
+        for index, header in enumerate(ordered):
+            if index % _ROWS_BETWEEN_YIELDS == _ROWS_BETWEEN_YIELDS - 1:
+                gevent.sleep(0)  # thousands of rows: other greenlets run between batches
             child_id = header.id
             parent = child_id in by_parent or runs.has_runs(child_id)
             ended = remote.get(child_id)
