@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
 from seam_kit import Kit, kit, last_user_text, wait_until
 
 from actors.agents import resume_agent
 from agent import store as store_module
+from agent.events import SessionHeader
 from agent.model import ModelRequest
 from agent.models import scripted as S
 from agent.store import MemoryStore, SessionStore
@@ -262,3 +264,44 @@ def test_a_memory_store_s_logs_are_read_at_every_listing(
         for _ in range(2):
             assert _brief(mk.service.list_children(parent.id)) == [(run.id, None, "stored", TURN)]
             assert reads.taken() == [run.id]
+
+
+@pytest.mark.usefixtures("steady")
+def test_a_long_listing_lets_other_greenlets_run_between_batches_of_rows(
+    k: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from subagent import listings as listings_module
+
+    parent = k.parent()
+    children = _stored_children(k, parent, 3)
+    listings = Listings(k.store)
+    assert len(listings.list_children(parent.id)) == 3  # every log read and kept
+    ran: list[bool] = []
+    other = gevent.spawn(ran.append, True)
+    assert [r["id"] for r in listings.list_children(parent.id)] == children
+    assert ran == []  # three rows, nothing read: the listing never yielded
+    monkeypatch.setattr(listings_module, "_ROWS_BETWEEN_YIELDS", 2)
+    assert [r["id"] for r in listings.list_children(parent.id)] == children
+    assert ran == [True]
+    other.join()
+
+
+def test_a_big_directory_is_scanned_off_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scans: list[str] = []
+
+    def counting(fn: Any, *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_listed":
+            scans.append("off the hub")
+        return real_offload(fn, *args)
+
+    monkeypatch.setattr(store_module, "offload", counting)
+    monkeypatch.setattr(store_module, "_SCANNED_ON_HUB", 2)
+    store = SessionStore(tmp_path, durability="none")
+    for i in range(3):
+        store.create(SessionHeader(id=f"s{i}", created_at=float(i), cwd="/w")).close()
+    assert [h.id for h in store.list()] == ["s0", "s1", "s2"]
+    assert scans == []  # the first scan: nothing known of the directory's size yet
+    assert [h.id for h in store.list()] == ["s0", "s1", "s2"]
+    assert scans == ["off the hub"]
