@@ -507,8 +507,14 @@ class _Store:
         if not todo:
             return {}
         if len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB:
-            return offload(self._digest_now, todo, digest, True)
-        return self._digest_now(todo, digest, False)
+            read = offload(self._digest_now, todo, digest, True)
+        else:
+            read = self._digest_now(todo, digest, False)
+        for session_id, (stamp, value) in read.items():
+            seen = self._stamps.get(session_id)
+            if stamp is not None and seen == stamp:  # the census's object: one a file, kept
+                read[session_id] = (seen, value)
+        return read
 
     def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
         """The file's stamp (None: none to trust) and size, for `digest_logs`."""
@@ -603,15 +609,18 @@ class _Store:
         # A big directory's scan (a `stat` and an id check a file, ~5 us) in the thread pool.
         scan = offload if len(self._stamps) > _SCANNED_ON_HUB else _call
         stamped = scan(_listed, self._stamped_ids)
-        self._stamps = dict(stamped)
-        self._stamped_at = time.monotonic()
+        stamps: dict[str, object] = {}
         for session_id, stamp in stamped:
             hit = known.get(session_id)
             if hit is not None and hit[0] == stamp:
                 kept[session_id] = hit
                 headers.append(hit[1])
+                stamps[session_id] = hit[0]  # one stamp object a file, wherever it is kept
             else:
                 unknown.append((session_id, stamp))
+                stamps[session_id] = stamp
+        self._stamps = stamps
+        self._stamped_at = time.monotonic()
         # Many files to open and read (a first listing of a big store): off the hub.
         read = offload if len(unknown) > _HEADERS_READ_ON_HUB else _call
         found, unreadable = read(self._read_headers, unknown)

@@ -26,7 +26,15 @@ import gevent
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
 from agent.log import SessionLog, events_of_types
-from agent.usage import PICO, UsageAccount, add_usage, cost_of_events, pico_to_usd, usage_of_events
+from agent.usage import (
+    PICO,
+    USAGE_KEYS,
+    UsageAccount,
+    add_usage,
+    cost_of_events,
+    pico_to_usd,
+    usage_of_events,
+)
 from subagent.descriptor import (
     DESCRIPTOR_EVENT,
     DescriptorError,
@@ -109,9 +117,10 @@ class _Loaded(Protocol):
 
 
 # What a row needs of a stored child's log, read once per version of the file: its descriptor
-# (or None, or why it cannot be read), its own usage (as items: smaller than a dict, and each
-# row gets a dict of its own) and its own cost in picodollars.
-_Digest = tuple[SubagentDescriptor | Unclassifiable | None, tuple[tuple[str, int], ...], int]
+# (or None, or why it cannot be read), its own usage (each count of `USAGE_KEYS` in order, None
+# where not reported: smaller than a dict, and each row gets a dict of its own) and its own
+# cost in picodollars.
+_Digest = tuple[SubagentDescriptor | Unclassifiable | None, tuple[int | None, ...], int]
 _T = TypeVar("_T")
 
 
@@ -131,7 +140,7 @@ def _digest(loaded: _Loaded) -> _Digest:
     """A stored child's `_Digest` (pure: it may run in the hub's thread pool)."""
     events, seed_length = loaded.events, loaded.header.seed_length
     descriptor = authoritative_descriptor(events, seed_length)
-    usage = tuple(usage_of_events(events, seed_length).items())
+    usage = _packed(usage_of_events(events, seed_length))
     return descriptor, usage, cost_of_events(events, seed_length)
 
 
@@ -338,7 +347,9 @@ class Listings:
             else:
                 activity = "running" if agent.status == "running" else "idle"
             row = _child_row(header, parent, mode, label, activity)
-            row["usage"] = dict(usage_items)
+            row["usage"] = {
+                k: n for k, n in zip(USAGE_KEYS, usage_items, strict=True) if n is not None
+            }
             if cost_usd is not None:
                 row["cost_usd"] = cost_usd
             if error is not None:
@@ -373,11 +384,15 @@ class Listings:
         return out
 
 
+def _packed(usage: Mapping[str, int]) -> tuple[int | None, ...]:
+    return tuple(usage.get(key) for key in USAGE_KEYS)
+
+
 def _live_digest(agent: ListedAgent) -> _Digest:
     """A live child's descriptor (only the descriptor events after its seed are decoded from
     its log), and its own usage and cost from its account."""
     events = events_of_types(agent.log.events, _DESCRIPTOR_ONLY, agent.header.seed_length)
-    usage = tuple(agent.usage.own.items())
+    usage = _packed(agent.usage.own)
     return authoritative_descriptor(events, 0), usage, agent.usage.cost_own
 
 
