@@ -109,11 +109,11 @@ _HEADERS_READ_ON_HUB: Final = 64
 # this many bytes together: a log of a few turns is ~0.1 ms to read and decode, so what stays on
 # the hub is a couple of milliseconds at most.
 _LOGS_READ_ON_HUB: Final = 16
+_LOG_BYTES_ON_HUB: Final = 1 << 16
 # `census` scans the directory off the hub when the last scan found more files than this.
 _SCANNED_ON_HUB: Final = 1024
 # `held_among` asks off the hub past this many sessions (an open, a lock query, a close each).
 _HELD_ASKED_ON_HUB: Final = 64
-_LOG_BYTES_ON_HUB: Final = 1 << 16
 # A digest of a log changed this recently (ns, by its file's times) is not kept: file times
 # have a coarse grain (a kernel tick; a second or two on some filesystems), so a rewrite of the
 # same size within the grain would look unchanged (git's "racy clean" problem). Read again

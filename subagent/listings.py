@@ -367,19 +367,21 @@ class Listings:
             self._digests = kept = {i: v for i, v in kept.items() if i in headers}
         if not child_ids:
             return {}
-        known = {i: (kept[i][0] if i in kept else None) for i in child_ids}
+        # What is kept now, for these: another listing may change the kept set meanwhile.
+        before = {i: entry for i in child_ids if (entry := kept.get(i)) is not None}
+        known = {i: (before[i][0] if i in before else None) for i in child_ids}
         fresh = self._store.digest_logs(known, _digest)
         out: dict[str, _Digest | Exception] = {}
         for child_id in child_ids:
             got = fresh.get(child_id)
-            if got is None:
-                out[child_id] = kept[child_id][1]
+            if got is None:  # unchanged since it was kept
+                out[child_id] = before[child_id][1]
                 continue
             stamp, value = got
             if stamp is None:  # not to be kept (changed too recently, or a passing failure)
-                kept.pop(child_id, None)
+                self._digests.pop(child_id, None)
             else:
-                kept[child_id] = (stamp, value)
+                self._digests[child_id] = (stamp, value)
             out[child_id] = value
         return out
 
