@@ -32,6 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from otlp_collector import collector
+from test_serve_mcp import terminated
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -294,11 +295,12 @@ def _ask(proc: Any, rid: int, method: str, params: dict[str, Any]) -> dict[str, 
 
 
 def _terminated(proc: Any) -> tuple[float, str]:
-    """SIGTERM; how long the server took to exit, and its stderr."""
-    proc.send_signal(signal.SIGTERM)
-    elapsed, stderr = _exit_after(proc, time.monotonic(), "the server, sent SIGTERM")
+    """SIGTERM (stdin kept open: `terminated`); how long the server took to exit, and its
+    stderr."""
+    since = time.monotonic()
+    _, stderr = terminated(proc)
     assert proc.returncode == 143, stderr[-2000:]
-    return elapsed, stderr
+    return time.monotonic() - since, stderr
 
 
 def test_subagent_mcp_exits_within_the_deadline_after_sigterm(

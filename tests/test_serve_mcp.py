@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
 from gevent import subprocess as gsub
 
@@ -34,6 +35,24 @@ def start_server(command: str, home: Path, *flags: str, text: bool = True) -> An
         stderr=subprocess.PIPE,
         text=text,
     )
+
+
+def terminated(proc: Any, timeout: float = 60) -> tuple[Any, Any]:
+    """SIGTERM the server and wait for it to exit; its stdout and stderr. Its stdin stays open
+    until then: closed at once (as `communicate` does), the end of input raced the signal, and
+    a server that read the end first exited 0 as for a client that hung up."""
+    proc.send_signal(signal.SIGTERM)
+    out = gevent.spawn(proc.stdout.read)
+    err = gevent.spawn(proc.stderr.read)
+    try:
+        proc.wait(timeout=timeout)
+    except gsub.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the server, sent SIGTERM, had not exited {timeout:g} s later")
+    finally:
+        proc.stdin.close()
+    return out.get(timeout=10), err.get(timeout=10)
 
 
 def drive(scenario: str, home: Path, *server_args: str) -> dict[str, Any]:
@@ -240,8 +259,7 @@ def test_sigterm_cancels_running_children_and_exits_after_a_graceful_stop(tmp_pa
         text = message.get("params", {}).get("message", "")
         if text.endswith(": step 1"):
             child = text.split(":")[0].split()[0]
-    proc.send_signal(signal.SIGTERM)
-    rest, stderr = proc.communicate(timeout=60)
+    rest, stderr = terminated(proc)
     assert proc.returncode == 143, stderr[-2000:]  # after a graceful stop
     assert '"id":2' not in rest  # the call was cancelled, not answered
     events = SessionStore(tmp_path / "sessions").inspect(child).events
