@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -69,6 +70,12 @@ RequestHandler = Callable[[str, Any], Any]
 # of 1,000 children and 50,000 streamed text chunks is some 12 MiB; and one message of a
 # 16 MiB line replayed fits too, several times.
 MAX_UNREAD_BYTES = 64 * 1024 * 1024
+
+# How long the reader may go on reading lines without letting the hub run. A peer that writes
+# faster than we read keeps the pipe full, so a read never waits and never yields: a flood of
+# tiny messages (a million one-character chunks) held the hub for a second. Every this many
+# seconds of reading the reader yields, so timers, other children and other clients run on.
+READ_SLICE = 0.005
 
 
 # An error's message quotes what it refuses (an id, a path, a method name): a peer that sends a
@@ -380,8 +387,16 @@ class JsonRpcConnection:
                 waiter.set_exception(self._closed)
 
     def _read_loop(self) -> None:
+        clock = time.perf_counter
+        slice_end = clock() + READ_SLICE
         try:
             while self._closed is None:
+                if clock() > slice_end:
+                    # The peer keeps us busy: let the hub run (READ_SLICE). Not `sleep(0)`, which
+                    # runs ready greenlets but neither timers nor I/O (measured: they waited
+                    # 250 ms); `idle` returns once the loop has polled and run what was due.
+                    gevent.idle()
+                    slice_end = clock() + READ_SLICE
                 line = self._stdout.readline(self._max_line + 1)
                 if not line:
                     self._fail(ConnectionClosed("the agent closed its stdout"))
