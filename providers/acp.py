@@ -21,7 +21,6 @@ a future.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import math
 import os
@@ -202,6 +201,32 @@ def _parent_scoped_id(parent: object) -> str:
     return f"{sid}.acp-{token}" if isinstance(sid, str) and sid else f"acp-{token}"
 
 
+class _TextBuffer:
+    """An answer's text, chunk after chunk, in memory close to the text's own.
+
+    A list of the chunks costs some 60 bytes of string object per chunk, so a flood of
+    one-character chunks took 60 times the memory of its text, far past what
+    `MAX_OUTPUT_CHARS` means to bound; `io.StringIO` (before Python 3.12) keeps up to 100,000
+    small strings before it joins them. Here every `_JOIN_EVERY` chunks are joined into one.
+    """
+
+    _JOIN_EVERY = 256
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._recent: list[str] = []
+
+    def write(self, text: str) -> None:
+        recent = self._recent
+        recent.append(text)
+        if len(recent) >= self._JOIN_EVERY:
+            self._parts.append("".join(recent))
+            recent.clear()
+
+    def text(self) -> str:
+        return "".join(self._parts) + "".join(self._recent)
+
+
 class _Child:
     """The spawned agent: its process group, JSON-RPC connection and stderr drain."""
 
@@ -330,10 +355,7 @@ class AcpRun(RemoteRun):
         # A continuable activation whose agent process dies is a crash (restarted by the
         # continuation service); a one-shot run ends `error`.
         self._crash_is_fault = log is not None
-        # The answer's text, chunk after chunk, in one buffer: a list of chunks cost some 60
-        # bytes of object per chunk, so a flood of one-character chunks took 60 times the
-        # memory of its text, far past what `MAX_OUTPUT_CHARS` means to bound.
-        self._output = io.StringIO()
+        self._output = _TextBuffer()
         self._surrogates = False  # whether a chunk held a lone surrogate half
         self._output_chars = 0
         # What the agent reported spending (agent.usage keys), if it reports anything: the
@@ -367,7 +389,9 @@ class AcpRun(RemoteRun):
     def _run_turn(self, prompt: list[dict[str, Any]]) -> None:
         try:
             reply = self._child.conn.request(
-                "session/prompt", {"sessionId": self.acp_session_id, "prompt": prompt}
+                "session/prompt",
+                {"sessionId": self.acp_session_id, "prompt": prompt},
+                on_answer=self._answered,
             )
             stop = reply.get("stopReason") if isinstance(reply, dict) else None
             if isinstance(reply, dict):
@@ -391,19 +415,24 @@ class AcpRun(RemoteRun):
                     self._crash(diagnostic)
                 else:
                     self._settle(ERROR, diagnostic)
-            if exc.protocol_error:
-                # Nobody reads the agent any more: reap it now rather than at `dispose`, which
-                # a holder of the handle may call late (it still waits for this teardown, and
-                # is the one told if it failed).
-                try:
-                    self._child.teardown(graceful=False)
-                except Exception:
-                    log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
+            # Nobody reads the agent any more (it wrote a bad line, or closed its stdout and
+            # may live on): reap it now rather than at `dispose`, which a holder of the handle
+            # may call late (it still waits for this teardown, and is the one told if it
+            # failed). A teardown already under way (dispose, the leader's exit) is joined.
+            try:
+                self._child.teardown(graceful=False)
+            except Exception:
+                log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
         except Exception as exc:  # a crash here must still resolve the result
             log.debug("acp run %s: turn failed", self._id, exc_info=True)  # a result: debug
             self._settle(ERROR, f"internal error: {exc!r}")
         finally:
             self._prompting = False
+
+    def _answered(self) -> None:
+        """The agent answered `session/prompt`: its turn is over, and what it streams after
+        the answer (ACP has it send every update before) is no part of it."""
+        self._prompting = False
 
     def _settle(self, stop_reason: str, diagnostic: str | None = None) -> None:
         if self._settled:
@@ -425,7 +454,7 @@ class AcpRun(RemoteRun):
     def _output_text(self) -> str:
         """The answer so far, lone surrogates (an agent's JSON `\\ud800` escapes) repaired to
         U+FFFD as everywhere in the runtime: no log, wire or terminal can carry them."""
-        text = self._output.getvalue()
+        text = self._output.text()
         return repair_surrogates(text) if self._surrogates else text
 
     def _crash(self, diagnostic: str) -> None:

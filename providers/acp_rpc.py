@@ -216,7 +216,7 @@ class JsonRpcConnection:
         self._answer_bad_lines = answer_bad_lines
         self._require_version = require_version
         self._next_id = 0
-        self._pending: dict[int, tuple[str, AsyncResult]] = {}
+        self._pending: dict[int, tuple[str, AsyncResult, Callable[[], object] | None]] = {}
         # Our messages, encoded, waiting for the writer; `_unread` counts their bytes, and past
         # `max_unread_bytes` the peer is taken for dead (`_give_up`), never held in memory.
         self._outbox: Queue = Queue()
@@ -254,18 +254,21 @@ class JsonRpcConnection:
         *,
         signal: AbortSignal | None = None,
         timeout: float | None = None,
+        on_answer: Callable[[], object] | None = None,
     ) -> object:
         """Send a request and wait cooperatively for its result.
 
         Raises `RpcError`, `ConnectionClosed`, `RequestAborted` when `signal` fires first, or
-        `RequestTimedOut` when no answer came within `timeout` seconds.
+        `RequestTimedOut` when no answer came within `timeout` seconds. `on_answer` runs on the
+        reader as the answer is read, before any later line is: the caller waiting for it
+        wakes only later, after the reader may have dispatched more of the peer's messages.
         """
         if self._closed is not None:
             raise self._closed
         rid = self._next_id
         self._next_id += 1
         waiter: AsyncResult = AsyncResult()
-        self._pending[rid] = (method, waiter)
+        self._pending[rid] = (method, waiter, on_answer)
         remove = None
         if signal is not None:
             remove = signal.add_listener(
@@ -382,7 +385,7 @@ class JsonRpcConnection:
             self._closed = exc
             self.closed.set()
         pending, self._pending = self._pending, {}
-        for _method, waiter in pending.values():
+        for _method, waiter, _hook in pending.values():
             if not waiter.ready():
                 waiter.set_exception(self._closed)
 
@@ -462,9 +465,14 @@ class JsonRpcConnection:
             if entry is None:
                 log.debug("%s: response to unknown request id %r", self._name, message["id"])
                 return
-            name, waiter = entry
+            name, waiter, on_answer = entry
             if waiter.ready():
                 return
+            if on_answer is not None:
+                try:
+                    on_answer()
+                except Exception:
+                    log.exception("%s: the answer hook of %s raised", self._name, name)
             error = message.get("error")
             if error is not None:
                 err = error if isinstance(error, dict) else {"message": error}

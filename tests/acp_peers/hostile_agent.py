@@ -7,16 +7,20 @@
   them, then ends its turn `end_turn`.
 - big_usage: ends its turn with a usage whose counts are far beyond any real turn (10**40
   tokens), after a `usage_update` whose cost is an absurd number, and says "spent".
-- surrogates: its chunk, tool call title and stop reason hold lone surrogates (JSON `\\ud800`),
+- surrogates: its chunk and a tool call hold lone surrogates (JSON `\\ud800` escapes),
   and it ends its turn `end_turn`.
 - bogus_stop N: ends its turn with a stop reason N characters long, holding terminal escapes.
+- rpc_error: answers `session/prompt` with a JSON-RPC error whose message is 100,000
+  characters and whose code is a string, both holding terminal escapes.
 - permission_flood N: asks permission N times, each for a tool call whose title is 10,000
   characters holding terminal escapes, then ends its turn `cancelled`.
 - close_stdout: says "bye", closes its stdout and keeps running (reports `closed`).
-- late_updates: says "working", then on `session/cancel` keeps streaming tool-call updates
-  (reports `cancelled` once it got the cancel) and never ends its turn.
+- late_updates: says "working"; on `session/cancel` it sends 100 tool-call updates, a chunk
+  and a permission request (an allow option), reports `answered <result JSON>` when the answer
+  comes, and never ends its turn.
 - requests: asks the client for everything it was not offered (fs read and write, terminal,
-  an unknown method, an `_`-prefixed extension) and says the error code of each answer.
+  an unknown method, an `_`-prefixed extension) and says the `clientCapabilities` it got in
+  `initialize` and the error code of each answer.
 - foreign_session: streams chunks for another session id and answers `session/prompt` twice,
   with responses to ids it was never sent in between; says "mine" for its own session.
 
@@ -91,6 +95,7 @@ class Agent:
         self.codes: list[str] = []
         self.prompt_id: Any = None
         self.asked = 0
+        self.offered: Any = None  # the clientCapabilities of `initialize`
 
     def ask(self, method: str, params: dict[str, Any]) -> None:
         self.next_id += 1
@@ -103,8 +108,11 @@ class Agent:
             error = message.get("error")
             self.codes.append(f"{method}={error['code'] if error else 'answered'}")
             if not self.waiting:
-                send(chunk(" ".join(self.codes)))
+                offered = json.dumps(self.offered, sort_keys=True)
+                send(chunk(f"offered {offered}; answered {' '.join(self.codes)}"))
                 result(self.prompt_id, {"stopReason": "end_turn"})
+        elif MODE == "late_updates":
+            report(f"answered {json.dumps(message.get('result'))}")
         elif MODE == "permission_flood":
             self.asked += 1
             if self.asked == ARG:
@@ -120,26 +128,24 @@ class Agent:
             result(rid, {"stopReason": "end_turn"})
         elif MODE == "big_usage":
             huge = 10**40
-            cost = {"amount": 1e308 * 10, "currency": "USD"}  # inf: written as Infinity
-            write_all(
-                json.dumps(update({"sessionUpdate": "usage_update", "used": huge, "size": huge,
-                                   "cost": cost})).encode() + b"\n"  # fmt: skip
+            cost = {"amount": float("inf"), "currency": "USD"}  # json writes it as Infinity
+            send(
+                update({"sessionUpdate": "usage_update", "used": huge, "size": huge, "cost": cost})
             )
             send(chunk("spent"))
             usage = {"inputTokens": huge, "outputTokens": huge, "totalTokens": 3 * huge}
             result(rid, {"stopReason": "end_turn", "usage": usage})
-        elif MODE == "surrogates":
-            write_all(b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1",'
-                      b'"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text",'
-                      b'"text":"left \\ud800 right"}}}}\n')  # fmt: skip
-            write_all(b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1",'
-                      b'"update":{"sessionUpdate":"tool_call","toolCallId":"t\\udfff",'
-                      b'"title":"odd \\udc80 title"}}}\n')  # fmt: skip
+        elif MODE == "surrogates":  # json writes each lone half as a `\ud800` escape
+            send(chunk("left \ud800 right"))
+            send(tool_call("t\udfff", "odd \udc80 title"))
             result(rid, {"stopReason": "end_turn"})
         elif MODE == "bogus_stop":
             send(chunk("partial"))
             reason = (ESCAPES + "x" * ARG)[:ARG]
             result(rid, {"stopReason": reason})
+        elif MODE == "rpc_error":
+            message = ESCAPES + "m" * 100_000
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": ESCAPES, "message": message}})
         elif MODE == "permission_flood":
             title = (ESCAPES + "t" * 10_000)[:10_000]
             for n in range(ARG):
@@ -174,12 +180,15 @@ class Agent:
 
     def on_cancel(self) -> None:
         if MODE == "late_updates":
-            report("cancelled")
-            n = 0
-            while True:
-                n += 1
+            for n in range(100):
                 send(tool_call(f"late-{n}", "still going"))
-                time.sleep(0.001)
+            send(chunk(" and more"))
+            options = [{"optionId": "yes", "name": "Yes", "kind": "allow_once"}]
+            call = {"toolCallId": "late", "title": "one more thing"}
+            self.ask(
+                "session/request_permission",
+                {"sessionId": SID, "toolCall": call, "options": options},
+            )
 
 
 def main() -> None:
@@ -191,6 +200,7 @@ def main() -> None:
         if method is None:
             agent.on_answer(message)
         elif method == "initialize":
+            agent.offered = message.get("params", {}).get("clientCapabilities")
             result(rid, {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}})
         elif method == "session/new":
             result(rid, {"sessionId": SID})
