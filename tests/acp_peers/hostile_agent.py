@@ -21,8 +21,8 @@
 - requests: asks the client for everything it was not offered (fs read and write, terminal,
   an unknown method, an `_`-prefixed extension) and says the `clientCapabilities` it got in
   `initialize` and the error code of each answer.
-- foreign_session: streams chunks for another session id and answers `session/prompt` twice,
-  with responses to ids it was never sent in between; says "mine" for its own session.
+- foreign_session: in one write, a chunk for another session id, "mine" for its own,
+  answers to ids it was never sent, two answers to `session/prompt`, and a last chunk.
 
 When $ACP_PEER_NOTIFY names a unix socket, it reports `pid <pid>` (and the lines above) there.
 """
@@ -170,13 +170,17 @@ class Agent:
             self.ask("no/such_method", {})
             self.ask("_vendor/extension", {})
         elif MODE == "foreign_session":
-            send(chunk("theirs", sid="someone-else"))
-            send(chunk("mine"))
-            send({"jsonrpc": "2.0", "id": 987654, "result": {"stopReason": "end_turn"}})
-            send({"jsonrpc": "2.0", "id": "bogus", "result": {}})
-            result(rid, {"stopReason": "end_turn"})
-            result(rid, {"stopReason": "refusal"})
-            send(chunk("after the end"))
+            # One write: the client reads every line of it before it could switch greenlets.
+            messages = [
+                chunk("theirs", sid="someone-else"),
+                chunk("mine"),
+                {"jsonrpc": "2.0", "id": 987654, "result": {"stopReason": "end_turn"}},
+                {"jsonrpc": "2.0", "id": "bogus", "result": {}},
+                {"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "end_turn"}},
+                {"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "refusal"}},
+                chunk("after the end"),
+            ]
+            write_all(b"".join(line_of(m) for m in messages))
 
     def on_cancel(self) -> None:
         if MODE == "late_updates":
