@@ -76,6 +76,7 @@ MAX_UNREAD_BYTES = 64 * 1024 * 1024
 # tiny messages (a million one-character chunks) held the hub for a second. Every this many
 # seconds of reading the reader yields, so timers, other children and other clients run on.
 READ_SLICE = 0.005
+_LOOP_TURN = 1e-6
 
 
 # An error's message quotes what it refuses (an id, a path, a method name): a peer that sends a
@@ -396,9 +397,10 @@ class JsonRpcConnection:
             while self._closed is None:
                 if clock() > slice_end:
                     # The peer keeps us busy: let the hub run (READ_SLICE). Not `sleep(0)`, which
-                    # runs ready greenlets but neither timers nor I/O (measured: they waited
-                    # 250 ms); `idle` returns once the loop has polled and run what was due.
-                    gevent.idle()
+                    # runs ready greenlets but may leave timers and I/O waiting (measured: up to
+                    # 250 ms); nor `idle()`, which never returns while any greenlet spins on
+                    # `sleep(0)`. The shortest timer: one turn of the loop, polling included.
+                    gevent.sleep(_LOOP_TURN)
                     slice_end = clock() + READ_SLICE
                 line = self._stdout.readline(self._max_line + 1)
                 if not line:
