@@ -34,6 +34,7 @@ from gevent.event import Event
 
 from agent import tracing
 from agent.events import SessionHeader, SessionLogError
+from agent.frames import MAX_FRAME
 from agent.jsoncheck import repair_surrogates
 from agent.store import SessionBusyError, SessionNotFoundError
 from agent.usage import MAX_COUNT as MAX_USAGE_COUNT
@@ -73,6 +74,7 @@ from supervision.signal import AbortSignal
 
 __all__ = [
     "DEPTH_META",
+    "MAX_OUTPUT_BYTES",
     "PROTOCOL_VERSION",
     "STOP_REASONS",
     "AcpConfig",
@@ -106,10 +108,13 @@ _PERMISSION_PREFERENCE: dict[str, tuple[str, ...]] = {
     "reject": ("reject_once", "reject_always"),
 }
 
-# The most answer text a run keeps: what one session-log frame holds. More could never reach the
-# parent (its tool result is refused by the log), and an agent streaming without end would
-# otherwise fill this process's memory; past it the run ends `error` and the agent is reaped.
-MAX_OUTPUT_CHARS = 64 * 1024 * 1024
+# The most answer a run keeps, in UTF-8 bytes: what one session-log frame holds (`MAX_FRAME`),
+# less room for the event around it. More could never reach the parent (its tool result, or the
+# settlement notice of a continuable child, is refused by the log) nor the child's own log, and
+# an agent streaming without end would otherwise fill this process's memory; past it the run
+# ends `error` and the agent is reaped. (It counted characters once: 64 Mi of them in a
+# three-byte script made a 192 MiB event no log takes, and the child's turn went unrecorded.)
+MAX_OUTPUT_BYTES = MAX_FRAME - 1024 * 1024
 
 # How many refused tool calls a diagnostic names (the rest are counted).
 _REFUSED_NAMED = 5
@@ -206,7 +211,7 @@ class _TextBuffer:
 
     A list of the chunks costs some 60 bytes of string object per chunk, so a flood of
     one-character chunks took 60 times the memory of its text, far past what
-    `MAX_OUTPUT_CHARS` means to bound; `io.StringIO` (before Python 3.12) keeps up to 100,000
+    `MAX_OUTPUT_BYTES` means to bound; `io.StringIO` (before Python 3.12) keeps up to 100,000
     small strings before it joins them. Here every `_JOIN_EVERY` chunks are joined into one.
     """
 
@@ -357,7 +362,7 @@ class AcpRun(RemoteRun):
         self._crash_is_fault = log is not None
         self._output = _TextBuffer()
         self._surrogates = False  # whether a chunk held a lone surrogate half
-        self._output_chars = 0
+        self._output_bytes = 0
         # What the agent reported spending (agent.usage keys), if it reports anything: the
         # prompt response's `usage` (ACP, unstable), and the session's cumulative cost from
         # `usage_update` notifications.
@@ -526,15 +531,21 @@ class AcpRun(RemoteRun):
             if isinstance(content, dict) and content.get("type") == "text":
                 text = content.get("text")
                 if isinstance(text, str) and text:
-                    self._output_chars += len(text)
-                    if self._output_chars > MAX_OUTPUT_CHARS:
+                    # `isascii` reads a flag: an ASCII chunk is its length in bytes and holds no
+                    # surrogate. Otherwise both are checked here, per chunk, so a huge answer is
+                    # not walked again at the end (then repaired whole, so a pair split across
+                    # two chunks still becomes its character; a lone half and U+FFFD are both
+                    # three bytes).
+                    if text.isascii():
+                        size = len(text)
+                    else:
+                        size = len(text.encode("utf-8", "surrogatepass"))
+                        if _SURROGATE.search(text) is not None:
+                            self._surrogates = True
+                    self._output_bytes += size
+                    if self._output_bytes > MAX_OUTPUT_BYTES:
                         self._overflow()
                         return
-                    # Checked per chunk (`isascii` reads a flag), so a huge answer is not walked
-                    # again at the end; repaired whole then, so a pair split across two chunks
-                    # still becomes its character.
-                    if not text.isascii() and _SURROGATE.search(text) is not None:
-                        self._surrogates = True
                     self._output.write(text)
         elif kind == "usage_update":
             cost = acp_cost(update.get("cost"))
@@ -545,10 +556,11 @@ class AcpRun(RemoteRun):
             self._progress(str(kind), update)
 
     def _overflow(self) -> None:
-        """The answer passed `MAX_OUTPUT_CHARS`: end the run `error` and reap the agent (off the
+        """The answer passed `MAX_OUTPUT_BYTES`: end the run `error` and reap the agent (off the
         reader greenlet, which is telling us this and must not wait)."""
         self._settle(
-            ERROR, f"the agent's answer exceeds {MAX_OUTPUT_CHARS:,} characters; the run was ended"
+            ERROR,
+            f"the agent's answer exceeds {MAX_OUTPUT_BYTES:,} bytes (UTF-8); the run was ended",
         )
         self._child.conn.notify("session/cancel", {"sessionId": self.acp_session_id})
         self._tasks.spawn(self._reap)

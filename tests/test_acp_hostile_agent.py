@@ -19,7 +19,13 @@ import pytest
 from acp_peers.support import Notifier, Parent, group_alive, text_prompt, wait_until
 
 from agent.store import SessionStore
-from providers.acp import AcpConfig, AcpProvider, AcpRun, ResumableAcpProvider
+from providers.acp import (
+    MAX_OUTPUT_BYTES,
+    AcpConfig,
+    AcpProvider,
+    AcpRun,
+    ResumableAcpProvider,
+)
 from subagent.runtime import Runtime
 from subagent.types import SubagentResult, SubagentStartRequest, text_block
 from supervision.signal import AbortController, AbortSignal
@@ -93,6 +99,39 @@ def test_a_flood_of_tiny_chunks_keeps_the_hub_running_and_costs_its_texts_memory
     # The answer's buffer (one byte a character here), the final text and a few parsed lines:
     # a few times the text, where a list of chunk strings took some 30 times it.
     assert peak - before < 8 * text_bytes, f"{peak - before:,} bytes for {text_bytes:,} of text"
+
+
+@pytest.mark.allow_hub_block(
+    "the session log packs and checksums a 63 MiB event on the hub (about 0.25 s): the cost of"
+    " any event that size, the child's reply here and the parent's tool result alike"
+)
+def test_an_answer_too_big_for_a_log_frame_ends_the_run_and_is_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """25 Mi characters of a three-byte script (75 MiB of UTF-8) was within the bound when it
+    counted characters, but no log frame holds it: the continuable child's turn went unrecorded
+    and the parent never got its settlement notice. The bound is now the frame's, in bytes: the
+    run ends `error` there, and the child's log and the parent both take what it kept."""
+    caplog.set_level(logging.WARNING)
+    with Runtime(store=SessionStore(tmp_path / "sessions")) as rt:
+        rt.subagents.register(ResumableAcpProvider(hostile("wide_answer", "25")))
+        parent = rt.agent()
+        request = SubagentStartRequest(
+            prompt=[text_block("go")], parent=parent, signal=AbortSignal.never()
+        )
+        started = rt.subagents.start_continuable("acp", request, label="verbose")
+        task = rt.tasks.wait(started.task_id, timeout=TIMEOUT)
+        assert "exceeds 66,060,288 bytes (UTF-8)" in (task.detail or ""), task.detail
+        ends = [e["data"] for e in rt.store.scan(started.child_id) if e["type"] == "turn/end"]
+        [reply] = [
+            e["data"]["message"]["content"][0]["text"]
+            for e in rt.store.scan(started.child_id)
+            if e["type"] == "assistant/message"
+        ]
+    assert [end["reason"] for end in ends] == ["error"]
+    assert len(reply.encode()) <= MAX_OUTPUT_BYTES
+    assert set(reply) == {"\u4e2d"}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 # -- values no real turn reports ----------------------------------------------------------------

@@ -5,6 +5,8 @@
 
 - tiny_flood N: N tiny `agent_message_chunk` updates ("yz"), written as fast as the pipe takes
   them, then ends its turn `end_turn`.
+- wide_answer N: answers in N chunks of 1 Mi characters of a three-byte script ("\u4e2d", 3 MiB
+  of UTF-8 each), then ends its turn `end_turn`.
 - big_usage: ends its turn with a usage whose counts are far beyond any real turn (10**40
   tokens), after a `usage_update` whose cost is an absurd number, and says "spent".
 - surrogates: its chunk and a tool call hold lone surrogates (JSON `\\ud800` escapes),
@@ -125,6 +127,11 @@ class Agent:
             block = line_of(chunk("yz")) * 1000
             for _ in range(ARG // 1000):
                 write_all(block)
+            result(rid, {"stopReason": "end_turn"})
+        elif MODE == "wide_answer":
+            line = json.dumps(chunk("\u4e2d" * (1 << 20)), ensure_ascii=False).encode() + b"\n"
+            for _ in range(ARG):
+                write_all(line)
             result(rid, {"stopReason": "end_turn"})
         elif MODE == "big_usage":
             huge = 10**40
