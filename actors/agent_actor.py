@@ -44,6 +44,7 @@ from actors.agent_messages import (
 from actors.deferred import Deferred, rejected
 from actors.gevent_actor import GeventActor, spawn_untracked
 from agent import tracing
+from agent.inbox import InboxLimits
 from agent.loop import AgentCore, PendingSteer, TurnOutcome
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
@@ -59,6 +60,11 @@ __all__ = ["AgentActor"]
 log = logging.getLogger(__name__)
 
 _NO_STEERS: list[PendingSteer] = []
+_DEFAULT_LIMITS = InboxLimits()
+# Sources of the notices the runtime itself sends a parent (a child settled, a restart gave
+# up): one per activation of a child the agent started, so bounded by those starts. Refusing
+# one would lose the news, not stop a flood.
+_RUNTIME_NOTICES = frozenset({"subagent-settled", "subagent-report"})
 
 
 def _admitted(reply: Deferred[Any], message_id: str) -> None:
@@ -149,9 +155,24 @@ class AgentActor(GeventActor):
             return self._dispose_run()
         return rejected(TypeError(f"AgentActor does not understand {type(message).__name__}"))
 
+    def _limits(self) -> InboxLimits:
+        """The runtime's inbox bounds (read when a message queues, not held per agent)."""
+        agent = self.core.agent
+        return _DEFAULT_LIMITS if agent is None else agent.ctx.inbox
+
     def _send(self, message: Send) -> str:
         if self._closing:
             raise SubagentError("RUN_DISPOSED", "the agent is closed")
+        if (
+            message.run is None  # a run's own prompt: one per start, bounded by the starts
+            and message.source.kind not in _RUNTIME_NOTICES
+            and len(self._queue) >= self._limits().sends
+        ):
+            raise SubagentError(
+                "INBOX_FULL",
+                f"agent {self.core.session_id} already has {len(self._queue)} messages waiting "
+                "for a turn",
+            )
         log_ = self.core.log
         message_id = message.message_id or f"m{log_.next_seq}"
         source = message.source.to_json()
@@ -184,6 +205,17 @@ class AgentActor(GeventActor):
         starting = not self.turn_running and self._worker is not None and bool(self._queue)
         if not (running or (starting and not self._held)):
             reply.reject(SubagentError("RUN_TERMINAL", "no running turn to steer"))
+            return reply
+        if len(self._steers) >= self._limits().steers:
+            # Refused before anything is logged or queued: the steers already accepted keep
+            # their order, and room comes back when the next step boundary admits them.
+            reply.reject(
+                SubagentError(
+                    "INBOX_FULL",
+                    f"agent {self.core.session_id} already has {len(self._steers)} steers "
+                    "waiting for its next step; send more once it has taken them",
+                )
+            )
             return reply
         log_ = self.core.log
         message_id = f"s{log_.next_seq}"

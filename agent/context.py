@@ -10,6 +10,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agent.inbox import InboxLimits
 from agent.lifecycle import AgentLifecycle
 from agent.models import ModelRegistry
 from agent.options import AgentOptions
@@ -20,7 +21,7 @@ from agent.usage import PriceTable
 from subagent.types import AgentView
 from supervision.supervisor import Supervisor
 
-__all__ = ["AgentContext", "LiveAgent"]
+__all__ = ["AgentContext", "InboxLimits", "LiveAgent"]
 
 
 class LiveAgent(AgentView, Protocol):
@@ -49,6 +50,8 @@ class AgentContext:
     variables: MutableMapping[str, str | None] = field(default_factory=dict)
     # Prices by model route (USD per million tokens): what costs and cost budgets count.
     prices: PriceTable = field(default_factory=PriceTable)
+    # What each agent's inbox holds at most before it refuses (`INBOX_FULL`).
+    inbox: InboxLimits = field(default_factory=InboxLimits)
     # Live agents by session id (`ctx.agents`): the one place that knows who is running.
     agents: MutableMapping[str, LiveAgent] = field(default_factory=dict)
     # Services of upper layers, set by the runtime wiring (`subagent.SubagentService`,

@@ -569,24 +569,32 @@ class AgentCore:
         resolve = self.tools.resolve
         index = 0
         count = len(calls)
-        while index < count:
-            if signal.aborted or capture.concluded:
-                break
-            end = index + 1
-            if count > 1:
-                tool = resolve(calls[index].name)
-                if tool is not None and tool.concurrency_safe:
-                    while end < count:
-                        nxt = resolve(calls[end].name)
-                        if nxt is None or not nxt.concurrency_safe:
-                            break
-                        end += 1
-            if end - index == 1:
-                started[index] = True
-                self._run_inline(calls[index], index, results, crash, signal, state)
-            else:
-                self._run_parallel(calls, index, end, results, started, crash, signal, state)
-            index = end
+        try:
+            while index < count:
+                if signal.aborted or capture.concluded:
+                    break
+                end = index + 1
+                if count > 1:
+                    tool = resolve(calls[index].name)
+                    if tool is not None and tool.concurrency_safe:
+                        while end < count:
+                            nxt = resolve(calls[end].name)
+                            if nxt is None or not nxt.concurrency_safe:
+                                break
+                            end += 1
+                if end - index == 1:
+                    started[index] = True
+                    self._run_inline(calls[index], index, results, crash, signal, state)
+                else:
+                    self._run_parallel(calls, index, end, results, started, crash, signal, state)
+                index = end
+        except Exception:
+            raise  # a fault of the loop itself: the turn's close answers every call
+        except BaseException as exc:  # the turn's greenlet exits: what ran keeps its answer
+            for i, call in enumerate(calls):
+                if started[i]:
+                    self._answer_on_exit(call, results[i] or _exited(exc))
+            raise
         for i, call in enumerate(calls):
             result = results[i]
             if result is None:
@@ -620,6 +628,9 @@ class AgentCore:
             except Exception as exc:  # execute() must contain tool errors: this is a defect
                 crash.append(exc)
                 result = _synthetic(TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+            except BaseException as exc:  # the turn's greenlet exits: say why the call is cut
+                self._answer_on_exit(call, _exited(exc))
+                raise
             finally:
                 state.in_tool = False
         if result is None:
@@ -627,6 +638,14 @@ class AgentCore:
         self._log_tool_result(call.id, call.name, result)
         if crash:
             raise _tool_crash(crash[0]) from crash[0]
+
+    def _answer_on_exit(self, call: ToolCall, result: ToolResult) -> None:
+        """Log a call's answer while the turn's greenlet exits: the exit goes on whatever
+        happens here (the turn's close answers the calls this leaves open)."""
+        try:
+            self._log_tool_result(call.id, call.name, result)
+        except Exception:
+            log.exception("agent %s: could not answer call %s on exit", self.session_id, call.id)
 
     def _context(
         self, call: ToolCall, signal: AbortSignal, trace: tracing.TraceParent | None = None
@@ -692,14 +711,23 @@ class AgentCore:
         done = state.batch_done = GEvent()
         remaining = [end - start]
 
+        exits: list[BaseException] = []
+
         def run_one(i: int) -> None:
             started[i] = True
             try:
                 self._execute(calls[i], i, results, crash, signal)
+            except (SystemExit, KeyboardInterrupt) as exc:
+                # The process is asked to exit: as from an inline call, the exit ends the
+                # turn, raised in the turn's greenlet once the batch is closed (not in this
+                # one, whence gevent would hand it to the main greenlet while the turn went on).
+                results[i] = _exited(exc)
+                exits.append(exc)
+                done.set()
             except BaseException as exc:
                 if results[i] is None and not signal.aborted:
-                    # The call's own greenlet exited (killed, or the tool raised an exit):
-                    # that call goes unanswered, and says why; the turn goes on.
+                    # The call's own greenlet was killed (or its tool raised the kill's
+                    # exception): that call goes unanswered, and says why; the turn goes on.
                     results[i] = _exited(exc)
                 raise
             finally:
@@ -724,6 +752,8 @@ class AgentCore:
                         self.session_id,
                         alive,
                     )
+        if exits:
+            raise exits[0]
 
     def _log_tool_result(self, call_id: str, name: str, result: ToolResult) -> None:
         data: dict[str, Any] = {
@@ -806,7 +836,7 @@ def _unanswered(concluded: bool, started: bool) -> ToolResult:
 
 
 def _exited(exc: BaseException) -> ToolResult:
-    """The result of a call whose greenlet in a concurrent batch exited while the turn went on."""
+    """The result of a call cut by its greenlet's exit: a kill, or an exit its tool raised."""
     if isinstance(exc, gevent.GreenletExit):
         return _synthetic("ABORTED", "not answered: the tool's greenlet was killed")
     return _synthetic(TOOL_FAILED, f"not answered: the tool raised {_cause(exc)}")

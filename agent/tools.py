@@ -82,6 +82,21 @@ def _unknown(name: str) -> str:
 
 # Enough to locate a problem without flooding the model's context with a wall of errors.
 _MAX_ARG_ERRORS = 5
+# jsonschema's messages quote the offending value (or key) whole: a 5 MB string where a boolean
+# belongs made a 20 MB error result (escapes quadruple in a repr), logged and sent back to the
+# model with every later request. Each message keeps its head and its tail (where jsonschema
+# says what is wrong), this many characters of each, and says how much was cut between them.
+_ARG_ERROR_KEEP = 200
+
+
+def _clip(message: str) -> str:
+    keep = _ARG_ERROR_KEEP
+    if len(message) <= 3 * keep:
+        return message
+    cut = len(message) - 2 * keep
+    return f"{message[:keep]} [... {cut:,} characters cut ...] {message[-keep:]}"
+
+
 _versions = itertools.count(1)
 
 
@@ -247,7 +262,7 @@ class Tool:
         out = []
         for err in errors:
             where = "/".join(str(p) for p in err.path)
-            out.append(f"at /{where}: {err.message}" if where else err.message)
+            out.append(_clip(f"at /{where}: {err.message}" if where else err.message))
         if len(found) > _MAX_ARG_ERRORS:
             out.append("... and more")
         return out

@@ -201,6 +201,9 @@ class _Child:
     child_id: str
     label: str = ""
     users: int = 0  # callers between `_use` and `_release`: the record must stay
+    # Messages in `send_message` (each waits for the one before it to be admitted): bounded by
+    # the inbox's steer bound, as the steers they become are.
+    senders: int = 0
     lock: Semaphore = field(default_factory=Semaphore)
     handle: ActivationRun | None = None
     task_id: str | None = None
@@ -339,9 +342,22 @@ class ContinuationManager:
         content = list(content)
         signal = signal or AbortSignal.never()
         self._require_continuation()
+        # Authorized before it is counted too: messages another agent may not send never take
+        # the room of the parent's own.
+        self._authorize_direct_parent(parent, child_id)
         child = self._use(child_id)
         try:
-            return self._send(parent, child, content, source, signal)
+            if child.senders >= self._ctx.inbox.steers:
+                raise SubagentError(
+                    "INBOX_FULL",
+                    f"child {child_id} already has {child.senders} messages waiting to be "
+                    "delivered; send more once it has taken them",
+                )
+            child.senders += 1
+            try:
+                return self._send(parent, child, content, source, signal)
+            finally:
+                child.senders -= 1
         finally:
             self._release(child)
 

@@ -1,13 +1,25 @@
-"""Limits the commands (`subagent run`, `mcp`, `acp`) put on what a model can ask of them.
+"""Limits on what a model, a client or a sender can ask of the runtime.
 
-The library's `Runtime` sets no per-parent cap: a host chooses. A command serves a model it does
-not control, so it caps by default. Kept here, apart from the commands, so parsers read them
-without importing the runtime.
+Children per parent: the library's `Runtime` sets no cap (a host chooses); a command (`subagent
+run`, `mcp`, `acp`) serves a model it does not control, so it caps by default. Kept here, apart
+from the commands, so parsers read them without importing the runtime.
+
+Inbox bounds (`Runtime(max_pending_steers=..., max_queued_sends=...)`): every runtime has them,
+far above honest use, because past them the process itself is at risk. They are defined in
+`agent.inbox` (the agent actor, a layer below, reads them from its context) and named here
+with the other limits.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_MAX_CHILDREN_PER_PARENT", "MAX_CHILDREN_PER_PARENT"]
+from agent.inbox import DEFAULT_MAX_PENDING_STEERS, DEFAULT_MAX_QUEUED_SENDS
+
+__all__ = [
+    "DEFAULT_MAX_CHILDREN_PER_PARENT",
+    "DEFAULT_MAX_PENDING_STEERS",
+    "DEFAULT_MAX_QUEUED_SENDS",
+    "MAX_CHILDREN_PER_PARENT",
+]
 
 # A real model can answer with thousands of `subagent` calls in one reply. Past this many
 # children of one agent at once the rest wait for a slot (in order), so a runaway reply costs

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypedDict, Unpack
 from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
 from agent.context import AgentContext
+from agent.inbox import InboxLimits
 from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
@@ -23,6 +24,7 @@ from agent.tools import ToolScope
 from agent.usage import Price, PriceTable
 from subagent import telemetry
 from subagent.errors import SubagentError
+from subagent.limits import DEFAULT_MAX_PENDING_STEERS, DEFAULT_MAX_QUEUED_SENDS
 from subagent.service import SubagentService
 from subagent.tasks import DEFAULT_KEEP_SETTLED, TaskService
 from supervision.gc_policy import DEFAULT_FREEZE_EVERY, GcPolicy
@@ -61,6 +63,8 @@ class Runtime:
         | os.PathLike[str]
         | None = None,
         keep_settled: int = DEFAULT_KEEP_SETTLED,
+        max_pending_steers: int = DEFAULT_MAX_PENDING_STEERS,
+        max_queued_sends: int = DEFAULT_MAX_QUEUED_SENDS,
     ) -> None:
         """The runtime owns a cyclic-GC policy by default (`supervision.gc_policy`): a larger
         young generation while it is open, and after every `gc_freeze_every` child starts what
@@ -76,7 +80,13 @@ class Runtime:
 
         `keep_settled`: how many settled background tasks stay readable (`task_output`) before
         the oldest are forgotten; an ended child with nothing of it stored here (a one-shot ACP
-        or Ray child) stays listed for as long, under the same bound."""
+        or Ray child) stays listed for as long, under the same bound.
+
+        `max_pending_steers`, `max_queued_sends`: what one agent's inbox holds at most (steers
+        waiting for a step boundary, sends waiting for a turn); one more is refused with
+        `SubagentError("INBOX_FULL")`, so a sender in a loop cannot grow the process until it
+        dies. See docs/runtime.md."""
+        inbox = InboxLimits(steers=max_pending_steers, sends=max_queued_sends)
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -109,7 +119,7 @@ class Runtime:
             table = PriceTable(prices)
         else:
             raise TypeError("prices must be a PriceTable, a mapping, a file path or None")
-        self.ctx = AgentContext(store=store, models=models, prices=table)
+        self.ctx = AgentContext(store=store, models=models, prices=table, inbox=inbox)
         self.tasks = TaskService(keep_settled=keep_settled)
         self.ctx.tasks = self.tasks
         if gc_freeze_every is not None and (

@@ -234,14 +234,24 @@ class SdkExit:
         if finished:
             self._close_tallies(None)
             return True
-        # Count what is not exported yet as lost, then stop the exporters' retries.
-        self._close_tallies(f"the exit deadline ({self.deadline_s:g} s) passed")
+        self._cut(f"the exit deadline ({self.deadline_s:g} s) passed")
+        return False
+
+    def give_up(self, cut: str) -> None:
+        """End the exit now (Ctrl-C cut its wait): what is not exported yet is lost by `cut`,
+        e.g. "the exit was interrupted". A later `close` does nothing."""
+        with self._lock:
+            self._started = True
+        self._cut(cut)
+
+    def _cut(self, cut: str) -> None:
+        """Count what is not exported yet as lost, then stop the exporters' retries."""
+        self._close_tallies(cut)
         for exporter in self._exporters:
             try:
                 exporter.shutdown()
             except Exception:  # the count is said already; a failing shutdown changes nothing
                 log.debug("shutting an exporter down at the exit deadline failed", exc_info=True)
-        return False
 
     def _close_tallies(self, why: str | None) -> None:
         for tally in self._tallies:

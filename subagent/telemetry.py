@@ -76,12 +76,22 @@ class _Losses(Protocol):
     def first_loss(self) -> str | None: ...
 
 
+class _Exit(Protocol):
+    """An installed pipeline's exit (`sdk_losses.SdkExit`, or the lean one's `_LeanExit`)."""
+
+    def close(self, cooperative: bool) -> bool:
+        """Flush and shut down within the exit deadline; True when every span went."""
+        ...
+
+    def give_up(self, cut: str) -> None:
+        """End now: every span not exported yet is lost by `cut` ("the exit was interrupted")."""
+        ...
+
+
 class _Installed(NamedTuple):
     provider: LeanTracerProvider | SdkTracerProvider
     losses: tuple[_Losses, ...]
-    # The pipeline's exit within its deadline (`close(cooperative)`: `SdkExit.close`, or the
-    # lean one's `_lean_exit`); True when every span went.
-    close: Callable[[bool], bool]
+    closing: _Exit
 
 
 # The provider this module installed (never a host's), with what counts its losses: flushed by
@@ -310,20 +320,20 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> bool:
     lean = lean_settings(env, names)
     provider: LeanTracerProvider | SdkTracerProvider
     losses: tuple[_Losses, ...]
-    close: Callable[[bool], bool]
+    closing: _Exit
     if lean is not None:
-        provider, losses, close = _lean_provider(lean)
+        provider, losses, closing = _lean_provider(lean)
     else:
-        provider, losses, close = _sdk_provider(env, names)
+        provider, losses, closing = _sdk_provider(env, names)
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # lost a race with the host: theirs stays
         provider.shutdown()
         return False
-    _installed.append(_Installed(provider, losses, close))
+    _installed.append(_Installed(provider, losses, closing))
     # In place of the SDK's own exit hook (`shutdown_on_exit`), which waits unbounded on a dead
     # collector, and of the lean exporter's drain of its whole queue; a CLI command has closed
     # it already (`flush_at_exit`), which leaves this nothing to do.
-    atexit.register(close, False)
+    atexit.register(closing.close, False)
     return True
 
 
@@ -392,7 +402,7 @@ def lean_settings(env: Mapping[str, str], names: list[str]) -> LeanSettings | No
 
 def _lean_provider(
     settings: LeanSettings,
-) -> tuple[LeanTracerProvider, tuple[_Losses, ...], Callable[[bool], bool]]:
+) -> tuple[LeanTracerProvider, tuple[_Losses, ...], _Exit]:
     """The lean provider, its batch exporter (which counts its own losses), and its exit
     within `exit_timeout_s` (`_lean_exit`)."""
     from subagent.lean_tracing import LeanResource, LeanTracerProvider, Sampling
@@ -412,30 +422,36 @@ def _lean_provider(
         close=poster.close,
     )
     provider = LeanTracerProvider(resource, exporter, sampling)
-    return provider, (exporter,), _lean_exit(exporter, settings.exit_timeout_s)
+    return provider, (exporter,), _LeanExit(exporter, settings.exit_timeout_s)
 
 
-def _lean_exit(exporter: BatchExporter, deadline_s: float) -> Callable[[bool], bool]:
+class _LeanExit:
     """The lean pipeline's exit, within `deadline_s` as the SDK's (`exit_timeout_s`): export
     what is queued, then count what is left lost. `cooperative`: waiting on the hub (a CLI
     command's `flush_at_exit`); else in the calling thread (interpreter exit, no hub running:
     at most one post in flight past the deadline, bounded by the exporter's timeout)."""
-    why = f"the exit deadline ({deadline_s:g} s) passed before they were exported"
 
-    def close(cooperative: bool) -> bool:
+    def __init__(self, exporter: BatchExporter, deadline_s: float) -> None:
+        self._exporter = exporter
+        self._deadline_s = deadline_s
+
+    def close(self, cooperative: bool) -> bool:
+        exporter, deadline_s = self._exporter, self._deadline_s
         if cooperative:
             exported = exporter.force_flush(deadline_s)
         else:
             exporter.shutdown(deadline_s, cooperative=False)
             exported = True
-        return exporter.give_up(why) == 0 and exported
+        cut = f"the exit deadline ({deadline_s:g} s) passed"
+        return exporter.give_up(f"{cut} before they were exported") == 0 and exported
 
-    return close
+    def give_up(self, cut: str) -> None:
+        self._exporter.give_up(f"{cut} before they were exported")
 
 
 def _sdk_provider(
     env: Mapping[str, str], names: list[str]
-) -> tuple[SdkTracerProvider, tuple[_Losses, ...], Callable[[bool], bool]]:
+) -> tuple[SdkTracerProvider, tuple[_Losses, ...], _Exit]:
     """The SDK's provider, one batch processor per exporter, each behind a tally of its losses
     (`subagent.sdk_losses`), the tallies, and its exit within `exit_timeout_s` (`SdkExit`)."""
     try:
@@ -484,8 +500,7 @@ def _sdk_provider(
         provider.add_span_processor(TalliedProcessor(batch, tally))
         tallies.append(tally)
         tallied.append(front)
-    closing = SdkExit(provider, tallied, tallies, deadline_s)
-    return provider, tuple(tallies), closing.close
+    return provider, tuple(tallies), SdkExit(provider, tallied, tallies, deadline_s)
 
 
 def _sdk_sampler(env: Mapping[str, str]) -> Sampler:
@@ -778,12 +793,19 @@ def flush_at_exit() -> None:
     """What a process about to exit does with the provider this module installed (a CLI
     command, before it says what was lost): either pipeline is flushed and shut down within its
     exit deadline (`exit_timeout_s`), the spans not exported by then counted lost. Waits on the
-    hub: other greenlets run meanwhile."""
-    for installed in _installed:
-        try:
-            installed.close(True)
-        except Exception:
-            log.exception("flushing spans failed")
+    hub: other greenlets run meanwhile. A `KeyboardInterrupt` (Ctrl-C) ends the wait as the
+    deadline would, the spans left counted lost ("the exit was interrupted"), and goes on."""
+    try:
+        for installed in _installed:
+            log.debug("tracing: flushing spans at exit")
+            try:
+                installed.closing.close(True)
+            except Exception:
+                log.exception("flushing spans failed")
+    except KeyboardInterrupt:
+        for installed in _installed:
+            installed.closing.give_up("the exit was interrupted")
+        raise
 
 
 def lost_spans() -> tuple[int, str | None]:

@@ -407,3 +407,28 @@ def test_a_flush_on_the_sdk_path_keeps_its_timeout_and_the_hub_free(silent: _Sil
     assert flushed == "False"
     assert int(ticks) > 0  # other greenlets ran while it waited
     assert float(elapsed) < 3 * 1.0  # a bound on a hang (the exporter's own timeout is 10 s)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_ctrl_c_during_the_exit_wait_ends_it_and_still_says_what_was_lost(
+    tmp_path: Path, silent: _Silent, demo_spans: int, pipeline: str
+) -> None:
+    """A user who will not wait out the deadline presses Ctrl-C: the wait ends, every span not
+    exported is counted lost and said so, and the command exits 130, no traceback of it."""
+    env = _env(silent.endpoint, pipeline, OTEL_EXPORTER_OTLP_TIMEOUT="60000")  # deadline 5 s
+    proc = _cli(tmp_path, env, "--debug", "demo", "--no-live")
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # --debug: the exit says when it starts waiting for the spans
+        seen.append(line)
+        if "tracing: flushing spans at exit" in line:
+            break
+    else:
+        pytest.fail(f"the exit never waited for spans: {''.join(seen)[-2000:]}")
+    proc.send_signal(signal.SIGINT)
+    _, rest = _exit_after(proc, time.monotonic(), "the demo, interrupted in its exit wait")
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "KeyboardInterrupt" not in stderr, stderr[-2000:]  # (--debug shows the demo's crash)
+    assert _lost(stderr) == (demo_spans, "the exit was interrupted before they were exported")
+    assert stderr.rstrip().endswith("subagent: interrupted"), stderr[-2000:]

@@ -383,3 +383,18 @@ def test_an_error_quotes_at_most_the_start_of_a_huge_value(tmp_path: Path) -> No
     good = client.ask(5, "session/new", {"cwd": cwd, "mcpServers": []})
     assert "sessionId" in good["result"]
     client.close()
+
+
+def test_initialize_answers_its_own_version_and_refuses_what_is_not_a_version(
+    tmp_path: Path,
+) -> None:
+    """ACP's negotiation: a client names the latest version it speaks; an agent that does not
+    speak it answers with the latest it does (ours: 1), and the client decides. A value that is
+    no version at all is invalid params, not a version 1 session."""
+    client = RawClient(tmp_path / "home")
+    assert client.ask(1, "initialize", {"protocolVersion": 2})["result"]["protocolVersion"] == 1
+    refused = [{}, {"protocolVersion": "1"}, {"protocolVersion": True}, {"protocolVersion": -1}]
+    for rid, params in enumerate(refused, 2):
+        assert client.ask(rid, "initialize", params)["error"]["code"] == -32602, params
+    assert client.ask(9, "initialize", {"protocolVersion": 1})["result"]["protocolVersion"] == 1
+    client.close()

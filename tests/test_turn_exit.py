@@ -74,6 +74,9 @@ def test_a_child_whose_tool_raises_an_exit_still_settles(
         assert not loaded.needs_repair  # the turn was closed: `turn/end`, every call answered
         (end,) = [e for e in loaded.events if e["type"] == "turn/end"]
         assert end["data"]["reason"] == stop
+        # The call ran and was cut: its answer says by what, not that it never ran.
+        (answer,) = [e["data"] for e in loaded.events if e["type"] == "tool/result"]
+        assert answer["content"][0]["text"].startswith("not answered: the tool")
         run.dispose()
 
 
@@ -138,10 +141,10 @@ def test_a_killed_turn_with_nothing_queued_leaves_the_child_idle_and_usable() ->
     ("raised", "code", "text"),
     [
         (gevent.GreenletExit(), "ABORTED", "not answered: the tool's greenlet was killed"),
-        (SystemExit(5), "TOOL_FAILED", "not answered: the tool raised SystemExit: 5"),
+        (Cancelled("stray"), "TOOL_FAILED", "not answered: the tool raised Cancelled: stray"),
     ],
 )
-def test_an_exit_in_a_concurrent_batch_leaves_only_that_call_unanswered_and_says_why(
+def test_a_kill_in_a_concurrent_batch_leaves_only_that_call_unanswered_and_says_why(
     raised: BaseException, code: str, text: str
 ) -> None:
     with kit() as k:
@@ -154,13 +157,55 @@ def test_an_exit_in_a_concurrent_batch_leaves_only_that_call_unanswered_and_says
         a = k.agent()
         k.model.script(a.id, [S.tool_calls([("exits", {}), ("fine", {})]), S.text("went on")])
         a.send("go").get()
-        try:
-            outcome = a.when_idle().get()
-        except SystemExit:  # gevent hands the batch greenlet's exit to the main greenlet
-            outcome = a.when_idle().get()
+        outcome = a.when_idle().get()
         assert outcome.reason == "completed"
         results = [e["data"] for e in of_type(k.events(a), "tool/result")]
         assert [(r.get("code"), r["content"][0]["text"]) for r in results] == [
             (code, text),
             (None, "fine"),
         ]
+
+
+@pytest.mark.parametrize("raised", [SystemExit(5), KeyboardInterrupt()])
+def test_an_exit_raised_in_a_concurrent_batch_ends_the_turn_as_an_inline_one_does(
+    raised: BaseException,
+) -> None:
+    """The process is asked to exit: the turn ends `error` (no next model request), the batch's
+    other calls are cut and answered, and the exit reaches the host once the turn is closed."""
+    with kit() as k:
+        entered = Event()
+
+        def waits(args: Mapping[str, Any], ctx: ToolContext) -> str:
+            entered.set()
+            gevent.sleep(60)  # cut when the batch closes
+            return "late"
+
+        def exits(args: Mapping[str, Any], ctx: ToolContext) -> str:
+            entered.wait(timeout=10)
+            raise raised
+
+        k.tool("waits", waits, safe=True)
+        k.tool("exits", exits, safe=True)
+        a = k.agent()
+        k.model.script(a.id, [S.tool_calls([("waits", {}), ("exits", {})]), S.text("went on")])
+        a.send("go").get()
+        seen: list[BaseException] = []
+        try:
+            outcome = a.when_idle().get()
+        except (SystemExit, KeyboardInterrupt) as exc:  # gevent hands it to the main greenlet
+            seen.append(exc)
+            outcome = a.when_idle().get()
+        assert seen == [raised]
+        assert (outcome.reason, outcome.message) == ("error", _cause_of(raised))
+        events = k.events(a)
+        assert [e["data"]["reason"] for e in of_type(events, "turn/end")] == ["error"]
+        assert not of_type(events, "assistant/message")[1:]  # no second model request
+        results = [e["data"] for e in of_type(events, "tool/result")]
+        assert [(r["code"], r["content"][0]["text"]) for r in results] == [
+            ("ABORTED", "not answered: the tool's greenlet was killed"),
+            ("TOOL_FAILED", f"not answered: the tool raised {_cause_of(raised)}"),
+        ]
+
+
+def _cause_of(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

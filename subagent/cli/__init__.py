@@ -76,23 +76,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Library logging would tear the live view; a NullHandler also silences lastResort.
         logging.getLogger().addHandler(logging.NullHandler())
     fn: Callable[[argparse.Namespace], int] = args.fn
-    import gevent
+    from supervision.signal_watch import SignalWatch
 
     # SIGTERM: reap external agents first, then exit (they would outlive us in their sessions).
     # A command that stops gracefully on SIGTERM itself (the servers) says so.
     terminate = None
     if not getattr(args, "handles_sigterm", False):
-        terminate = gevent.signal_handler(signal.SIGTERM, on_sigterm)
+        terminate = SignalWatch(signal.SIGTERM, on_sigterm)
+    status = EXIT_ERROR
     try:
         telemetry.configure_from_env()  # OTEL_TRACES_EXPORTER etc. (docs/tracing.md)
-        return fn(args)
+        status = fn(args)
     except KeyboardInterrupt:
         reap_external_children()
         sys.stderr.write("subagent: interrupted\n")
-        return EXIT_INTERRUPTED
+        status = EXIT_INTERRUPTED
     except UsageError as exc:
         sys.stderr.write(f"subagent {args.command}: error: {_one_line(str(exc))} (see --help)\n")
-        return EXIT_USAGE
+        status = EXIT_USAGE
     except Exception as exc:
         if args.debug:
             # The traceback can quote model text too: it reaches the terminal escaped.
@@ -101,12 +102,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, KeyError) and exc.args:
             message = f"{type(exc).__name__}: {exc.args[0]}"
         sys.stderr.write(f"subagent: error: {_one_line(message) or type(exc).__name__}\n")
-        return EXIT_ERROR
+        status = EXIT_ERROR
     finally:
         if terminate is not None:
             terminate.cancel()
-        telemetry.flush_at_exit()  # within its exit deadline (docs/tracing.md)
+        if not _flush_spans() and status != EXIT_INTERRUPTED:
+            sys.stderr.write("subagent: interrupted\n")
+            status = EXIT_INTERRUPTED
+    return status
+
+
+def _flush_spans() -> bool:
+    """Flush the spans within the exit deadline (docs/tracing.md) and say what was lost; False
+    when Ctrl-C cut the wait (what was left is counted lost, and said all the same)."""
+    import gevent
+
+    from supervision.signal_watch import SignalWatch
+
+    # Ctrl-C is raised here, in the waiting greenlet: left to Python's handler it could land in
+    # the hub, which prints it as an error before passing it on.
+    watch = SignalWatch(signal.SIGINT, gevent.kill, gevent.getcurrent(), KeyboardInterrupt)
+    try:
+        telemetry.flush_at_exit()
+    except KeyboardInterrupt:
+        return False
+    finally:
+        watch.cancel()
         _say_lost_spans()
+    return True
 
 
 def _say_lost_spans() -> None:

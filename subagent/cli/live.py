@@ -45,9 +45,8 @@ class Interrupts:
         self.stopped: list[str] | None = None
 
     def __enter__(self) -> Interrupts:
-        import gevent
-
         from supervision.group import TaskGroup
+        from supervision.signal_watch import SignalWatch
 
         # The cancelling greenlet a first Ctrl-C starts; `__exit__` waits for it to finish.
         self._tasks = TaskGroup("interrupts")
@@ -67,7 +66,7 @@ class Interrupts:
 
             self._tasks.spawn(cancel)
 
-        self._watcher = gevent.signal_handler(signal.SIGINT, handler)
+        self._watcher = SignalWatch(signal.SIGINT, handler)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -80,6 +80,15 @@ STOP_REASONS: Final = {
 }
 
 
+def _check_protocol_version(params: object) -> None:
+    """`initialize` names the latest version the client speaks, an integer (a uint16 in the
+    ACP schema); any such version is answered with ours, the one we speak (the spec's
+    negotiation: the client decides whether to go on). Anything else is not a version."""
+    version = params.get("protocolVersion") if isinstance(params, Mapping) else None
+    if type(version) is not int or not 0 <= version <= 0xFFFF:
+        raise RpcFault(INVALID_PARAMS, "initialize needs protocolVersion, an integer (0-65535)")
+
+
 def meta_depth(params: Mapping[str, Any]) -> int | None:
     """The delegation depth a session starts at, from `_meta`; `RpcFault` when malformed."""
     meta = params.get("_meta")
@@ -375,6 +384,7 @@ class AcpAgentServer:
             raise RpcFault(INVALID_REQUEST, "a request with this id is still running")
         check_meta(params)
         if method == "initialize":
+            _check_protocol_version(params)
             self._initialized = True
             return {
                 "protocolVersion": PROTOCOL_VERSION,

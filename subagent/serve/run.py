@@ -8,12 +8,11 @@ import signal
 from collections.abc import Callable
 from typing import Literal
 
-import gevent
-
 from agent.events import check_utf8_path
 from agent.models import ModelRegistry
 from subagent.serve.stdio import claim_stdio
 from subagent.serve.wiring import ServeConfig, build_served
+from supervision.signal_watch import SignalWatch
 
 __all__ = ["serve"]
 
@@ -28,7 +27,7 @@ class _Signals:
         self._stop = stop
         self.received: int | None = None
         self._watchers = [
-            gevent.signal_handler(s, self._on_signal, s) for s in (signal.SIGTERM, signal.SIGINT)
+            SignalWatch(s, self._on_signal, s) for s in (signal.SIGTERM, signal.SIGINT)
         ]
 
     def _on_signal(self, signum: int) -> None:

@@ -14,7 +14,7 @@ from agent.events import validate_session_id
 from agent.tools import Tool, ToolContext, ToolError
 from subagent.errors import SubagentError
 from subagent.live import calling_agent, live_agent
-from subagent.tools.delegate import child_labels
+from subagent.tools.delegate import MAX_MESSAGE_CHARS, child_labels
 from subagent.types import MessageSource, text_block
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def send_message_tool(service: SubagentService) -> Tool:
             "type": "object",
             "properties": {
                 "subagent_id": {"type": "string", "minLength": 1},
-                "message": {"type": "string", "minLength": 1},
+                "message": {"type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_CHARS},
             },
             "required": ["subagent_id", "message"],
             "additionalProperties": False,
@@ -145,7 +145,9 @@ def format_agent_rows(rows: Sequence[ChildRow], labels: Mapping[str, str]) -> st
         return "No subagents."
     lines = []
     for row in rows:
-        label = row.get("label") or labels.get(row["id"]) or "-"
+        # One line whatever the label holds (one set through the service, or stored by an
+        # older version): each agent is one row.
+        label = " ".join(str(row.get("label") or labels.get(row["id"]) or "").split()) or "-"
         lines.append(
             f"{row['id']}  status={row.get('activity')}  mode={row.get('mode')}  "
             f"depth={row.get('depth')}  parent={row.get('parent_id')}  label={label}"

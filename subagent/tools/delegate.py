@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "KEPT_LABELS",
+    "MAX_MESSAGE_CHARS",
     "PROVIDER_MANAGED",
     "ChildLabels",
     "SubagentToolConfig",
@@ -187,6 +188,12 @@ class SubagentToolConfig:
         return cap is not None and depth + 1 > cap
 
 
+# The longest prompt (and `send_message` message) a model may write: twice what the largest
+# output limits of today's models let one reply hold (~128k tokens, ~0.5 MB of text). A model's
+# prompt is copied into the child's log, its history and every one of its requests; 50 MB of it
+# held the hub for most of a second in each of them. Past it the call is `INVALID_ARGS`.
+MAX_MESSAGE_CHARS: Final = 1 << 20
+
 PARAMETERS: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {
@@ -199,6 +206,7 @@ PARAMETERS: Final[Mapping[str, Any]] = {
         "prompt": {
             "type": "string",
             "minLength": 1,
+            "maxLength": MAX_MESSAGE_CHARS,
             "description": "The task for the subagent: what to do and what to report back.",
         },
         "run_in_background": {
@@ -304,7 +312,13 @@ class _Delegate:
                 f"(max_depth {self.config.max_depth})",
                 code="DEPTH_EXCEEDED",
             )
-        description = str(arguments["description"])
+        # A label is one line wherever it is shown (listings, progress, notices): a newline in
+        # it would let a model forge rows of `list_agents` for whoever reads them.
+        description = " ".join(str(arguments["description"]).split())
+        if not description:
+            raise ToolError(
+                f"invalid arguments for {self.name}: description is blank", code="INVALID_ARGS"
+            )
         prompt = [text_block(str(arguments["prompt"]))]
         background = bool(arguments.get("run_in_background", False))
         if background and self.config.background == "continuable":

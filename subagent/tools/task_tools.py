@@ -30,7 +30,8 @@ def _own_task(tasks: TaskService, task_id: str, agent: Agent) -> Task:
     except UnknownTaskError:
         task = None
     if task is None or task.owner != agent.id:
-        raise ToolError(f"no task {task_id!r} of yours", code="UNKNOWN_TASK")
+        # The id is the model's own: quoted cut, never echoed whole (it may be megabytes).
+        raise ToolError(f"no task {task_id[:200]!r} of yours", code="UNKNOWN_TASK")
     return task
 
 
