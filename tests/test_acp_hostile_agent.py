@@ -88,11 +88,13 @@ def test_a_flood_of_tiny_chunks_keeps_the_hub_running_and_costs_its_texts_memory
     try:
         before = tracemalloc.get_traced_memory()[0]
         run = start(hostile("tiny_flood", str(chunks)), parent)
-        result = run.result.get(timeout=TIMEOUT)
-        _, peak = tracemalloc.get_traced_memory()
+        try:
+            result = run.result.get(timeout=TIMEOUT)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            run.dispose()
     finally:
         tracemalloc.stop()
-    run.dispose()
     assert result.stop_reason == "completed", result.diagnostic
     assert result.output == [{"type": "text", "text": "yz" * chunks}]
     text_bytes = 2 * chunks
@@ -239,7 +241,8 @@ def test_nothing_the_agent_sends_after_the_run_settled_is_reported(
     assert answered == {"outcome": {"outcome": "cancelled"}}
     assert events == []
     result = finish(run)
-    assert result.output == [{"type": "text", "text": "working"}]
+    # "working" may or may not have been read before the abort; the late chunk never counts.
+    assert result.output in ([], [{"type": "text", "text": "working"}])
 
 
 def test_what_the_agent_streams_after_answering_its_prompt_is_not_output(parent: Parent) -> None:
