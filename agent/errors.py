@@ -6,6 +6,7 @@ the one cancellation `Cancelled`, and the picture of the whole tree)::
     SubagentRuntimeError
     ├── ModelError            a model or transport failure: the turn ends `error`
     ├── Retryable             an HTTP attempt failed in a way another attempt may not
+    ├── ResponseTooLarge      an HTTP body (or one line of it) ran past its bound
     ├── ToolError             a tool reports a failure to the model, with its own `code`
     ├── ToolCrash             the tool layer broke its contract: the turn ends `error`
     ├── TurnBlocked           a `before_first_request` hook refused the turn: it ends `blocked`
@@ -34,6 +35,7 @@ __all__ = [
     "InvariantError",
     "ModelError",
     "PromptError",
+    "ResponseTooLarge",
     "Retryable",
     "SessionBusyError",
     "SessionExistsError",
@@ -61,6 +63,17 @@ class Retryable(SubagentRuntimeError):
         super().__init__(diagnostic)
         self.diagnostic = diagnostic
         self.retry_after = retry_after
+
+
+class ResponseTooLarge(SubagentRuntimeError):
+    """An HTTP body (`what="body"`) or one line of it (`what="line"`) ran past `limit` bytes;
+    `received` bytes of body had been read (agent/http_client.py)."""
+
+    def __init__(self, what: str, limit: int, received: int) -> None:
+        super().__init__(f"the {what} ran past {limit} bytes ({received} bytes of body read)")
+        self.what = what
+        self.limit = limit
+        self.received = received
 
 
 class ToolError(SubagentRuntimeError):

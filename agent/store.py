@@ -16,6 +16,7 @@ import functools
 import gc
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -79,6 +80,7 @@ from agent.log import (
 from supervision.offload import offload
 
 __all__ = [
+    "Digested",
     "LoadedSession",
     "MemoryStore",
     "SessionBusyError",
@@ -86,6 +88,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionStore",
     "SharedHeaderMissingError",
+    "Stamp",
     "UnreadableSession",
     "default_root",
 ]
@@ -102,6 +105,24 @@ _TMP_SUFFIX: Final = ".tmp"
 _THREADPOOL_READ: Final = 1 << 18
 # A listing that must read more session headers than this (~20 us each) reads them off the hub.
 _HEADERS_READ_ON_HUB: Final = 64
+# `digest_logs` reads the logs it must read off the hub when they are more than this many, or
+# this many bytes together: a log of a few turns is ~0.1 ms to read and decode, so what stays on
+# the hub is a couple of milliseconds at most.
+_LOGS_READ_ON_HUB: Final = 16
+_LOG_BYTES_ON_HUB: Final = 1 << 16
+# `census` scans the directory off the hub when the last scan found more files than this.
+_SCANNED_ON_HUB: Final = 1024
+# `held_among` asks off the hub past this many sessions (an open, a lock query, a close each).
+_HELD_ASKED_ON_HUB: Final = 64
+# A digest of a log changed this recently (ns, by its file's times) is not kept: file times
+# have a coarse grain (a kernel tick; a second or two on some filesystems), so a rewrite of the
+# same size within the grain would look unchanged (git's "racy clean" problem). Read again
+# instead, until the file has been still for this long.
+_RACY_NS: Final = 2_000_000_000
+# How long the stamps a `census` saw stand for the files (s): a listing calls `census` for its
+# headers, then `digest_logs` for its rows, so the stamps of that census are as fresh as its
+# headers; a `digest_logs` later than this stats the files itself.
+_STAMPS_FRESH: Final = 1.0
 # Seeds of this many events or more are checked and encoded in the hub's thread pool too.
 _THREADPOOL_SEED: Final = 2_000
 # Shared request headers: `<root>/headers/<sha256 hex>.header`, one frame each.
@@ -133,6 +154,33 @@ def gc_paused() -> Iterator[None]:
 
 
 _T = TypeVar("_T")
+
+
+def _listed(items: Callable[[], Iterable[_T]]) -> builtins.list[_T]:
+    return builtins.list(items())
+
+
+# What tells a stored file's version: (inode, size, mtime ns, ctime ns). An append grows the
+# size (and moves both times); a session made again under its id is another inode, or the
+# same one reused with other times; a repair (truncate, then append) moves the times.
+Stamp = tuple[int, int, int, int]
+# `digest_logs`' answer for one log: the stamp of the file as read (None: not to be kept, the
+# file changed too recently to tell or could not be read), and the digest or what failed.
+Digested = tuple[Stamp | None, _T | Exception]
+
+
+def _stamp_of(info: os.stat_result) -> Stamp:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _bare(exc: Exception) -> Exception:
+    """`exc` without its traceback (nor its chain's): kept in a cache, it must not hold the
+    frames of the read that raised it, nor their buffers."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return exc
 
 
 def _call(fn: Callable[..., _T], *args: object) -> _T:
@@ -190,6 +238,10 @@ class _Store:
         # Headers `census` read, by id, with their file's stamp (`_stamped_ids`): a header is
         # written once, at create, so a listing reads only the files that are new since.
         self._known_headers: dict[str, tuple[object, SessionHeader]] = {}
+        # Each file's stamp as the last `census` saw it, and when (monotonic s): `digest_logs`
+        # compares with these while they are fresh (`_STAMPS_FRESH`), else stats the files.
+        self._stamps: dict[str, object] = {}
+        self._stamped_at = -math.inf
         # system prompt -> [(tools, address)]: the addresses of headers stored or seen here.
         self._header_refs: dict[str, builtins.list[tuple[tuple[Any, ...], str]]] = {}
         self._header_count = 0
@@ -428,14 +480,87 @@ class _Store:
             decoded, replay = self._decode(session_id, reader, kept)
         finally:
             reader.close()
-        loaded = LoadedSession(
-            decoded.header,
-            EventView(kept.payloads),
-            repaired=False,
-            torn_bytes=decoded.size - decoded.good_length,
-            needs_repair=decoded.torn or replay.turn_open,
-        )
-        return loaded, kept.refs
+        return _as_inspected(decoded, replay, kept), kept.refs
+
+    def digest_logs(
+        self, known: Mapping[str, object], digest: Callable[[LoadedSession], _T]
+    ) -> dict[str, Digested[_T]]:
+        """`digest` of each stored log named in `known` whose file is not the one its known
+        stamp (the mapped value; None: none known) describes, as `inspect` reads it: what
+        a caller that keeps a digest per log (a listing: descriptor, usage, cost) needs to read
+        again, and only that. Logs not in the answer are unchanged.
+
+        The stamps compared are those of the last `census` (a listing calls it first), else
+        taken now. Many logs, or many bytes, are read in the hub's thread pool: `digest` then
+        runs there too, so it must be pure. A failure to read or digest is the answer's value
+        (`SessionNotFoundError` for one deleted meanwhile), never raised. The memory store has
+        no stamps: every log is read each time.
+        """
+        todo: builtins.list[str] = []
+        size = 0
+        for session_id, seen in known.items():
+            stamp, length = self._probe(session_id)
+            if stamp is not None and stamp == seen:
+                continue
+            todo.append(session_id)
+            size += length
+        if not todo:
+            return {}
+        if len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB:
+            read = offload(self._digest_now, todo, digest, True)
+        else:
+            read = self._digest_now(todo, digest, False)
+        for session_id, (stamp, value) in read.items():
+            seen = self._stamps.get(session_id)
+            if stamp is not None and seen == stamp:  # the census's object: one a file, kept
+                read[session_id] = (seen, value)
+        return read
+
+    def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
+        """The file's stamp (None: none to trust) and size, for `digest_logs`."""
+        raise NotImplementedError
+
+    def _digest_now(
+        self,
+        session_ids: Iterable[str],
+        digest: Callable[[LoadedSession], _T],
+        in_thread: bool,
+    ) -> dict[str, Digested[_T]]:
+        """Read and digest each log, here and now (on the hub or in a pool thread).
+
+        In a pool thread, the GIL is offered back after each log: Python hands it to a waiting
+        thread only every switch interval (5 ms) otherwise, and the hub needs it several
+        times a tick, so a long batch would stretch every other greenlet's wake-up."""
+        out: dict[str, Digested[_T]] = {}
+        for session_id in session_ids:
+            out[session_id] = self._digest_one(session_id, digest)
+            if in_thread:
+                time.sleep(0)
+        return out
+
+    def _digest_one(self, session_id: str, digest: Callable[[LoadedSession], _T]) -> Digested[_T]:
+        stamp: Stamp | None = None
+        value: _T | Exception
+        try:
+            validate_session_id(session_id)
+            reader = self._reader(session_id)
+            try:
+                # The stamp of the bytes read: the read stops at the size it names, so an
+                # append meanwhile is read next time, never mistaken for what was read now.
+                stamp = reader.stamp()
+                size = stamp[1] if stamp is not None else reader.size()
+                kept = _Keeper(size)
+                decoded, replay = self._decode_now(session_id, reader, size, kept)
+            finally:
+                reader.close()
+            value = digest(_as_inspected(decoded, replay, kept))
+        except OSError as exc:  # perhaps passing (EIO, EMFILE): read again next time
+            return None, _bare(exc)
+        except Exception as exc:  # what the bytes say (corrupt, a bad descriptor): kept
+            value = _bare(exc)
+        if stamp is not None and time.time_ns() - max(stamp[2], stamp[3]) < _RACY_NS:
+            stamp = None
+        return stamp, value
 
     def scan(self, session_id: str, start: int = 0) -> Iterator[Event]:
         """Stored events from index `start`, read and decoded lazily as consumed (see
@@ -481,13 +606,21 @@ class _Store:
         known = self._known_headers
         kept: dict[str, tuple[object, SessionHeader]] = {}
         unknown: builtins.list[tuple[str, object]] = []
-        for session_id, stamp in self._stamped_ids():
+        # A big directory's scan (a `stat` and an id check a file, ~5 us) in the thread pool.
+        scan = offload if len(self._stamps) > _SCANNED_ON_HUB else _call
+        stamped = scan(_listed, self._stamped_ids)
+        stamps: dict[str, object] = {}
+        for session_id, stamp in stamped:
             hit = known.get(session_id)
             if hit is not None and hit[0] == stamp:
                 kept[session_id] = hit
                 headers.append(hit[1])
+                stamps[session_id] = hit[0]  # one stamp object a file, wherever it is kept
             else:
                 unknown.append((session_id, stamp))
+                stamps[session_id] = stamp
+        self._stamps = stamps
+        self._stamped_at = time.monotonic()
         # Many files to open and read (a first listing of a big store): off the hub.
         read = offload if len(unknown) > _HEADERS_READ_ON_HUB else _call
         found, unreadable = read(self._read_headers, unknown)
@@ -527,6 +660,11 @@ class _Store:
         """Whether a live SessionLog holds the session, in this process or another (a reader's
         query: it takes nothing). False for a missing or unreadable session."""
         raise NotImplementedError
+
+    def held_among(self, session_ids: Iterable[str]) -> set[str]:
+        """The sessions of `session_ids` that are held (`is_held`), asked together: a listing
+        asks for every stored child it lists, so a long batch is asked off the hub."""
+        return {session_id for session_id in session_ids if self.is_held(session_id)}
 
     def clean_temporaries(self, *, dry_run: bool = False) -> builtins.list[str]:
         """Remove what interrupted creates left behind; returns the names (see SessionStore)."""
@@ -625,6 +763,17 @@ def _prepare_seed(
     return replay, encode_payloads(seed, frames)  # type: ignore[arg-type]
 
 
+def _as_inspected(decoded: Decoded, replay: LogReplay, kept: _Keeper) -> LoadedSession:
+    """What `inspect` answers for a log read into `kept`: as stored, nothing repaired."""
+    return LoadedSession(
+        decoded.header,
+        EventView(kept.payloads),
+        repaired=False,
+        torn_bytes=decoded.size - decoded.good_length,
+        needs_repair=decoded.torn or replay.turn_open,
+    )
+
+
 class _Keeper:
     """How `open` reads a log: each event, as it is decoded, is replayed and its payload kept
     (as read: the same msgpack the live log appends), and the dict is dropped; the shared
@@ -682,6 +831,10 @@ class _Reader(Protocol):
 
     def read_at(self, offset: int, size: int, /) -> bytes | bytearray: ...
 
+    def stamp(self) -> Stamp | None:
+        """The file's stamp now (None where there is none: the memory store)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -696,6 +849,9 @@ class _Handle:
 
     def repair(self, good_length: int, tail: bytes, sync: bool) -> None:
         raise NotImplementedError
+
+    def stamp(self) -> Stamp | None:
+        return None
 
     def write(self, data: bytes | bytearray) -> None:
         raise NotImplementedError
@@ -721,6 +877,9 @@ class _FileHandle(_Handle):
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
+
+    def stamp(self) -> Stamp | None:
+        return _stamp_of(os.fstat(self.fd))
 
     def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
         return _pread_at(self.fd, offset, size)
@@ -971,6 +1130,21 @@ class SessionStore(_Store):
         finally:
             os.close(fd)
 
+    def held_among(self, session_ids: Iterable[str]) -> set[str]:
+        ids = builtins.list(session_ids)
+        if len(ids) > _HELD_ASKED_ON_HUB:
+            return offload(self._held_now, ids)
+        return self._held_now(ids, False)
+
+    def _held_now(self, session_ids: Iterable[str], in_thread: bool = True) -> set[str]:
+        held = set()
+        for index, session_id in enumerate(session_ids):
+            if self.is_held(session_id):
+                held.add(session_id)
+            if in_thread and index % 16 == 15:
+                time.sleep(0)  # the GIL offered back to the hub (see `_digest_now`)
+        return held
+
     def is_held(self, session_id: str) -> bool:
         validate_session_id(session_id)
         try:
@@ -1037,9 +1211,9 @@ class SessionStore(_Store):
             os.close(fd)
 
     def _stamped_ids(self) -> Iterable[tuple[str, object]]:
-        """Each file's inode and status-change time: a new file (a create, or a session deleted
-        and made again under its id) has another; an append changes the time too, which costs
-        only a re-read of a live log's header."""
+        """Each file's stamp (`Stamp`): a new file (a create, or a session deleted and made
+        again under its id) has another inode or times; an append changes the size and times
+        too, which costs only a re-read of a live log's header."""
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
@@ -1058,8 +1232,23 @@ class SessionStore(_Store):
             except OSError:  # gone since the directory was read: the read says so
                 out.append((session_id, None))
                 continue
-            out.append((session_id, (found.st_ino, found.st_ctime_ns)))
+            out.append((session_id, _stamp_of(found)))
         return out
+
+    def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
+        stamp = None
+        if time.monotonic() - self._stamped_at < _STAMPS_FRESH:
+            stamp = self._stamps.get(session_id)
+        if stamp is None:
+            try:
+                found = os.lstat(self._path(session_id))
+            except OSError:
+                return None, 0
+            if not stat.S_ISREG(found.st_mode):
+                return None, 0
+            stamp = _stamp_of(found)
+        seen = cast(Stamp, stamp)
+        return seen, seen[1]
 
     def _ids(self) -> Iterable[str]:
         try:
@@ -1260,6 +1449,9 @@ class _MemoryReader:
     def read_at(self, offset: int, size: int, /) -> bytes | bytearray:
         return self.file.data[offset : offset + size]
 
+    def stamp(self) -> Stamp | None:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -1316,6 +1508,10 @@ class MemoryStore(_Store):
 
     def _ids(self) -> Iterable[str]:
         return list(self.files)
+
+    def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
+        file = self.files.get(session_id)
+        return None, len(file.data) if file is not None else 0
 
     def _remove(self, session_id: str) -> None:
         del self.files[session_id]

@@ -19,12 +19,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NotRequired, Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict, TypeVar
+
+import gevent
 
 from agent.events import Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
 from agent.log import SessionLog, events_of_types
-from agent.usage import PICO, UsageAccount, add_usage, cost_of_events, pico_to_usd, usage_of_events
+from agent.usage import (
+    PICO,
+    USAGE_KEYS,
+    UsageAccount,
+    add_usage,
+    cost_of_events,
+    pico_to_usd,
+    usage_of_events,
+)
 from subagent.descriptor import (
     DESCRIPTOR_EVENT,
     DescriptorError,
@@ -46,6 +56,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# A listing builds this many rows (~10 us each) between yields to the hub.
+_ROWS_BETWEEN_YIELDS = 256
 _DESCRIPTOR_ONLY = frozenset({DESCRIPTOR_EVENT})
 
 
@@ -104,14 +116,32 @@ class _Loaded(Protocol):
     def header(self) -> SessionHeader: ...
 
 
+# What a row needs of a stored child's log, read once per version of the file: its descriptor
+# (or None, or why it cannot be read), its own usage (each count of `USAGE_KEYS` in order, None
+# where not reported: smaller than a dict, and each row gets a dict of its own) and its own
+# cost in picodollars.
+_Digest = tuple[SubagentDescriptor | Unclassifiable | None, tuple[int | None, ...], int]
+_T = TypeVar("_T")
+
+
 class ListingStore(Protocol):
-    """The part of a session store a listing reads."""
+    """The part of a session store a listing reads (`agent.store.SessionStore`)."""
 
     def list(self) -> Sequence[SessionHeader]: ...
 
-    def inspect(self, session_id: str) -> _Loaded: ...
+    def digest_logs(
+        self, known: Mapping[str, object], digest: Callable[[_Loaded], _T], /
+    ) -> Mapping[str, tuple[object | None, _T | Exception]]: ...
 
-    def is_held(self, session_id: str) -> bool: ...
+    def held_among(self, session_ids: Iterable[str], /) -> set[str]: ...
+
+
+def _digest(loaded: _Loaded) -> _Digest:
+    """A stored child's `_Digest` (pure: it may run in the hub's thread pool)."""
+    events, seed_length = loaded.events, loaded.header.seed_length
+    descriptor = authoritative_descriptor(events, seed_length)
+    usage = _packed(usage_of_events(events, seed_length))
+    return descriptor, usage, cost_of_events(events, seed_length)
 
 
 class ChildRow(TypedDict):
@@ -172,6 +202,10 @@ class Listings:
         self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
         self._remote: RemoteRunView = remote_runs if remote_runs is not None else _NoRuns()
+        # Stored children's digests by id, with the stamp of the file they were read from:
+        # a listing reads again only the logs that changed (`ListingStore.digest_logs`). At
+        # most one entry per subagent session of the store (pruned to the listed headers).
+        self._digests: dict[str, tuple[object, _Digest | Exception]] = {}
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         """The parent's direct children (live-preferred), ordered by creation time."""
@@ -250,7 +284,19 @@ class Listings:
     ) -> list[ChildRow]:
         rows: list[ChildRow] = []
         runs = self._remote
-        for header in sorted(found, key=lambda h: (h.created_at, h.id)):
+        ordered = sorted(found, key=lambda h: (h.created_at, h.id))
+        # Which children are live is taken once, before the stored logs are read (perhaps in
+        # the thread pool, while agents come and go): each row is one or the other.
+        live = {h.id: agent for h in ordered if (agent := self._agents.get(h.id)) is not None}
+        stored_ids = [
+            h.id for h in ordered if h.id not in live and (h.id in headers or h.id not in remote)
+        ]
+        stored = self._stored_digests(stored_ids, headers)
+        # Held by another process: asked after the logs are read, as the old per-row ask was.
+        held = self._store.held_among(stored_ids) if stored_ids else set()
+        for index, header in enumerate(ordered):
+            if index % _ROWS_BETWEEN_YIELDS == _ROWS_BETWEEN_YIELDS - 1:
+                gevent.sleep(0)  # thousands of rows: other greenlets run between batches
             child_id = header.id
             parent = child_id in by_parent or runs.has_runs(child_id)
             ended = remote.get(child_id)
@@ -264,16 +310,20 @@ class Listings:
                     _child_row(header, parent, mode, label, "ended" if ended else "running")
                 )
                 continue
-            agent = self._agents.get(child_id)
+            agent = live.get(child_id)
+            read: _Digest | Exception
             try:
-                descriptor, usage, cost = self._descriptor_of(child_id, agent)
-                cost_usd = pico_to_usd(cost) if cost else None
-            except Exception as exc:  # one unreadable log never hides its siblings
-                log.warning("listing: child %s is unreadable: %s", child_id, exc)
-                row = _child_row(header, parent, "unknown", None, _diagnostic(exc))
-                row["error"] = str(exc)
+                read = stored[child_id] if agent is None else _live_digest(agent)
+            except Exception as exc:
+                read = exc
+            if isinstance(read, Exception):  # one unreadable log never hides its siblings
+                log.warning("listing: child %s is unreadable: %s", child_id, read)
+                row = _child_row(header, parent, "unknown", None, _diagnostic(read))
+                row["error"] = str(read)
                 rows.append(row)
                 continue
+            descriptor, usage_items, cost = read
+            cost_usd = pico_to_usd(cost) if cost else None
             activation = self._activations(child_id)
             mode, label, error = "one-shot", None, None
             if isinstance(descriptor, SubagentDescriptor):
@@ -290,14 +340,16 @@ class Listings:
                     activity = "running"
                 elif ended and mode == "one-shot":
                     activity = "ended"
-                elif self._held(child_id):
+                elif child_id in held:
                     activity = "running elsewhere"  # another process holds its log
                 else:
                     activity = "stored"
             else:
                 activity = "running" if agent.status == "running" else "idle"
             row = _child_row(header, parent, mode, label, activity)
-            row["usage"] = usage
+            row["usage"] = {
+                k: n for k, n in zip(USAGE_KEYS, usage_items, strict=True) if n is not None
+            }
             if cost_usd is not None:
                 row["cost_usd"] = cost_usd
             if error is not None:
@@ -305,28 +357,45 @@ class Listings:
             rows.append(row)
         return rows
 
-    def _held(self, child_id: str) -> bool:
-        """Held open for writing by another process (the store's lock says so)."""
-        return bool(self._store.is_held(child_id))
+    def _stored_digests(
+        self, child_ids: Sequence[str], headers: Mapping[str, SessionHeader]
+    ) -> dict[str, _Digest | Exception]:
+        """The digests of these stored children's logs: kept ones whose file is unchanged,
+        the rest read now (off the hub when many: `digest_logs`)."""
+        kept = self._digests
+        if len(kept) > len(headers):  # sessions gone from the store: their digests go too
+            self._digests = kept = {i: v for i, v in kept.items() if i in headers}
+        if not child_ids:
+            return {}
+        # What is kept now, for these: another listing may change the kept set meanwhile.
+        before = {i: entry for i in child_ids if (entry := kept.get(i)) is not None}
+        known = {i: (before[i][0] if i in before else None) for i in child_ids}
+        fresh = self._store.digest_logs(known, _digest)
+        out: dict[str, _Digest | Exception] = {}
+        for child_id in child_ids:
+            got = fresh.get(child_id)
+            if got is None:  # unchanged since it was kept
+                out[child_id] = before[child_id][1]
+                continue
+            stamp, value = got
+            if stamp is None:  # not to be kept (changed too recently, or a passing failure)
+                self._digests.pop(child_id, None)
+            else:
+                self._digests[child_id] = (stamp, value)
+            out[child_id] = value
+        return out
 
-    def _descriptor_of(
-        self, child_id: str, agent: ListedAgent | None
-    ) -> tuple[SubagentDescriptor | Unclassifiable | None, dict[str, int], int]:
-        """The child's descriptor, its own token usage and cost in picodollars (live: its
-        account; else its log)."""
-        events: Iterable[Mapping[str, object]]
-        if agent is not None:
-            # Only the descriptor events after the seed are decoded from the live log.
-            events = events_of_types(agent.log.events, _DESCRIPTOR_ONLY, agent.header.seed_length)
-            seed_length = 0
-            usage = dict(agent.usage.own)
-            cost = agent.usage.cost_own
-        else:
-            loaded = self._store.inspect(child_id)
-            events, seed_length = loaded.events, loaded.header.seed_length
-            usage = usage_of_events(events, seed_length)
-            cost = cost_of_events(events, seed_length)
-        return authoritative_descriptor(events, seed_length), usage, cost
+
+def _packed(usage: Mapping[str, int]) -> tuple[int | None, ...]:
+    return tuple(usage.get(key) for key in USAGE_KEYS)
+
+
+def _live_digest(agent: ListedAgent) -> _Digest:
+    """A live child's descriptor (only the descriptor events after its seed are decoded from
+    its log), and its own usage and cost from its account."""
+    events = events_of_types(agent.log.events, _DESCRIPTOR_ONLY, agent.header.seed_length)
+    usage = _packed(agent.usage.own)
+    return authoritative_descriptor(events, 0), usage, agent.usage.cost_own
 
 
 def _child_row(

@@ -15,13 +15,11 @@ switch that exporter to a real thread, as the SDK's batch processor, posting ove
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import http.client
 import logging
 import math
 import random
-import socket
 import struct
 import threading
 import time
@@ -33,11 +31,10 @@ from itertools import repeat, starmap
 
 import gevent
 import gevent.event
-import gevent.socket
-import gevent.ssl
 from gevent import Greenlet
 from opentelemetry.trace import Link, SpanKind, TraceState
 
+from agent.http_client import Exchange, HTTPPool
 from subagent.lean_tracing import (
     EndLeaf,
     LeanResource,
@@ -549,22 +546,6 @@ def _in_greenlet() -> bool:
     return gevent.getcurrent().parent is not None
 
 
-class _CooperativeHTTPConnection(http.client.HTTPConnection):
-    """An HTTP connection over a gevent socket: waiting on the collector yields to the hub."""
-
-    def __init__(self, host: str, port: int | None, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._create_connection = gevent.socket.create_connection
-
-
-class _CooperativeHTTPSConnection(http.client.HTTPSConnection):
-    """As above, with gevent's TLS (which waits cooperatively too)."""
-
-    def __init__(self, host: str, port: int | None, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=gevent.ssl.create_default_context())
-        self._create_connection = gevent.socket.create_connection
-
-
 # How much of a collector's answer is read (an OTLP answer is an empty or short message).
 MAX_ANSWER = 64 * 1024
 
@@ -573,13 +554,13 @@ class _Deadline:
     """The whole-exchange bound of a post over a plain socket (an export thread, or the caller
     at interpreter exit), as `gevent.Timeout` is in a greenlet: a socket timeout bounds each
     read alone, so a server that drips its answer held the thread, or the process's exit,
-    forever. At the deadline a timer thread shuts the connection's socket down; the blocked
-    read then ends, and the exchange fails as a `TimeoutError`."""
+    forever. At the deadline a timer thread cuts the exchange (shuts its socket down); the
+    blocked read then ends, and the exchange fails as a `TimeoutError`."""
 
-    __slots__ = ("_conn", "_fired", "_timeout", "_timer")
+    __slots__ = ("_exchange", "_fired", "_timeout", "_timer")
 
-    def __init__(self, conn: http.client.HTTPConnection, timeout_s: float) -> None:
-        self._conn = conn
+    def __init__(self, exchange: Exchange, timeout_s: float) -> None:
+        self._exchange = exchange
         self._timeout = timeout_s
         self._fired = False
         self._timer: threading.Timer | None = None
@@ -595,10 +576,7 @@ class _Deadline:
 
     def _cut(self) -> None:
         self._fired = True
-        sock = self._conn.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        self._exchange.cut()
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if self._timer is not None:
@@ -608,10 +586,11 @@ class _Deadline:
 
 
 class HttpPoster:
-    """POSTs encoded requests to an OTLP/HTTP endpoint over a kept-alive connection, called by
-    one drainer at a time. In a greenlet the connection is a gevent socket's (cooperative, the
-    wait bounded by the timeout); in a thread's main greenlet a plain socket's.
-    Returns None when the collector took the batch, else why not."""
+    """POSTs encoded requests to an OTLP/HTTP endpoint over a kept-alive connection
+    (`agent.http_client`, the runtime's one HTTP client), called by one drainer at a time. In a
+    greenlet the connection is a gevent socket's (cooperative, the wait bounded by the timeout);
+    in a thread's main greenlet a plain socket's. Returns None when the collector took the
+    batch, else why not."""
 
     def __init__(
         self,
@@ -626,9 +605,6 @@ class HttpPoster:
         if compression not in (None, "gzip"):
             raise ValueError(f"OTLP compression {compression!r}: only gzip or none")
         self.endpoint = endpoint
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port
         self._path = parts.path or "/"
         if parts.query:
             self._path += "?" + parts.query
@@ -637,18 +613,24 @@ class HttpPoster:
         self._headers = {"Content-Type": "application/x-protobuf", **(headers or {})}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
-        self._conns: dict[bool, http.client.HTTPConnection] = {}  # by "cooperative"
+        # One connection for each kind of caller: a greenlet's (gevent socket), a thread's.
+        self._pools = {
+            cooperative: HTTPPool(
+                endpoint,
+                max_connections=1,
+                connect_timeout=timeout_s,
+                read_timeout=timeout_s,
+                cooperative=cooperative,
+            )
+            for cooperative in (True, False)
+        }
 
     def __call__(self, body: bytes) -> str | None:
         if self._gzip:
             body = gzip.compress(body, compresslevel=6)
         cooperative = _in_greenlet()
-        for _ in range(2):
-            conn = self._conns.get(cooperative)
-            reused = conn is not None
-            if conn is None:
-                conn = self._conns[cooperative] = self._connect(cooperative)
-            try:
+        try:
+            with self._pools[cooperative].exchange() as exchange:
                 # In a greenlet the whole exchange is bounded, not each socket call alone: a
                 # server that drips its answer a byte a second would hold the drainer forever.
                 limit = (
@@ -656,44 +638,24 @@ class HttpPoster:
                         self._timeout, TimeoutError(f"timed out after {self._timeout} s")
                     )
                     if cooperative
-                    else _Deadline(conn, self._timeout)
+                    else _Deadline(exchange, self._timeout)
                 )
                 with limit:
-                    conn.request("POST", self._path, body, self._headers)
-                    response = conn.getresponse()
+                    response = exchange.request("POST", self._path, body, self._headers)
                     # A collector answers with a few bytes; a wrong endpoint may send pages (or
                     # stream forever): at most MAX_ANSWER are read, then the connection goes.
                     response.read(MAX_ANSWER)
-                    unread = not response.isclosed() and bool(response.read(1))
-            except (OSError, http.client.HTTPException) as exc:
-                self._close(cooperative)
-                if reused:
-                    continue  # a kept-alive connection the collector had closed: once more
-                return f"{type(exc).__name__}: {exc}"
-            if response.will_close or unread:
-                self._close(cooperative)
-            if 200 <= response.status < 300:
-                return None
-            return f"HTTP {response.status} {response.reason}"
-        return "the collector closed the connection twice"
-
-    def _connect(self, cooperative: bool) -> http.client.HTTPConnection:
-        kind: type[http.client.HTTPConnection]
-        if cooperative:
-            kind = _CooperativeHTTPSConnection if self._https else _CooperativeHTTPConnection
-        else:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return kind(self._host, self._port, timeout=self._timeout)
-
-    def _close(self, cooperative: bool) -> None:
-        conn = self._conns.pop(cooperative, None)
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.close()
+                    if not response.complete:
+                        response.read1(1)
+        except (OSError, http.client.HTTPException) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if 200 <= response.status < 300:
+            return None
+        return f"HTTP {response.status} {response.reason}"
 
     def close(self) -> None:
-        for cooperative in list(self._conns):
-            self._close(cooperative)
+        for pool in self._pools.values():
+            pool.close()
 
 
 class BatchExporter:

@@ -192,6 +192,7 @@ class RunHandle:
 
         A local child's actor handles the cancel in place when it is idle (as a steer): a tree's
         cancel then reaches every child with no mailbox hop and no loop greenlet made for it."""
+        self._service.owner.check()
         try:
             actor = None if self._run.local_agent is None else gevent_actor.actor_of(self.ref)
             if actor is not None:
@@ -204,6 +205,7 @@ class RunHandle:
     def dispose(self) -> None:
         """Cancel what remains and return at quiescence (the result settled, `subagent/end`
         emitted). Idempotent; the run's actor disposes the run exactly once."""
+        self._service.owner.check()
         self._disposed = True
         run = self._run
         if type(run) is LocalRun:
@@ -232,7 +234,9 @@ class SteerableRunHandle(RunHandle):
     ) -> GeventFuture[str | None]:
         """Fulfils once the child's running turn admitted the message at a step boundary: with
         the admitted message's id for a local child, with what the provider's `steer` gives
-        (None, by the seam) for a remote one."""
+        (None, by the seam) for a remote one. From another thread than the runtime's it raises
+        `WRONG_THREAD` at once (the child's actor runs on its thread's hub)."""
+        self._service.owner.check()
         reply: Deferred[str | None] = Deferred()
         message = Steer(check_content(content), source or MessageSource.user(), reply)
         if self._disposed:

@@ -131,14 +131,14 @@ def test_an_unreadable_child_is_an_unavailable_row(k: Kit, monkeypatch: pytest.M
     for child in children:
         settle(k, child)
     broken = children[0].child_id
-    real_inspect = k.store.inspect
+    real_reader = k.store._reader  # how a listing reads a stored log
 
-    def inspect(session_id: str) -> Any:
+    def reader(session_id: str) -> Any:
         if session_id == broken:
             raise OSError(5, "Input/output error")
-        return real_inspect(session_id)
+        return real_reader(session_id)
 
-    monkeypatch.setattr(k.store, "inspect", inspect)
+    monkeypatch.setattr(k.store, "_reader", reader)
     rows = k.service.list_children(parent.id)
     assert [(r["id"], r["activity"]) for r in rows] == [
         (broken, "unavailable"),

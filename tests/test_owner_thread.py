@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gevent
+import gevent.event
 import pytest
 from gevent._hub_local import get_hub_if_exists
 
@@ -18,8 +19,10 @@ from subagent import (
     SpawnProvider,
     SubagentError,
     SubagentStartRequest,
+    Tool,
     text_block,
 )
+from subagent import scripted as RS
 
 
 def _in_another_thread(call: Callable[[], Any]) -> BaseException | None:
@@ -105,3 +108,43 @@ def test_a_runtime_made_in_a_thread_belongs_to_that_thread() -> None:
     with pytest.raises(SubagentError) as refused:
         made[0].agent()  # closed, and not this thread's: the thread is said first
     assert refused.value.code == "WRONG_THREAD"
+
+
+def test_a_runs_handle_refuses_another_thread_and_the_run_goes_on() -> None:
+    """`steer`, `cancel` and `dispose` reach the child's actor, which runs on the runtime's hub:
+    from another thread they fail `WRONG_THREAD`, and the run is untouched."""
+    admitted = gevent.event.Event()
+
+    def model(request: Any) -> Any:
+        said = [m for m in request.messages if m["role"] == "user"]
+        if len(said) == 1:
+            return RS.tool_call("wait", {})
+        return RS.text(f"steered: {said[-1]['content'][0]['text']}")
+
+    def wait(arguments: Any, ctx: Any) -> str:
+        admitted.wait(10)
+        return "waited"
+
+    with Runtime(store=MemoryStore(), scripted=RS.ScriptedModel(model)) as rt:
+        rt.ctx.tools.register(Tool("wait", "Waits.", {"type": "object"}, wait))
+        rt.subagents.register(SpawnProvider())
+        run = rt.subagents.start(
+            "spawn",
+            SubagentStartRequest(
+                prompt=[text_block("go")], parent=rt.agent(), signal=AbortController().signal
+            ),
+        )
+        for name, call in {
+            "steer": lambda: run.steer("from elsewhere"),
+            "cancel": run.cancel,
+            "dispose": run.dispose,
+        }.items():
+            raised = _in_another_thread(call)
+            assert isinstance(raised, SubagentError), name
+            assert raised.code == "WRONG_THREAD", name
+        steered = run.steer("here")
+        admitted.set()
+        steered.get(timeout=10)
+        result = run.result.get(timeout=10)
+        assert (result.stop_reason, result.output[0]["text"]) == ("completed", "steered: here")
+        run.dispose()

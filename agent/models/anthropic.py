@@ -1,4 +1,4 @@
-"""Anthropic Messages API, streamed, over geventhttpclient (route `anthropic:MODEL`).
+"""Anthropic Messages API, streamed, over `agent.http_client` (route `anthropic:MODEL`).
 
 Our own client, not the SDK: the transport (worker greenlet, abort, retries, timeouts) is the
 shared `agent.models.http.HTTPModel`; this module is the Messages wire format. It follows the
@@ -19,8 +19,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from geventhttpclient.response import HTTPSocketPoolResponse
-
+from agent.http_client import Response
 from agent.json_text import parse_json
 from agent.model import (
     MAX_ARGUMENT_DEPTH,
@@ -366,10 +365,8 @@ class AnthropicModel(HTTPModel):
             pass
         return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
 
-    def read_answer(
-        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
-    ) -> ModelResponse:
-        ctype = str(resp.get("content-type") or "")
+    def read_answer(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
+        ctype = resp.header("content-type") or ""
         if "text/event-stream" not in ctype:
             raise ModelError(f"anthropic: unexpected content type {ctype!r}")
         answer = _Answer()

@@ -13,6 +13,10 @@ format: the JSON body, how an error body reads, and how a 200 response becomes a
   exponential backoff, capped by `retry_after_max`.
 - Every transport or protocol failure becomes `ModelError` with a diagnostic; only on_progress's
   own exceptions pass through unchanged.
+- The exchange is the runtime's one HTTP client's (`agent.http_client`: a pool of kept-alive
+  connections per adapter). A streamed body is cut into lines as it arrives, each byte searched
+  once, and bounded as it arrives: `max_response_bytes` for the body, `MAX_LINE_BYTES` for one
+  line; each event goes to the adapter as soon as its blank line is in.
 
 Defaults (issue 12): a server that accepts and never answers fails a call after
 `max_retries + 1` attempts of `read_timeout` seconds each, i.e. about 3 minutes, not half an hour.
@@ -20,7 +24,9 @@ Defaults (issue 12): a server that accepts and never answers fails a call after
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import http.client
 import json
 import logging
 import time
@@ -29,10 +35,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
-from geventhttpclient import HTTPClient
-from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
-from agent.errors import Retryable
+from agent.errors import ResponseTooLarge, Retryable
+from agent.http_client import HTTPPool, Response
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
@@ -43,11 +48,14 @@ __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_READ_TIMEOUT",
+    "MAX_LINE_BYTES",
     "RETRY_STATUSES",
+    "USER_AGENT",
     "HTTPModel",
     "RetryHook",
     "Retryable",
     "aborted",
+    "drain",
     "jsonable",
     "read_body",
     "read_capped",
@@ -67,7 +75,13 @@ _ERROR_BODY_LIMIT = 64 * 1024
 # wrong base URL serving a download, a hostile endpoint) would otherwise fill the memory of the
 # whole process through one child.
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
-_BODY_BLOCK = 64 * 1024
+# The longest line a streamed answer may hold. The longest real SSE line is one event carrying a
+# whole tool call's arguments or a whole answer (servers that do not stream them in pieces): at
+# most a model's longest output, 128k tokens (~0.5 MB of text, ~1 MB once JSON-escaped). 16 MiB
+# is many times that, and the most memory a line without an end can take before it is refused.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+USER_AGENT = "subagent-runtime"
+_DRAIN_LIMIT = 64 * 1024
 
 # Called before each retry with (attempt that failed, delay in seconds, diagnostic).
 RetryHook = Callable[[int, float, str], None]
@@ -92,16 +106,16 @@ def jsonable(obj: object) -> dict[object, object]:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def retry_after(resp: HTTPSocketPoolResponse) -> float | None:
+def retry_after(resp: Response) -> float | None:
     """Seconds the server asked us to wait (`retry-after-ms`, `retry-after` seconds or date)."""
-    ms = resp.get("retry-after-ms")
-    if isinstance(ms, str):
+    ms = resp.header("retry-after-ms")
+    if ms is not None:
         try:
             return max(0.0, float(ms) / 1000.0)
         except ValueError:
             pass
-    value = resp.get("retry-after")
-    if not isinstance(value, str):
+    value = resp.header("retry-after")
+    if value is None:
         return None
     try:
         return max(0.0, float(value))
@@ -114,15 +128,9 @@ def retry_after(resp: HTTPSocketPoolResponse) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def read_capped(resp: HTTPSocketPoolResponse, limit: int = _ERROR_BODY_LIMIT) -> bytes:
+def read_capped(resp: Response, limit: int = _ERROR_BODY_LIMIT) -> bytes:
     """At most `limit` bytes of a body (an error page can be anything)."""
-    data = bytearray()
-    while len(data) < limit:
-        block = resp.read(4096)
-        if not block:
-            break
-        data += block
-    return bytes(data)
+    return resp.read(limit)
 
 
 def _too_large(label: str, limit: int) -> ModelError:
@@ -131,60 +139,55 @@ def _too_large(label: str, limit: int) -> ModelError:
     )
 
 
-def read_body(resp: HTTPSocketPoolResponse, label: str, limit: int) -> bytes:
+def read_body(resp: Response, label: str, limit: int) -> bytes:
     """A whole (unstreamed) body, refused once it runs past `limit` bytes."""
-    blocks: list[bytes] = []
-    size = 0
-    while True:
-        block = resp.read(_BODY_BLOCK)
-        if not block:
-            return b"".join(blocks)
-        size += len(block)
-        if size > limit:
-            raise _too_large(label, limit)
-        blocks.append(block)
+    body = resp.read(limit + 1)
+    if len(body) > limit:
+        raise _too_large(label, limit)
+    return body
 
 
 def sse_events(
-    resp: HTTPSocketPoolResponse, label: str, limit: int = DEFAULT_MAX_RESPONSE_BYTES
+    resp: Response,
+    label: str,
+    limit: int = DEFAULT_MAX_RESPONSE_BYTES,
+    max_line: int = MAX_LINE_BYTES,
 ) -> Iterator[SSEEvent]:
-    """The server-sent events of a streamed response, as they arrive.
+    """The server-sent events of a streamed response, each as soon as its blank line arrived.
 
     Ends when the body ends; raises `ModelError` when the connection closes mid-body, a line
-    is not UTF-8, or the body runs past `limit` bytes. The caller decides whether the stream
-    was complete.
+    is not UTF-8 or runs past `max_line` bytes, or the body runs past `limit` bytes (counted as
+    the bytes arrive, not line by line). The caller decides whether the stream was complete.
     """
     parser = SSEParser()
-    size = 0
-    while True:
-        line = resp.readline(b"\n")
-        size += len(line)
-        if size > limit:
-            raise _too_large(label, limit)
-        if not line:
-            if not resp.message_complete:
-                raise ModelError(f"{label}: connection closed mid-stream")
-            tail = resp.read()
-            lines = [*tail.split(b"\n"), b""] if tail else [b""]
-        else:
-            lines = [line]
-        for raw in lines:
+    try:
+        for raw in resp.lines(max_line, limit):
             try:
                 event = parser.feed(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
                 raise ModelError(f"{label} stream: invalid UTF-8 ({e})") from None
             if event is not None:
                 yield event
-        if not line:
-            return
+    except ResponseTooLarge as e:
+        if e.what == "body":
+            raise _too_large(label, limit) from None
+        raise ModelError(
+            f"{label} stream: a line ran past {max_line} bytes without an end "
+            f"({e.received} bytes of body read); the rest was not read"
+        ) from None
+    except http.client.IncompleteRead:
+        raise ModelError(f"{label}: connection closed mid-stream") from None
+    event = parser.flush()
+    if event is not None:
+        yield event
 
 
-def drain(resp: HTTPSocketPoolResponse) -> None:
+def drain(resp: Response) -> None:
     """Read the (normally empty) rest so the connection can go back to the pool; a server that
-    keeps the stream open after its end costs its connection, not our time."""
-    if not resp.message_complete:
-        with gevent.Timeout(1.0, False):
-            resp.read()
+    keeps the stream open after its end, or sends more, costs its connection, not our time."""
+    if not resp.complete:
+        with gevent.Timeout(1.0, False), contextlib.suppress(OSError, http.client.HTTPException):
+            resp.read(_DRAIN_LIMIT)
 
 
 class HTTPModel:
@@ -257,33 +260,28 @@ class HTTPModel:
         self._on_retry = on_retry
         self._path = (parts.path or "") + path
         # Every call streams JSON; `headers` add the adapter's auth and the caller's extras.
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "User-Agent": USER_AGENT,  # some gateways refuse a request without one
+        }
         self._headers.update(headers)
         # One keep-alive pool per adapter (= per base URL), sized for many concurrent streams.
-        # Made on first use: building it creates an SSL context, tens of milliseconds of CPU that
-        # a runtime which never calls this model should not spend on the hub.
-        self._client_options = {
-            "concurrency": pool_size,
-            "connection_timeout": connect_timeout,
-            "network_timeout": read_timeout,
-        }
-        self._client_instance: HTTPClient | None = None
+        self._pool = HTTPPool(
+            base,
+            max_connections=pool_size,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
         # In-flight calls' workers; each call joins or kills its own before returning.
         self._calls = TaskGroup(f"http-model:{self.base_url}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url}>"
 
-    @property
-    def _client(self) -> HTTPClient:
-        if self._client_instance is None:
-            self._client_instance = HTTPClient.from_url(self.base_url, **self._client_options)
-        return self._client_instance
-
     def close(self) -> None:
         """Close the idle pooled connections; in-flight ones close as they finish."""
-        if self._client_instance is not None:
-            self._client_instance.close()
+        self._pool.close()
 
     def __enter__(self) -> HTTPModel:
         return self
@@ -296,9 +294,7 @@ class HTTPModel:
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_answer(
-        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
-    ) -> ModelResponse:
+    def read_answer(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
         """Turn a 200 response into the answer (raise `ModelError` or `Retryable`)."""
         raise NotImplementedError
 
@@ -369,34 +365,34 @@ class HTTPModel:
                 gevent.sleep(delay)
 
     def _attempt(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse:
-        try:
-            resp = self._client.request("POST", self._path, body=body, headers=self._headers)
-        except TimeoutError as e:
-            raise Retryable(
-                f"timed out before a response from {self.base_url} "
-                f"(no answer within {self.read_timeout}s: {e})"
-            ) from None
-        except (OSError, HTTPParseError) as e:
-            raise Retryable(f"connection to {self.base_url} failed: {e!r}") from None
-        except (RuntimeError, ValueError) as e:
-            raise ModelError(f"{self.label}: request to {self.base_url} failed: {e}") from None
-        try:
-            code = resp.status_code
-            if code != 200:
-                try:
-                    err_body = read_capped(resp)
-                except (OSError, HTTPParseError):
-                    err_body = b""
-                diagnostic = self.error_diagnostic(code, err_body)
-                if code in RETRY_STATUSES:
-                    raise Retryable(diagnostic, retry_after(resp))
-                raise ModelError(f"{self.label}: {diagnostic}")
-            return self.read_answer(resp, on_progress)
-        except TimeoutError:
-            raise ModelError(
-                f"{self.label}: read timed out mid-response (no data for {self.read_timeout}s)"
-            ) from None
-        except (OSError, HTTPParseError) as e:
-            raise ModelError(f"{self.label}: connection lost mid-response: {e!r}") from None
-        finally:
-            resp.release()
+        # Leaving the exchange keeps the connection only when the answer was read to its end.
+        with self._pool.exchange() as exchange:
+            try:
+                resp = exchange.request("POST", self._path, body, self._headers)
+            except TimeoutError as e:
+                raise Retryable(
+                    f"timed out before a response from {self.base_url} "
+                    f"(no answer within {self.read_timeout}s: {e})"
+                ) from None
+            except (OSError, http.client.HTTPException) as e:
+                raise Retryable(f"connection to {self.base_url} failed: {e!r}") from None
+            except (RuntimeError, ValueError) as e:
+                raise ModelError(f"{self.label}: request to {self.base_url} failed: {e}") from None
+            try:
+                code = resp.status
+                if code != 200:
+                    try:
+                        err_body = read_capped(resp)
+                    except (OSError, http.client.HTTPException):
+                        err_body = b""
+                    diagnostic = self.error_diagnostic(code, err_body)
+                    if code in RETRY_STATUSES:
+                        raise Retryable(diagnostic, retry_after(resp))
+                    raise ModelError(f"{self.label}: {diagnostic}")
+                return self.read_answer(resp, on_progress)
+            except TimeoutError:
+                raise ModelError(
+                    f"{self.label}: read timed out mid-response (no data for {self.read_timeout}s)"
+                ) from None
+            except (OSError, http.client.HTTPException) as e:
+                raise ModelError(f"{self.label}: connection lost mid-response: {e!r}") from None

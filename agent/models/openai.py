@@ -1,4 +1,4 @@
-"""OpenAI-compatible Chat Completions, streamed, over geventhttpclient.
+"""OpenAI-compatible Chat Completions, streamed, over `agent.http_client`.
 
 The transport (worker greenlet, abort, retries, timeouts) is `agent.models.http.HTTPModel`,
 shared with the Anthropic adapter; this module is the Chat Completions wire format.
@@ -11,8 +11,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from geventhttpclient.response import HTTPSocketPoolResponse
-
+from agent.http_client import Response
 from agent.json_text import parse_json
 from agent.model import (
     MAX_ARGUMENT_DEPTH,
@@ -351,21 +350,17 @@ class OpenAIModel(HTTPModel):
             pass
         return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
 
-    def read_answer(
-        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
-    ) -> ModelResponse:
-        ctype = str(resp.get("content-type") or "")
+    def read_answer(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
+        ctype = resp.header("content-type") or ""
         if "text/event-stream" in ctype:
             return self._read_stream(resp, on_progress)
         if "json" in ctype:
             return self._read_json(resp, on_progress)
         raise ModelError(f"openai: unexpected content type {ctype!r}")
 
-    def _read_json(
-        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
-    ) -> ModelResponse:
+    def _read_json(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
         raw = read_body(resp, "openai", self.max_response_bytes)
-        if not resp.message_complete:
+        if not resp.complete:
             raise ModelError("openai: connection closed before the JSON answer ended")
         try:
             obj = parse_json(raw)
@@ -380,9 +375,7 @@ class OpenAIModel(HTTPModel):
             on_progress({"type": "text", "text": text})
         return answer.response()
 
-    def _read_stream(
-        self, resp: HTTPSocketPoolResponse, on_progress: ProgressSink | None
-    ) -> ModelResponse:
+    def _read_stream(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
         answer = _Answer()
         done = False
         for event in sse_events(resp, "openai", self.max_response_bytes):
