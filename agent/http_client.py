@@ -7,14 +7,20 @@ geventhttpclient, used before, buffered a whole line of a streamed answer and se
 buffer from its start on every `recv`, so a stream with no newline cost quadratic CPU and
 unbounded memory; the standard library's `http.client` reads linearly but spends Python calls
 on every chunk of a chunked body and parses headers with the `email` package, ~25 % more CPU
-per streamed model call than before. This module frames HTTP/1.1 (a status line, headers,
-then a body by `Content-Length`, `chunked` or the connection's end) and nothing else:
+per streamed model call than before. The pool, the requests, the keep-alive rules and the
+bounds are this module's; a response's framing (status line, headers, a body by
+`Content-Length`, `chunked` or the connection's end) is llhttp's, Node.js's parser, through
+`httptools`: each received block goes through it once, in C, and its callbacks (`Response`)
+keep what it hands over. It costs less CPU than the framing we wrote before it
+(docs/performance.md, "The HTTP client's framing on llhttp").
 
-- `Response.read1()` returns everything that has arrived (decoding every complete chunk in the
-  buffer at once), or waits for one `recv`; `Response.lines()` cuts it into lines, searching
+- `Response.read1()` returns everything that has arrived (every complete chunk in the block
+  decoded at once), or waits for one `recv`; `Response.lines()` cuts it into lines, searching
   each byte once, with a bound per line and per body counted as bytes arrive.
-- Bounds on what a server can make us hold: a head of at most 64 KiB and 100 headers, a chunk
-  size line of at most 1 KiB, trailers within the head's bound.
+- Bounds on what a server can make us hold, enforced in llhttp's callbacks since it has none:
+  a head of at most 64 KiB (a head not ended within 64 KiB received is refused) and 100
+  headers; a chunked body's bytes other than data (size lines, extensions, trailers) at most
+  1 KiB a chunk, with at most 64 KiB past that over the blocks since; trailers within 64 KiB.
 - `HTTPPool(url, max_connections=...)`: at most that many connections at once (a caller past
   the bound waits for a slot); idle ones are kept, the most recent first, for at most
   `max_idle` seconds (a connection a NAT or a server dropped without a word would cost a whole
@@ -23,7 +29,8 @@ then a body by `Content-Length`, `chunked` or the connection's end) and nothing 
 - `pool.exchange()`: a context manager holding one slot; `request()` sends the request in one
   write and returns the `Response` once its head arrived. Leaving the block keeps the
   connection when the body was read to its end and the server keeps it open, and closes it
-  otherwise (a half-read body, a kill, an error): a connection is never reused out of step.
+  otherwise (a half-read body, a kill, an error, bytes after the answer, a `101`, an answer to
+  `HEAD`: llhttp cannot be told it has no body): a connection is never reused out of step.
 - A request on a kept-alive connection that the server closed before answering (its idle
   timeout raced ours) is sent once more on a new connection; every other failure is the
   caller's (the model adapters' retries stay theirs).
@@ -56,6 +63,7 @@ import gevent
 import gevent.lock
 import gevent.socket
 import gevent.ssl
+import httptools
 
 from agent.errors import ResponseTooLarge
 
@@ -66,7 +74,7 @@ BLOCK = 64 * 1024
 # The most a response's head (status line and headers, or a chunked body's trailers) may hold.
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
-# A chunk's size line: hex digits and extensions nobody sends.
+# What a chunk may spend on its size line (hex digits, extensions nobody sends) and line ends.
 _MAX_SIZE_LINE = 1024
 # A stream read without ever waiting (the data was always there) lets the hub run this often.
 _YIELD_BYTES = 1024 * 1024
@@ -74,12 +82,6 @@ _YIELD_BYTES = 1024 * 1024
 # What a kept-alive connection the server closed while it was idle fails with, before any answer.
 _STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_STATUS = re.compile(rb"HTTP/1\.([01]) (\d{3})(?: ([^\r\n]*))?\r?")
-
-# Body framings.
-_LENGTH, _CHUNKED, _TO_CLOSE = 0, 1, 2
-# Where a chunked body is.
-_SIZE, _DATA, _DATA_END, _TRAILER, _DONE = 0, 1, 2, 3, 4
 
 
 class _Slots(Protocol):
@@ -89,13 +91,12 @@ class _Slots(Protocol):
 
 
 class _Connection:
-    """A socket to the origin and the bytes received on it that nothing has read yet."""
+    """A socket to the origin."""
 
-    __slots__ = ("cooperative", "generation", "idle_since", "rest", "sock")
+    __slots__ = ("cooperative", "generation", "idle_since", "sock")
 
     def __init__(self, sock: socket.socket, generation: int, cooperative: bool) -> None:
         self.sock = sock
-        self.rest = b""
         self.generation = generation  # the pool's when made: one made before `close()` goes
         self.cooperative = cooperative
         self.idle_since = 0.0
@@ -110,8 +111,6 @@ class _Connection:
     def dropped(self) -> bool:
         """True when the idle connection is readable: the server closed it (or sent what
         nobody asked for); either way it cannot carry the next exchange."""
-        if self.rest:
-            return True
         try:
             if hasattr(select, "poll"):
                 poller = select.poll()
@@ -145,60 +144,33 @@ def _default_context(cooperative: bool) -> ssl.SSLContext:
         return context
 
 
-def _head_of(conn: _Connection) -> bytes:
-    """The next head on the connection (through its blank line); what followed stays in
-    `conn.rest`. Linear: each received byte is searched once (from 3 before the new bytes),
-    and the head grows in a `bytearray`."""
-    data = bytearray(conn.rest)
-    start = 0
-    while True:
-        crlf = data.find(b"\r\n\r\n", start)
-        bare = data.find(b"\n\n", start)  # a server that ends its lines with LF alone
-        if crlf >= 0 and not 0 <= bare < crlf:
-            end = crlf + 4
-        elif bare >= 0:
-            end = bare + 2
-        else:
-            end = 0
-        if end > MAX_HEAD or (not end and len(data) > MAX_HEAD):
-            raise http.client.LineTooLong(f"a response head of more than {MAX_HEAD} bytes")
-        if end:
-            conn.rest = bytes(data[end:])
-            return bytes(data[:end])
-        more = conn.recv()
-        if not more:
-            if data:
-                raise http.client.IncompleteRead(bytes(data))
-            raise http.client.RemoteDisconnected("the server closed the connection unanswered")
-        start = max(0, len(data) - 3)
-        data += more
-
-
-def _fields(lines: list[bytes], what: str) -> dict[str, str]:
-    """Header (or trailer) lines as a dict of lower-case names; repeated ones joined by ", "."""
-    if len(lines) > MAX_HEADERS:
-        raise http.client.HTTPException(f"more than {MAX_HEADERS} {what}")
-    fields: dict[str, str] = {}
-    for raw in lines:
-        name, sep, value = raw.decode("latin-1").partition(":")
-        name = name.strip().lower()
-        if not sep or not name:
-            raise http.client.HTTPException(f"a malformed {what[:-1]} line: {raw[:100]!r}")
-        value = value.strip()
-        fields[name] = f"{fields[name]}, {value}" if name in fields else value
-    return fields
+class _Stop(Exception):
+    """Raised in a parser callback to stop llhttp where it is: the answer ended and more bytes
+    followed (nobody asked for them)."""
 
 
 class Response:
-    """The status, headers and body of one answer; the body is read as it arrives."""
+    """The status, headers and body of one answer; the body is read as it arrives.
+
+    The framing is llhttp's (`httptools.HttpResponseParser`, fed each received block once, in
+    C); this class is its callbacks: it keeps what llhttp hands over and enforces the bounds
+    llhttp does not (the head's size and count, a chunked body's framing bytes, trailers), and
+    names llhttp's errors as `http.client` does."""
 
     __slots__ = (
-        "_chunk_left",
+        "_body",
         "_conn",
-        "_framing",
-        "_left",
-        "_state",
-        "complete",
+        "_debt",
+        "_done",
+        "_error",
+        "_fed",
+        "_head_done",
+        "_head_size",
+        "_header_count",
+        "_interim",
+        "_parser",
+        "_reason",
+        "_to_close",
         "headers",
         "reason",
         "received",
@@ -207,129 +179,176 @@ class Response:
     )
 
     def __init__(self, conn: _Connection, head_only: bool = False) -> None:
-        while True:
-            head = _head_of(conn)
-            lines = head.split(b"\n")
-            match = _STATUS.fullmatch(lines[0])
-            if match is None:
-                raise http.client.BadStatusLine(lines[0][:100].decode("latin-1"))
-            status = int(match.group(2))
-            if not 100 <= status < 200 or status == 101:
-                break  # an interim 1xx answer is followed by the real one
         self._conn = conn
-        self.status = status
-        self.reason = (match.group(3) or b"").decode("latin-1")
-        self.headers = _fields([line.rstrip(b"\r") for line in lines[1:-2]], "headers")
-        connection = self.headers.get("connection", "").lower()
-        self.will_close = "close" in connection or (
-            match.group(1) == b"0" and "keep-alive" not in connection
-        )
+        self.status = 0
+        self.reason = ""
+        self.headers: dict[str, str] = {}
+        self.will_close = False
         self.received = 0  # bytes of body handed over so far
-        self.complete = False  # the body was read to its end
-        self._state = _SIZE
-        self._chunk_left = 0
-        self._left = 0
-        coding = self.headers.get("transfer-encoding", "").lower()
-        length = self.headers.get("content-length")
-        if head_only or status in (101, 204, 304):
-            self._framing, self.complete = _LENGTH, True
-        elif coding:
-            if coding.rsplit(",", 1)[-1].strip() != "chunked":
-                raise http.client.HTTPException(f"unsupported transfer-encoding {coding!r}")
-            self._framing = _CHUNKED
-        elif length is not None:
-            if not length.isdigit():
-                raise http.client.HTTPException(f"a malformed content-length {length!r}")
-            self._framing, self._left = _LENGTH, int(length)
-            self.complete = self._left == 0
+        self._body: list[bytes] = []  # decoded by llhttp, not handed over yet
+        self._done = False  # llhttp saw the answer's end
+        self._error: BaseException | None = None  # what a callback raised, to raise as is
+        self._fed = 0  # bytes received before the head's end
+        self._head_done = False
+        self._head_size = 0  # the bytes of the head's (later: the trailers') lines
+        self._header_count = 0
+        self._interim = False  # a 1xx answer is being read: the real one follows
+        self._reason: list[bytes] = []
+        self._debt = -1  # framing bytes of a chunked body beyond its chunks' due (-1: not one)
+        self._to_close = False  # the body ends with the connection
+        parser = self._parser = httptools.HttpResponseParser(self)
+        parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)  # LF-only lines
+        while not self._head_done:
+            data = conn.recv()
+            if not data:
+                if self._fed:
+                    raise http.client.IncompleteRead(b"")
+                raise http.client.RemoteDisconnected("the server closed the connection unanswered")
+            self._fed += len(data)
+            self._feed(data)
+            if not self._head_done and self._fed > MAX_HEAD:
+                raise http.client.LineTooLong(f"a response head of more than {MAX_HEAD} bytes")
+        if head_only:
+            # llhttp cannot be told that an answer to HEAD has no body, so where it ended in
+            # what was received is unknown: the connection is not used again.
+            self._done = self.will_close = True
+            self._body.clear()
+
+    # --- llhttp's callbacks (called from `feed_data`) -----------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            self.will_close = True
+            self._fail(_Stop())
+
+    def on_status(self, piece: bytes) -> None:
+        self._reason.append(piece)  # in pieces when it spans reads
+        self._head_size += len(piece)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD:
+            what = "trailers" if self._head_done else "a response head"
+            self._fail(http.client.LineTooLong(f"{what} of more than {MAX_HEAD} bytes"))
+        if self._head_done:  # a trailer, not kept
+            return
+        self._header_count += 1
+        if self._header_count > MAX_HEADERS:
+            self._fail(http.client.HTTPException(f"more than {MAX_HEADERS} headers"))
+        headers = self.headers
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip()
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer, followed by the real one
+            self._interim = True
+            self.headers, self._reason, self._head_size, self._header_count = {}, [], 0, 0
+            return
+        self.status = status
+        self.reason = b"".join(self._reason).decode("latin-1").strip()
+        self._head_done = True
+        self._head_size = 0  # from here on: the trailers' lines
+        # A 101 switched the connection to another protocol: never an HTTP connection again.
+        self.will_close = status == 101 or not parser.should_keep_alive()
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None:
+            # llhttp reads any other last coding to the connection's end; we decode none.
+            if coding.rsplit(",", 1)[-1].strip().lower() != "chunked":
+                self._fail(http.client.HTTPException(f"unsupported transfer-encoding {coding!r}"))
+            self._debt = 0
+        elif "content-length" not in self.headers and status not in (204, 304):
+            self._to_close = True
+
+    def on_body(self, piece: bytes) -> None:
+        self._body.append(piece)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
         else:
-            self._framing, self.will_close = _TO_CLOSE, True
+            self._done = True
+
+    def _fail(self, error: BaseException) -> None:
+        """Raise `error` out of the callback; `_feed` raises it again out of llhttp."""
+        self._error = error
+        raise error
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        """Parse one received block; llhttp's errors named as `http.client` names them."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # after a 101: what follows is not HTTP
+            self._done = True
+        except httptools.HttpParserCallbackError as exc:
+            error, self._error = self._error, None
+            if isinstance(error, _Stop):
+                return
+            if error is None:  # pragma: no cover - every callback raises through `_fail`
+                raise http.client.HTTPException(str(exc)) from None
+            raise error from None
+        except httptools.HttpParserError as exc:
+            if not self._head_done:
+                if not (self._reason or self._header_count or self._parser.get_status_code()):
+                    raise http.client.BadStatusLine(repr(data[:100])) from None
+                raise http.client.HTTPException(f"a malformed response head: {exc}") from None
+            if "overflow" in str(exc):  # a chunk size of more hex digits than 64 bits hold
+                raise http.client.LineTooLong("a chunk size line") from None
+            raise http.client.IncompleteRead(b"", 0) from None  # the framing is lost
+
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end (llhttp saw its end, and all of it was handed over)."""
+        return self._done and not self._body
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
 
     def read1(self, n: int = BLOCK) -> bytes:
-        """What has arrived of the body (everything decodable, at most about `n` bytes), or,
+        """What has arrived of the body (everything decoded, at most about `n` bytes), or,
         when nothing has, what one read of the socket brings. b"" at the end;
         `http.client.IncompleteRead` when the connection closed before the body's end."""
-        if self.complete:
-            return b""
-        data = self._read_chunked(n) if self._framing == _CHUNKED else self._read_plain(n)
+        body = self._body
+        while not body:
+            if self._done:
+                return b""
+            data = self._conn.recv()
+            if not data:
+                if self._to_close:
+                    self._done = True
+                    return b""
+                raise http.client.IncompleteRead(b"", self._left())
+            self._feed(data)
+            if self._debt >= 0 and not self._done:
+                self._bound_framing(len(data))
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        if len(data) > n:
+            data, rest = data[:n], data[n:]
+            body.append(rest)
         self.received += len(data)
         return data
 
-    def _read_plain(self, n: int) -> bytes:
-        conn = self._conn
-        data = conn.rest or conn.recv()
-        if self._framing == _LENGTH:
-            if not data:
-                raise http.client.IncompleteRead(b"", self._left)
-            take = min(n, self._left)
-            data, conn.rest = data[:take], data[take:]
-            self._left -= len(data)
-            self.complete = self._left == 0
-        else:
-            take = min(n, len(data))
-            data, conn.rest = data[:take], data[take:]
-            self.complete = not data
-        return data
+    def _bound_framing(self, size: int) -> None:
+        """Bound what llhttp reads of a chunked body without handing over anything (size lines,
+        extensions, trailers: it holds none of it but a trailer being read): a block may hold
+        `_MAX_SIZE_LINE` of those bytes a piece of data it held, and what runs past that, over
+        the blocks since, at most `MAX_HEAD`. Without it an endless extension or trailer would
+        be read for ever, uncounted by any bound."""
+        body = self._body
+        due = len(body) * (_MAX_SIZE_LINE + 4)  # `body` holds this block's pieces only
+        self._debt = max(0, self._debt + size - sum(map(len, body)) - due)
+        if self._debt > MAX_HEAD:
+            raise http.client.LineTooLong("a chunk size line, extensions or trailers")
 
-    def _read_chunked(self, n: int) -> bytes:
-        conn = self._conn
-        out: list[bytes] = []
-        size = 0
-        while True:
-            buf, pos = conn.rest, 0
-            end = len(buf)
-            while pos < end and size < n:
-                state = self._state
-                if state == _DATA:
-                    take = min(self._chunk_left, end - pos, n - size)
-                    out.append(buf[pos : pos + take])
-                    pos += take
-                    size += take
-                    self._chunk_left -= take
-                    if not self._chunk_left:
-                        self._state = _DATA_END
-                    continue
-                eol = buf.find(b"\n", pos)
-                if eol < 0:
-                    if end - pos > (_MAX_SIZE_LINE if state != _TRAILER else MAX_HEAD):
-                        raise http.client.LineTooLong("a chunk size or trailer line")
-                    break
-                line = buf[pos:eol].rstrip(b"\r")
-                pos = eol + 1
-                if state == _DATA_END:
-                    if line:
-                        raise http.client.IncompleteRead(b"", 0)  # framing lost
-                    self._state = _SIZE
-                elif state == _SIZE:
-                    digits = line.split(b";", 1)[0].strip()
-                    try:
-                        if len(digits) > 16:
-                            raise ValueError(digits)
-                        chunk = int(digits, 16)
-                    except ValueError:
-                        raise http.client.IncompleteRead(b"", 0) from None  # framing lost
-                    if chunk:
-                        self._chunk_left, self._state = chunk, _DATA
-                    else:
-                        self._state = _TRAILER
-                elif not line:  # the blank line after the trailers: the body's end
-                    self._state = _DONE
-                    self.complete = True
-                    break
-                else:  # a trailer, not kept; all of them within the bound of a head
-                    self._left += len(line)
-                    if self._left > MAX_HEAD:
-                        raise http.client.LineTooLong(f"trailers of more than {MAX_HEAD} bytes")
-            conn.rest = buf[pos:]
-            if out or self.complete:
-                return b"".join(out)
-            more = conn.recv()
-            if not more:
-                raise http.client.IncompleteRead(b"", self._chunk_left or None)
-            conn.rest += more
+    def _left(self) -> int | None:
+        """Bytes of a `Content-Length` body not received yet (for `IncompleteRead`)."""
+        length = self.headers.get("content-length", "")
+        return int(length) - self.received - sum(map(len, self._body)) if length.isdigit() else None
 
     def read(self, limit: int) -> bytes:
         """Up to `limit` bytes of the body (all of it when it is shorter)."""
@@ -440,7 +459,7 @@ class Exchange:
             if conn is None:
                 return
             reusable = response is not None and response.complete and not response.will_close
-            if reusable and not self._cut and not conn.rest:
+            if reusable and not self._cut:
                 self._pool.give_back(conn)
             else:
                 conn.close()

@@ -1,12 +1,14 @@
-"""What a streamed model call costs the client: CPU per `OpenAIModel.complete` of ~20 events.
+"""What a model call costs the client: CPU per `OpenAIModel.complete` of ~20 events streamed,
+and of the same answer as one JSON body.
 
-`python -m benchmarks model_stream [--n N] [--quick] [--json]`. A local SSE server in its own
+`python -m benchmarks model_stream [--n N] [--quick] [--json]`. A local server in its own
 process (gevent, raw sockets: its CPU is not ours) answers every request with a Chat
 Completions stream of 20 text deltas, one chunk each, then `[DONE]`, on a kept-alive
-connection. Each round runs N calls in a fresh interpreter and reports its process CPU per call
-(after a warm-up). With `MODEL_STREAM_AGAINST=/path/to/another/tree` the rounds alternate
-between this tree and that one (e.g. an export of `main` before a change), in the same run, and
-the ratio of the medians is reported.
+connection; a request under `/json/` gets the same text as one `application/json` answer with a
+`Content-Length`. Each round runs N calls of each kind in a fresh interpreter and reports its
+process CPU per call (after a warm-up). With `MODEL_STREAM_AGAINST=/path/to/another/tree` the
+rounds alternate between this tree and that one (e.g. an export of `main` before a change), in
+the same run, and the ratios of the medians are reported.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ body = b"".join(chunk(b"data: " + json.dumps(e).encode() + b"\n\n") for e in eve
 body += chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n")
+text = "".join("token %d " % i for i in range(int(sys.argv[1])))
+whole = json.dumps({"id": "c", "object": "chat.completion", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}}).encode()
+json_reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(whole)) + whole
 
 def handle(sock, _addr):
     buf = b""
@@ -60,7 +68,7 @@ def handle(sock, _addr):
             while len(buf) < length:
                 buf += sock.recv(65536)
             buf = buf[length:]
-            sock.sendall(head + body)
+            sock.sendall(json_reply if headers.startswith(b"POST /json/") else head + body)
     except OSError:
         pass
     finally:
@@ -79,13 +87,15 @@ from agent.models.openai import OpenAIModel
 from supervision.signal import AbortSignal
 
 url, n = sys.argv[1], int(sys.argv[2])
-model = OpenAIModel(base_url=url, api_key="k", max_retries=0)
+model = OpenAIModel(base_url=url + "/v1", api_key="k", max_retries=0)
+whole = OpenAIModel(base_url=url + "/json/v1", api_key="k", max_retries=0)
 request = ModelRequest(session_id="s", model="m", system="",
                        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                        tools=(), signal=AbortSignal.never())
 deltas = []
 for _ in range(max(20, n // 20)):  # warm-up: connection, caches
     model.complete(request, deltas.append)
+    whole.complete(request, deltas.append)
 deltas.clear()
 began = time.process_time()
 for _ in range(n):
@@ -93,12 +103,19 @@ for _ in range(n):
 cpu = time.process_time() - began
 assert len(deltas) == n * int(sys.argv[3]), len(deltas)
 assert answer.finish == "stop"
+deltas.clear()
+began = time.process_time()
+for _ in range(n):
+    answer = whole.complete(request, deltas.append)
+json_cpu = time.process_time() - began
+assert len(deltas) == n and answer.finish == "stop", (len(deltas), answer.finish)
 model.close()
-print(json.dumps({"cpu_us_per_call": cpu / n * 1e6}))
+whole.close()
+print(json.dumps({"cpu_us_per_call": cpu / n * 1e6, "json_cpu_us_per_call": json_cpu / n * 1e6}))
 """
 
 
-def _round(tree: Path, url: str, n: int) -> float:
+def _round(tree: Path, url: str, n: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run(
         [sys.executable, "-c", _CLIENT, url, str(n), str(EVENTS)],
@@ -108,8 +125,8 @@ def _round(tree: Path, url: str, n: int) -> float:
         capture_output=True,
         text=True,
     ).stdout
-    figure: float = json.loads(out.splitlines()[-1])["cpu_us_per_call"]
-    return figure
+    figures: dict[str, float] = json.loads(out.splitlines()[-1])
+    return figures
 
 
 def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,9 +140,9 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
     )
     try:
         assert server.stdout is not None
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}/v1"
-        mine: list[float] = []
-        theirs: list[float] = []
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+        mine: list[dict[str, float]] = []
+        theirs: list[dict[str, float]] = []
         for _ in range(rounds):
             mine.append(_round(ours, url, n))
             if against:
@@ -133,17 +150,18 @@ def run(n: int | None, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         server.kill()
         server.wait()
-    figures: dict[str, Any] = {
-        "calls_per_round": n,
-        "events_per_call": EVENTS,
-        "rounds": rounds,
-        "cpu_us_per_call": round(statistics.median(mine), 1),
-        "cpu_us_per_call_rounds": [round(x, 1) for x in mine],
-    }
+    figures: dict[str, Any] = {"calls_per_round": n, "events_per_call": EVENTS, "rounds": rounds}
+    for kind, prefix in (("cpu_us_per_call", ""), ("json_cpu_us_per_call", "json_")):
+        ours_kind = [r[kind] for r in mine]
+        figures[kind] = round(statistics.median(ours_kind), 1)
+        figures[f"{kind}_rounds"] = [round(x, 1) for x in ours_kind]
+        if against:
+            theirs_kind = [r[kind] for r in theirs]
+            other = statistics.median(theirs_kind)
+            figures[f"against_{kind}"] = round(other, 1)
+            figures[f"against_{kind}_rounds"] = [round(x, 1) for x in theirs_kind]
+            ratio = statistics.median(ours_kind) / other
+            figures[f"{prefix}ratio_ours_over_against"] = round(ratio, 3)
     if against:
-        other = statistics.median(theirs)
         figures["against"] = against
-        figures["against_cpu_us_per_call"] = round(other, 1)
-        figures["against_cpu_us_per_call_rounds"] = [round(x, 1) for x in theirs]
-        figures["ratio_ours_over_against"] = round(statistics.median(mine) / other, 3)
     return figures

@@ -245,6 +245,21 @@ def test_a_broken_body_is_an_error_and_its_connection_is_not_kept(
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", http.client.HTTPException),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", http.client.HTTPException),
         (b"HTTP/1.1 200 OK\r\nContent-Le", http.client.IncompleteRead),
+        # A head that ends, but past its bound (sent at once: it ends in the read that passes it).
+        (
+            b"HTTP/1.1 200 OK\r\n" + (b"X: " + b"a" * 1000 + b"\r\n") * 70 + b"\r\n",
+            http.client.LineTooLong,
+        ),
+        # Two framings at once: which one a proxy on the way believed is unknown (smuggling).
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            http.client.HTTPException,
+        ),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", http.client.HTTPException),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            http.client.HTTPException,
+        ),
     ],
 )
 def test_a_head_past_its_bounds_or_malformed_is_refused(
@@ -256,6 +271,107 @@ def test_a_head_past_its_bounds_or_malformed_is_refused(
             _get(_pool(server, pools))
     finally:
         server.close()
+
+
+def test_a_body_read_in_small_pieces_is_whole_and_complete_only_at_its_end(
+    pools: list[HTTPPool],
+) -> None:
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    server = RawServer(send(chunked), send(chunked))
+    try:
+        pool = _pool(server, pools)
+        with pool.exchange() as exchange:
+            response = exchange.request("POST", "/", b"", {})
+            pieces = [response.read1(2)]
+            assert not response.complete  # the rest was decoded but is not handed over yet
+            while piece := response.read1(2):
+                pieces.append(piece)
+            assert pieces == [b"he", b"ll", b"o"] and response.complete
+            assert response.received == 5
+        assert _get(pool)[1] == b"hello"
+    finally:
+        server.close()
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n",  # unasked for
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok\x00garbage",
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\nnot http",
+    ],
+)
+def test_a_connection_that_carried_more_than_the_answer_is_not_kept(
+    pools: list[HTTPPool], answer: bytes
+) -> None:
+    server = RawServer(send(answer), send(b"HTTP/1.1 204 -\r\n\r\n"))
+    try:
+        pool = _pool(server, pools)
+        response, body = _get(pool)
+        assert response.complete and response.will_close
+        assert body == (b"" if response.status == 101 else b"ok")
+        assert _get(pool)[0].status == 204
+    finally:
+        server.close()
+    assert server.connections == 2
+
+
+def test_an_answer_to_head_has_no_body(pools: list[HTTPPool]) -> None:
+    server = RawServer(send(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"))
+    try:
+        with _pool(server, pools).exchange() as exchange:
+            response = exchange.request("HEAD", "/", b"", {})
+            assert response.read(100) == b"" and response.complete
+            assert response.header("content-length") == "5"
+    finally:
+        server.close()
+
+
+def test_trailers_past_the_bound_of_a_head_are_refused(pools: list[HTTPPool]) -> None:
+    trailers = (b"T: " + b"t" * 1000 + b"\r\n") * 70
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" + trailers
+    server = RawServer(send(answer + b"\r\n"))
+    try:
+        with pytest.raises(http.client.LineTooLong, match="trailers"):
+            _get(_pool(server, pools))
+    finally:
+        server.close()
+
+
+class _Endless:
+    """A chunked answer whose body, after `prefix`, never ends: a chunk extension or a trailer
+    value without a line end, sent as fast as the client reads, up to `cap` bytes."""
+
+    def __init__(self, prefix: bytes, cap: int = 64 << 20) -> None:
+        self.prefix = prefix
+        self.cap = cap
+        self.sent = 0
+
+    def __call__(self, sock: Socket, _head: bytes) -> None:
+        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + self.prefix)
+        piece = b"e" * BLOCK
+        while self.sent < self.cap:  # an OSError (the client closed) ends it
+            sock.sendall(piece)
+            self.sent += len(piece)
+
+
+@pytest.mark.parametrize(
+    "prefix", [b"5;ext=", b"1\r\na\r\n5;x=", b"1\r\na\r\n0\r\nTrailer: ", b"0\r\nT: 1\r\nU: "]
+)
+def test_a_chunked_body_s_framing_without_end_is_refused_while_it_streams(
+    pools: list[HTTPPool], prefix: bytes
+) -> None:
+    """llhttp reads extensions and trailers without a bound of its own (and holds a trailer's
+    value): the client refuses them within a few blocks, long before the server is done."""
+    endless = _Endless(prefix)
+    server = RawServer(endless)
+    try:
+        with pytest.raises(http.client.LineTooLong, match="chunk size line"):
+            _get(_pool(server, pools))
+    finally:
+        server.close()
+    assert endless.sent < endless.cap
 
 
 def _dribble(line: bytes, piece: int) -> Answer:
