@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
@@ -32,8 +34,10 @@ from gevent.event import Event
 
 from agent import tracing
 from agent.events import SessionHeader, SessionLogError
+from agent.frames import MAX_FRAME
 from agent.jsoncheck import repair_surrogates
 from agent.store import SessionBusyError, SessionNotFoundError
+from agent.usage import MAX_COUNT as MAX_USAGE_COUNT
 from providers.acp_config import AcpConfig, AcpOverrides, ProgressCallback, check_cwd
 from providers.acp_log import AcpRecord, ChildLog, SessionStoreLike, read_record
 from providers.acp_process import ProcessGroup
@@ -46,6 +50,7 @@ from providers.acp_rpc import (
     RpcError,
     StderrTail,
 )
+from providers.acp_text import quoted, short_text
 from providers.errors import AgentProcessExited
 from providers.remote_run import RemoteRun
 from subagent.errors import SubagentError
@@ -69,6 +74,7 @@ from supervision.signal import AbortSignal
 
 __all__ = [
     "DEPTH_META",
+    "MAX_OUTPUT_BYTES",
     "PROTOCOL_VERSION",
     "STOP_REASONS",
     "AcpConfig",
@@ -102,10 +108,18 @@ _PERMISSION_PREFERENCE: dict[str, tuple[str, ...]] = {
     "reject": ("reject_once", "reject_always"),
 }
 
-# The most answer text a run keeps: what one session-log frame holds. More could never reach the
-# parent (its tool result is refused by the log), and an agent streaming without end would
-# otherwise fill this process's memory; past it the run ends `error` and the agent is reaped.
-MAX_OUTPUT_CHARS = 64 * 1024 * 1024
+# The most answer a run keeps, in UTF-8 bytes: what one session-log frame holds (`MAX_FRAME`),
+# less room for the event around it. More could never reach the parent (its tool result, or the
+# settlement notice of a continuable child, is refused by the log) nor the child's own log, and
+# an agent streaming without end would otherwise fill this process's memory; past it the run
+# ends `error` and the agent is reaped. (It counted characters once: 64 Mi of them in a
+# three-byte script made a 192 MiB event no log takes, and the child's turn went unrecorded.)
+MAX_OUTPUT_BYTES = MAX_FRAME - 1024 * 1024
+
+# How many refused tool calls a diagnostic names (the rest are counted).
+_REFUSED_NAMED = 5
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 PROGRESS_KINDS = frozenset({"tool_call", "tool_call_update", "agent_thought_chunk", "plan"})
 
@@ -192,6 +206,32 @@ def _parent_scoped_id(parent: object) -> str:
     return f"{sid}.acp-{token}" if isinstance(sid, str) and sid else f"acp-{token}"
 
 
+class _TextBuffer:
+    """An answer's text, chunk after chunk, in memory close to the text's own.
+
+    A list of the chunks costs some 60 bytes of string object per chunk, so a flood of
+    one-character chunks took 60 times the memory of its text, far past what
+    `MAX_OUTPUT_BYTES` means to bound; `io.StringIO` (before Python 3.12) keeps up to 100,000
+    small strings before it joins them. Here every `_JOIN_EVERY` chunks are joined into one.
+    """
+
+    _JOIN_EVERY = 256
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._recent: list[str] = []
+
+    def write(self, text: str) -> None:
+        recent = self._recent
+        recent.append(text)
+        if len(recent) >= self._JOIN_EVERY:
+            self._parts.append("".join(recent))
+            recent.clear()
+
+    def text(self) -> str:
+        return "".join(self._parts) + "".join(self._recent)
+
+
 class _Child:
     """The spawned agent: its process group, JSON-RPC connection and stderr drain."""
 
@@ -250,10 +290,10 @@ class _Child:
             signal,
         )
         if not isinstance(result, dict):
-            raise _StartFailure(f"initialize returned {result!r}, not an object")
+            raise _StartFailure(f"initialize returned {quoted(result)}, not an object")
         version = result.get("protocolVersion")
         if version != PROTOCOL_VERSION:
-            raise _StartFailure(f"the agent speaks ACP protocol {version!r}, not 1")
+            raise _StartFailure(f"the agent speaks ACP protocol {quoted(version)}, not 1")
         caps = result.get("agentCapabilities")
         self.agent_capabilities = caps if isinstance(caps, dict) else {}
 
@@ -320,14 +360,18 @@ class AcpRun(RemoteRun):
         # A continuable activation whose agent process dies is a crash (restarted by the
         # continuation service); a one-shot run ends `error`.
         self._crash_is_fault = log is not None
-        self._output: list[str] = []
-        self._output_chars = 0
+        self._output = _TextBuffer()
+        self._surrogates = False  # whether a chunk held a lone surrogate half
+        self._output_bytes = 0
         # What the agent reported spending (agent.usage keys), if it reports anything: the
         # prompt response's `usage` (ACP, unstable), and the session's cumulative cost from
         # `usage_update` notifications.
         self._usage: dict[str, int] = {}
         self._cost: dict[str, Any] | None = None
+        # The tool calls the agent was refused permission for: how many, and the first few
+        # titles (cleaned and cut) that the diagnostic names.
         self._refused: list[str] = []
+        self._refusals = 0
         self._prompting = False
         self._disposed = Event()
         self._disposing = False
@@ -350,7 +394,9 @@ class AcpRun(RemoteRun):
     def _run_turn(self, prompt: list[dict[str, Any]]) -> None:
         try:
             reply = self._child.conn.request(
-                "session/prompt", {"sessionId": self.acp_session_id, "prompt": prompt}
+                "session/prompt",
+                {"sessionId": self.acp_session_id, "prompt": prompt},
+                on_answer=self._answered,
             )
             stop = reply.get("stopReason") if isinstance(reply, dict) else None
             if isinstance(reply, dict):
@@ -360,10 +406,10 @@ class AcpRun(RemoteRun):
             if mapped == ABORTED:  # we did not cancel: we would have settled already
                 mapped = ERROR
                 diagnostic = "the agent ended its turn cancelled, though nobody cancelled it"
-                if self._refused:
-                    diagnostic += f"; it was refused permission for: {', '.join(self._refused)}"
+                if self._refusals:
+                    diagnostic += f"; it was refused permission for: {self._refused_titles()}"
             elif mapped == ERROR:
-                diagnostic = f"the agent ended its turn with stop reason {stop!r}"
+                diagnostic = f"the agent ended its turn with stop reason {quoted(stop)}"
             self._settle(mapped, diagnostic)
         except RpcError as exc:
             self._settle(ERROR, self._child.diagnostic(exc))
@@ -374,24 +420,29 @@ class AcpRun(RemoteRun):
                     self._crash(diagnostic)
                 else:
                     self._settle(ERROR, diagnostic)
-            if exc.protocol_error:
-                # Nobody reads the agent any more: reap it now rather than at `dispose`, which
-                # a holder of the handle may call late (it still waits for this teardown, and
-                # is the one told if it failed).
-                try:
-                    self._child.teardown(graceful=False)
-                except Exception:
-                    log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
+            # Nobody reads the agent any more (it wrote a bad line, or closed its stdout and
+            # may live on): reap it now rather than at `dispose`, which a holder of the handle
+            # may call late (it still waits for this teardown, and is the one told if it
+            # failed). A teardown already under way (dispose, the leader's exit) is joined.
+            try:
+                self._child.teardown(graceful=False)
+            except Exception:
+                log.warning("acp run %s: reaping the agent failed", self._id, exc_info=True)
         except Exception as exc:  # a crash here must still resolve the result
             log.debug("acp run %s: turn failed", self._id, exc_info=True)  # a result: debug
             self._settle(ERROR, f"internal error: {exc!r}")
         finally:
             self._prompting = False
 
+    def _answered(self) -> None:
+        """The agent answered `session/prompt`: its turn is over, and what it streams after
+        the answer (ACP has it send every update before) is no part of it."""
+        self._prompting = False
+
     def _settle(self, stop_reason: str, diagnostic: str | None = None) -> None:
         if self._settled:
             return
-        text = "".join(self._output)
+        text = self._output_text()
         output = [{"type": "text", "text": text}] if text else []
         self._record(output, stop_reason, diagnostic)
         extra: dict[str, Any] = {}
@@ -405,10 +456,16 @@ class AcpRun(RemoteRun):
             )
         )
 
+    def _output_text(self) -> str:
+        """The answer so far, lone surrogates (an agent's JSON `\\ud800` escapes) repaired to
+        U+FFFD as everywhere in the runtime: no log, wire or terminal can carry them."""
+        text = self._output.text()
+        return repair_surrogates(text) if self._surrogates else text
+
     def _crash(self, diagnostic: str) -> None:
         if self._settled:
             return
-        text = "".join(self._output)
+        text = self._output_text()
         self._record([{"type": "text", "text": text}] if text else [], ERROR, diagnostic)
         self._fault(AgentProcessExited(f"the ACP agent process died mid-turn: {diagnostic}"))
 
@@ -436,22 +493,34 @@ class AcpRun(RemoteRun):
     def _on_request(self, method: str, params: object) -> dict[str, Any]:
         if method != "session/request_permission":
             raise MethodNotFound(method)
-        if self._settled:  # the turn was cancelled: ACP's answer for that is `cancelled`
-            decision: dict[str, Any] = {"outcome": "cancelled"}
-        else:
-            decision = _choose_permission(self._child.config.permission, params)
+        if self._settled:
+            # The turn was cancelled (ACP's answer for that is `cancelled`) or has ended: the
+            # run's story is told, nothing of it is reported or counted any more.
+            return {"outcome": {"outcome": "cancelled"}}
+        decision = _choose_permission(self._child.config.permission, params)
         kind = decision.pop("kind", None)
         tool_call = params.get("toolCall") if isinstance(params, dict) else None
         if not (isinstance(kind, str) and kind.startswith("allow")):
             title = tool_call.get("title") if isinstance(tool_call, dict) else None
-            self._refused.append(str(title or "a tool call"))
+            self._refusals += 1
+            if len(self._refused) < _REFUSED_NAMED:
+                self._refused.append(short_text(title) if isinstance(title, str) else "")
         self._progress("permission", {"toolCall": tool_call, "outcome": decision, "kind": kind})
         return {"outcome": decision}
+
+    def _refused_titles(self) -> str:
+        names = ", ".join(title or "a tool call" for title in self._refused)
+        more = self._refusals - len(self._refused)
+        return f"{names} and {more:,} more" if more else names
 
     def _on_notification(self, method: str, params: object) -> None:
         if method != "session/update" or not isinstance(params, dict):
             return
         if params.get("sessionId") != self.acp_session_id or not self._prompting:
+            return
+        if self._settled:
+            # Cancelled, disposed or past its bound: what the agent still streams until it is
+            # reaped is no progress of a run that has ended (nor output of it).
             return
         update = params.get("update")
         if not isinstance(update, dict):
@@ -459,29 +528,39 @@ class AcpRun(RemoteRun):
         kind = update.get("sessionUpdate")
         if kind == "agent_message_chunk":
             content = update.get("content")
-            if isinstance(content, dict) and content.get("type") == "text" and not self._settled:
+            if isinstance(content, dict) and content.get("type") == "text":
                 text = content.get("text")
-                if isinstance(text, str):
-                    self._output_chars += len(text)
-                    if self._output_chars > MAX_OUTPUT_CHARS:
+                if isinstance(text, str) and text:
+                    # `isascii` reads a flag: an ASCII chunk is its length in bytes and holds no
+                    # surrogate. Otherwise both are checked here, per chunk, so a huge answer is
+                    # not walked again at the end (then repaired whole, so a pair split across
+                    # two chunks still becomes its character; a lone half and U+FFFD are both
+                    # three bytes).
+                    if text.isascii():
+                        size = len(text)
+                    else:
+                        size = len(text.encode("utf-8", "surrogatepass"))
+                        if _SURROGATE.search(text) is not None:
+                            self._surrogates = True
+                    self._output_bytes += size
+                    if self._output_bytes > MAX_OUTPUT_BYTES:
                         self._overflow()
                         return
-                    self._output.append(text)
+                    self._output.write(text)
         elif kind == "usage_update":
-            cost = update.get("cost")
-            if isinstance(cost, dict):
-                amount, currency = cost.get("amount"), cost.get("currency")
-                if isinstance(amount, (int, float)) and isinstance(currency, str):
-                    self._cost = {"amount": amount, "currency": currency}
+            cost = acp_cost(update.get("cost"))
+            if cost is not None:
+                self._cost = cost
             self._progress("usage_update", update)
         elif kind in PROGRESS_KINDS:
             self._progress(str(kind), update)
 
     def _overflow(self) -> None:
-        """The answer passed `MAX_OUTPUT_CHARS`: end the run `error` and reap the agent (off the
+        """The answer passed `MAX_OUTPUT_BYTES`: end the run `error` and reap the agent (off the
         reader greenlet, which is telling us this and must not wait)."""
         self._settle(
-            ERROR, f"the agent's answer exceeds {MAX_OUTPUT_CHARS:,} characters; the run was ended"
+            ERROR,
+            f"the agent's answer exceeds {MAX_OUTPUT_BYTES:,} bytes (UTF-8); the run was ended",
         )
         self._child.conn.notify("session/cancel", {"sessionId": self.acp_session_id})
         self._tasks.spawn(self._reap)
@@ -609,7 +688,9 @@ class AcpProvider:
                 reply = child.request("session/new", params, signal)
                 sid = reply.get("sessionId") if isinstance(reply, dict) else None
                 if not isinstance(sid, str) or not sid:
-                    raise _StartFailure(f"session/new returned no string sessionId: {reply!r}")
+                    raise _StartFailure(
+                        f"session/new returned no string sessionId: {quoted(reply)}"
+                    )
             else:
                 if not child.agent_capabilities.get("loadSession"):
                     raise _StartFailure("the agent does not advertise loadSession")
@@ -858,17 +939,41 @@ def acp_usage(raw: object) -> dict[str, int]:
 
     ACP counts reasoning as `thoughtTokens` beside `outputTokens` and may count cached input
     inside `inputTokens`; whatever `totalTokens` holds beyond the mapped kinds is counted as
-    output, so our total equals the agent's."""
+    output, so our total equals the agent's.
+
+    A count the session log cannot carry (beyond `agent.usage.MAX_COUNT`, 2**64-1) is no count
+    any turn spent: it is dropped like any malformed one, so an agent's absurd report neither
+    loses the child's log record nor fails the parent's accounting."""
     if not isinstance(raw, dict):
         return {}
     out: dict[str, int] = {}
     for theirs, ours in _ACP_USAGE_KEYS:
         value = raw.get(theirs)
-        if type(value) is int and value >= 0:
+        if type(value) is int and 0 <= value <= MAX_USAGE_COUNT:
             out[ours] = value
     if not out:
         return {}
     total = raw.get("totalTokens")
-    if type(total) is int and total > sum(out.values()):
+    if type(total) is int and sum(out.values()) < total <= MAX_USAGE_COUNT:
         out["output_tokens"] = out.get("output_tokens", 0) + total - sum(out.values())
     return out
+
+
+def acp_cost(raw: object) -> dict[str, Any] | None:
+    """A `usage_update`'s `cost` (`{"amount", "currency"}`) as reported, or None when it is
+    malformed: an amount that is no finite, non-negative number (a bool, `1e400` read as
+    infinity, an int beyond a float's exact range), or a currency that is no short printable
+    name."""
+    if not isinstance(raw, dict):
+        return None
+    amount, currency = raw.get("amount"), raw.get("currency")
+    if type(amount) is int:
+        if not 0 <= amount <= 2**53:
+            return None
+    elif type(amount) is not float or not (math.isfinite(amount) and amount >= 0):
+        return None
+    if not isinstance(currency, str) or not 0 < len(currency) <= 16:
+        return None
+    if not currency.isprintable():
+        return None
+    return {"amount": amount, "currency": currency}

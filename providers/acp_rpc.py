@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -69,6 +70,13 @@ RequestHandler = Callable[[str, Any], Any]
 # of 1,000 children and 50,000 streamed text chunks is some 12 MiB; and one message of a
 # 16 MiB line replayed fits too, several times.
 MAX_UNREAD_BYTES = 64 * 1024 * 1024
+
+# How long the reader may go on reading lines without letting the hub run. A peer that writes
+# faster than we read keeps the pipe full, so a read never waits and never yields: a flood of
+# tiny messages (a million one-character chunks) held the hub for a second. Every this many
+# seconds of reading the reader yields, so timers, other children and other clients run on.
+READ_SLICE = 0.005
+_LOOP_TURN = 1e-6
 
 
 # An error's message quotes what it refuses (an id, a path, a method name): a peer that sends a
@@ -209,7 +217,7 @@ class JsonRpcConnection:
         self._answer_bad_lines = answer_bad_lines
         self._require_version = require_version
         self._next_id = 0
-        self._pending: dict[int, tuple[str, AsyncResult]] = {}
+        self._pending: dict[int, tuple[str, AsyncResult, Callable[[], object] | None]] = {}
         # Our messages, encoded, waiting for the writer; `_unread` counts their bytes, and past
         # `max_unread_bytes` the peer is taken for dead (`_give_up`), never held in memory.
         self._outbox: Queue = Queue()
@@ -247,18 +255,21 @@ class JsonRpcConnection:
         *,
         signal: AbortSignal | None = None,
         timeout: float | None = None,
+        on_answer: Callable[[], object] | None = None,
     ) -> object:
         """Send a request and wait cooperatively for its result.
 
         Raises `RpcError`, `ConnectionClosed`, `RequestAborted` when `signal` fires first, or
-        `RequestTimedOut` when no answer came within `timeout` seconds.
+        `RequestTimedOut` when no answer came within `timeout` seconds. `on_answer` runs on the
+        reader as the answer is read, before any later line is: the caller waiting for it
+        wakes only later, after the reader may have dispatched more of the peer's messages.
         """
         if self._closed is not None:
             raise self._closed
         rid = self._next_id
         self._next_id += 1
         waiter: AsyncResult = AsyncResult()
-        self._pending[rid] = (method, waiter)
+        self._pending[rid] = (method, waiter, on_answer)
         remove = None
         if signal is not None:
             remove = signal.add_listener(
@@ -375,13 +386,22 @@ class JsonRpcConnection:
             self._closed = exc
             self.closed.set()
         pending, self._pending = self._pending, {}
-        for _method, waiter in pending.values():
+        for _method, waiter, _hook in pending.values():
             if not waiter.ready():
                 waiter.set_exception(self._closed)
 
     def _read_loop(self) -> None:
+        clock = time.perf_counter
+        slice_end = clock() + READ_SLICE
         try:
             while self._closed is None:
+                if clock() > slice_end:
+                    # The peer keeps us busy: let the hub run (READ_SLICE). Not `sleep(0)`, which
+                    # runs ready greenlets but may leave timers and I/O waiting (measured: up to
+                    # 250 ms); nor `idle()`, which never returns while any greenlet spins on
+                    # `sleep(0)`. The shortest timer: one turn of the loop, polling included.
+                    gevent.sleep(_LOOP_TURN)
+                    slice_end = clock() + READ_SLICE
                 line = self._stdout.readline(self._max_line + 1)
                 if not line:
                     self._fail(ConnectionClosed("the agent closed its stdout"))
@@ -447,9 +467,14 @@ class JsonRpcConnection:
             if entry is None:
                 log.debug("%s: response to unknown request id %r", self._name, message["id"])
                 return
-            name, waiter = entry
+            name, waiter, on_answer = entry
             if waiter.ready():
                 return
+            if on_answer is not None:
+                try:
+                    on_answer()
+                except Exception:
+                    log.exception("%s: the answer hook of %s raised", self._name, name)
             error = message.get("error")
             if error is not None:
                 err = error if isinstance(error, dict) else {"message": error}

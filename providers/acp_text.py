@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 
-__all__ = ["MAX_DATA_CHARS", "clean_text", "describe_data"]
+__all__ = [
+    "MAX_DATA_CHARS",
+    "MAX_SHOWN_CHARS",
+    "clean_text",
+    "describe_data",
+    "quoted",
+    "short_text",
+]
 
 # Terminal control sequences an agent's text may carry (colours, cursor moves, OSC titles and
 # hyperlinks), then any other C0/C1 control character but newline and tab: agent text is data.
@@ -52,3 +60,27 @@ def _clean_strings(value: object) -> object:
     if isinstance(value, list):
         return [_clean_strings(v) for v in value]
     return value
+
+
+# How much of one value an agent sent (a stop reason, a tool call's title, an answer that was
+# no object) a diagnostic quotes: enough to recognise it, never the megabytes a line may hold.
+MAX_SHOWN_CHARS = 200
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = MAX_SHOWN_CHARS
+_QUOTE.maxother = MAX_SHOWN_CHARS
+_QUOTE.maxlong = 40
+_QUOTE.maxlevel = 3
+_QUOTE.maxdict = _QUOTE.maxlist = 8
+
+
+def quoted(value: object) -> str:
+    """A value an agent sent, quoted for a diagnostic: Python's `repr` (every control character
+    escaped, so no terminal escape survives), its strings and containers cut short."""
+    return _QUOTE.repr(value)
+
+
+def short_text(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """Agent text for a diagnostic: escapes stripped, at most `limit` characters (then `...`)."""
+    text = clean_text(text[: limit * 2]).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."

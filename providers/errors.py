@@ -20,7 +20,7 @@ What reaches a caller of the seam is never one of these: providers turn them int
 
 from __future__ import annotations
 
-from providers.acp_text import clean_text, describe_data
+from providers.acp_text import MAX_DATA_CHARS, describe_data, quoted, short_text
 from supervision.errors import AbortError, SubagentRuntimeError
 
 __all__ = [
@@ -38,7 +38,10 @@ class RpcError(SubagentRuntimeError):
     """The peer answered our request with a JSON-RPC error object."""
 
     def __init__(self, method: str, code: object, message: object, data: object = None) -> None:
-        text = f"{method} failed: {clean_text(str(message))} (code {code})"
+        # The message and code are the agent's: cleaned and bounded like its `data` (an agent
+        # may answer with a megabyte-long message, or a code that is a string of escapes).
+        shown = short_text(message if isinstance(message, str) else quoted(message), MAX_DATA_CHARS)
+        text = f"{method} failed: {shown} (code {quoted(code)})"
         if data is not None:
             # The agent's own reason usually lives here (the message is often just
             # "Internal error"), so it is part of every diagnostic.

@@ -610,14 +610,14 @@ def test_a_bad_line_mid_turn_ends_the_run_says_why_and_reaps_the_agent(
 
 
 def test_an_agent_streaming_without_end_is_stopped_at_the_output_bound(parent: Parent) -> None:
-    """An agent may not fill the host's memory with its answer: past `MAX_OUTPUT_CHARS` the
+    """An agent may not fill the host's memory with its answer: past `MAX_OUTPUT_BYTES` the
     run ends `error`, saying so, and the agent is reaped before anyone disposes the run."""
     run = start(AcpProvider(peer_config("flood_output")), parent)
     result = run.result.get(timeout=RESULT_TIMEOUT)
     try:
         assert result.stop_reason == "error"
-        assert "the agent's answer exceeds 67,108,864 characters" in (result.diagnostic or "")
-        assert len(result.output[0]["text"]) <= acp_module.MAX_OUTPUT_CHARS
+        assert "the agent's answer exceeds 66,060,288 bytes (UTF-8)" in (result.diagnostic or "")
+        assert len(result.output[0]["text"]) <= acp_module.MAX_OUTPUT_BYTES
         wait_until(lambda: not group_alive(run.pid), timeout=RESULT_TIMEOUT)
     finally:
         run.dispose()

@@ -35,7 +35,13 @@ from agent.log import InvariantError, validate_log
 from agent.prompt import PromptError, render_template
 from agent.store import MemoryStore, _MemoryFile
 from agent.tools import Tool
-from providers.acp_rpc import ConnectionClosed, JsonRpcConnection, MethodNotFound, RpcError
+from providers.acp_rpc import (
+    ConnectionClosed,
+    JsonRpcConnection,
+    MethodNotFound,
+    RpcError,
+    usable_id,
+)
 from subagent.descriptor import (
     DescriptorError,
     SubagentDescriptor,
@@ -611,6 +617,8 @@ def expected_outcome(lines: list[bytes], trailing_newline: bool) -> tuple[str, A
         if not isinstance(message, dict):
             return ("closed", None)
         if isinstance(message.get("method"), str):
+            if "id" in message and not usable_id(message["id"]):
+                return ("closed", None)  # a request whose id cannot be echoed: a bad line
             continue
         if "id" in message and ("result" in message or "error" in message):
             rid = message["id"]
