@@ -17,6 +17,7 @@ import gc
 import sys
 import threading
 from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -36,6 +37,7 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 import pytest  # noqa: E402
+from acp_peers.support import Notifier, Parent  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
 
 # Pykka's own suite, unpacked by tests/conformance/run_pykka_suite.py; it runs on its own.
@@ -182,3 +184,28 @@ def _no_leaked_gevent_actors() -> Iterator[None]:
     for ref in leaked:
         module.join(ref, timeout=5)
     pytest.fail(f"{len(leaked)} GeventActor(s) left alive: {names}{more}", pytrace=False)
+
+
+@pytest.fixture
+def models() -> Iterator[list[Any]]:
+    """The HTTP model adapters a test made (it appends them), closed after it: their kept-alive
+    connections go with them."""
+    made: list[Any] = []
+    yield made
+    for model in made:
+        model.close()
+
+
+@pytest.fixture
+def notifier() -> Iterator[Notifier]:
+    """What the ACP peer agents tell the test (`acp_peers.support.Notifier`: a socket they write
+    their pids and steps to)."""
+    n = Notifier()
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def parent(tmp_path: Path) -> Parent:
+    """A parent for an `acp` provider's start, working in the test's directory."""
+    return Parent(cwd=str(tmp_path))

@@ -214,6 +214,29 @@ class Stall:
         conn.drop()
 
 
+def read_request(sock: Socket, buf: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """The next request on `sock` after the bytes `buf` already read: its head (without the
+    blank line), its body (by `Content-Length`) and what came after it; None when the client
+    closed the connection first."""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            return None
+        buf += data
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(buf) < length:
+        data = sock.recv(65536)
+        if not data:
+            return None
+        buf += data
+    return head, buf[:length], buf[length:]
+
+
 @dataclass
 class OpenAIStub:
     default: Behaviour = field(default_factory=stream_text)
@@ -258,25 +281,16 @@ class OpenAIStub:
         buf = b""
         try:
             while True:
-                while b"\r\n\r\n" not in buf:
-                    data = sock.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
+                read = read_request(sock, buf)
+                if read is None:
+                    return
+                head, raw, buf = read
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {}
                 for line in lines[1:]:
                     k, _, v = line.partition(":")
                     headers[k.strip().lower()] = v.strip()
-                length = int(headers.get("content-length", "0"))
-                while len(buf) < length:
-                    data = sock.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                raw, buf = buf[:length], buf[length:]
                 body = json.loads(raw) if raw else None
                 req = StubRequest(method, path, headers, body)
                 self.requests.append(req)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from acp_peers.support import (
     Notifier,
     Parent,
     fake_config,
+    finish,
     group_alive,
     peer_config,
     pid_alive,
@@ -37,7 +37,6 @@ from subagent.types import (
     SubagentCapabilities,
     SubagentContinuation,
     SubagentProvider,
-    SubagentResult,
     SubagentResumeRequest,
     SubagentRun,
     SubagentStartRequest,
@@ -47,18 +46,6 @@ from supervision.signal import AbortController, AbortSignal
 RESULT_TIMEOUT = 30.0
 
 
-@pytest.fixture
-def parent(tmp_path: Path) -> Parent:
-    return Parent(cwd=str(tmp_path))
-
-
-@pytest.fixture
-def notifier() -> Iterator[Notifier]:
-    n = Notifier()
-    yield n
-    n.close()
-
-
 def start(
     provider: AcpProvider, parent: Parent, text: str = "hello", signal: AbortSignal | None = None
 ) -> AcpRun:
@@ -66,16 +53,6 @@ def start(
         prompt=text_prompt(text), parent=parent, signal=signal or AbortSignal.never()
     )
     return provider.start(request)
-
-
-def finish(run: AcpRun) -> SubagentResult:
-    """The run's result, then dispose it and prove its whole process group is gone."""
-    try:
-        result: SubagentResult = run.result.get(timeout=RESULT_TIMEOUT)
-    finally:
-        run.dispose()
-    assert not group_alive(run.pid)
-    return result
 
 
 # -- identity and capabilities ------------------------------------------------------------------

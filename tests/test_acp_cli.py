@@ -9,7 +9,6 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,6 @@ from gevent import subprocess
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only"
 )
-
-
-@pytest.fixture
-def notifier() -> Iterator[Notifier]:
-    n = Notifier()
-    yield n
-    n.close()
 
 
 def run_cli(tmp_path: Path, notifier: Notifier, agent: str) -> Any:

@@ -11,12 +11,11 @@ import json
 import logging
 import sys
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from acp_peers.support import Notifier, Parent, group_alive, text_prompt, wait_until
+from acp_peers.support import Notifier, Parent, finish, group_alive, text_prompt, wait_until
 
 from agent.store import SessionStore
 from providers.acp import (
@@ -27,7 +26,7 @@ from providers.acp import (
     ResumableAcpProvider,
 )
 from subagent.runtime import Runtime
-from subagent.types import SubagentResult, SubagentStartRequest, text_block
+from subagent.types import SubagentStartRequest, text_block
 from supervision.signal import AbortController, AbortSignal
 
 HOSTILE = str(Path(__file__).parent / "acp_peers" / "hostile_agent.py")
@@ -40,32 +39,11 @@ def hostile(mode: str, *args: str, **overrides: Any) -> AcpConfig:
     return AcpConfig(command=sys.executable, args=[HOSTILE, mode, *args], **options)
 
 
-@pytest.fixture
-def parent(tmp_path: Path) -> Parent:
-    return Parent(cwd=str(tmp_path))
-
-
-@pytest.fixture
-def notifier() -> Iterator[Notifier]:
-    n = Notifier()
-    yield n
-    n.close()
-
-
 def start(config: AcpConfig, parent: Parent, signal: AbortSignal | None = None) -> AcpRun:
     request = SubagentStartRequest(
         prompt=text_prompt("go"), parent=parent, signal=signal or AbortSignal.never()
     )
     return AcpProvider(config).start(request)
-
-
-def finish(run: AcpRun) -> SubagentResult:
-    try:
-        result: SubagentResult = run.result.get(timeout=TIMEOUT)
-    finally:
-        run.dispose()
-    assert not group_alive(run.pid)
-    return result
 
 
 def clean(text: str) -> bool:
@@ -167,7 +145,7 @@ def test_absurd_usage_and_cost_are_dropped_and_the_childs_record_is_whole(
 
 
 def test_a_one_shot_result_carries_no_absurd_usage_or_cost(parent: Parent) -> None:
-    result = finish(start(hostile("big_usage"), parent))
+    result = finish(start(hostile("big_usage"), parent), TIMEOUT)
     assert result.stop_reason == "completed"
     assert result.extra == {}
 
@@ -175,14 +153,14 @@ def test_a_one_shot_result_carries_no_absurd_usage_or_cost(parent: Parent) -> No
 def test_lone_surrogates_in_the_answer_are_repaired(parent: Parent) -> None:
     """A JSON `\\ud800` escape in a chunk cannot be encoded as UTF-8: the answer carries U+FFFD
     instead, as everywhere in the runtime, so a caller can print or send it."""
-    result = finish(start(hostile("surrogates"), parent))
+    result = finish(start(hostile("surrogates"), parent), TIMEOUT)
     assert result.stop_reason == "completed"
     assert result.output == [{"type": "text", "text": "left \ufffd right"}]
     result.output[0]["text"].encode("utf-8")
 
 
 def test_a_huge_stop_reason_is_quoted_short_and_escaped(parent: Parent) -> None:
-    result = finish(start(hostile("bogus_stop", "100000"), parent))
+    result = finish(start(hostile("bogus_stop", "100000"), parent), TIMEOUT)
     assert result.stop_reason == "error"
     diagnostic = result.diagnostic or ""
     assert diagnostic.startswith("the agent ended its turn with stop reason '\\x1b[2J")
@@ -197,7 +175,9 @@ def test_a_flood_of_refused_permissions_is_counted_and_named_short_and_clean(
     named every title whole, raw escapes and all (half a megabyte); now it names the first few,
     cleaned and cut, and counts the rest."""
     events: list[dict[str, Any]] = []
-    result = finish(start(hostile("permission_flood", "50", on_progress=events.append), parent))
+    result = finish(
+        start(hostile("permission_flood", "50", on_progress=events.append), parent), TIMEOUT
+    )
     assert result.stop_reason == "error"
     diagnostic = result.diagnostic or ""
     assert "refused permission for: [bold red]boom[/]ttt" in diagnostic
@@ -210,7 +190,7 @@ def test_a_flood_of_refused_permissions_is_counted_and_named_short_and_clean(
 def test_a_json_rpc_error_with_a_huge_message_and_a_code_of_escapes_is_bounded_and_clean(
     parent: Parent,
 ) -> None:
-    result = finish(start(hostile("rpc_error"), parent))
+    result = finish(start(hostile("rpc_error"), parent), TIMEOUT)
     assert result.stop_reason == "error"
     diagnostic = result.diagnostic or ""
     assert diagnostic.startswith("session/prompt failed: [bold red]boom[/]mmm")
@@ -240,7 +220,7 @@ def test_nothing_the_agent_sends_after_the_run_settled_is_reported(
     answered = json.loads(notifier.expect("answered"))
     assert answered == {"outcome": {"outcome": "cancelled"}}
     assert events == []
-    result = finish(run)
+    result = finish(run, TIMEOUT)
     # "working" may or may not have been read before the abort; the late chunk never counts.
     assert result.output in ([], [{"type": "text", "text": "working"}])
 
@@ -249,7 +229,7 @@ def test_what_the_agent_streams_after_answering_its_prompt_is_not_output(parent:
     """Chunks for another session are ignored, and so are answers to ids never sent and a second
     answer to the prompt; a chunk sent after the answer (ACP has every update come first) was
     counted when the reader got to it before the turn's greenlet ran."""
-    result = finish(start(hostile("foreign_session"), parent))
+    result = finish(start(hostile("foreign_session"), parent), TIMEOUT)
     assert result.stop_reason == "completed"
     assert result.output == [{"type": "text", "text": "mine"}]
 
@@ -257,7 +237,7 @@ def test_what_the_agent_streams_after_answering_its_prompt_is_not_output(parent:
 def test_requests_the_client_never_offered_are_refused_method_not_found(parent: Parent) -> None:
     """`initialize` offers no `fs` and no `terminal`; every such request (a path outside the cwd
     included), an unknown method and an `_` extension are answered -32601."""
-    result = finish(start(hostile("requests"), parent))
+    result = finish(start(hostile("requests"), parent), TIMEOUT)
     assert result.stop_reason == "completed"
     offered, answered = result.output[0]["text"].split("; ")
     assert json.loads(offered.removeprefix("offered ")) == {

@@ -14,6 +14,7 @@ import gevent.ssl
 import pytest
 from gevent.server import StreamServer
 from gevent.socket import socket as Socket
+from openai_stub import read_request
 
 from agent.errors import ResponseTooLarge
 from agent.http_client import BLOCK, MAX_HEAD, HTTPPool, Response
@@ -38,17 +39,11 @@ class RawServer:
         buf = b""
         try:
             while self.answers:
-                while b"\r\n\r\n" not in buf:
-                    more = sock.recv(65536)
-                    if not more:
-                        return
-                    buf += more
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                while len(buf) < length:
-                    buf += sock.recv(65536)
-                self.requests.append(head + b"\r\n\r\n" + buf[:length])
-                buf = buf[length:]
+                read = read_request(sock, buf)
+                if read is None:
+                    return
+                head, body, buf = read
+                self.requests.append(head + b"\r\n\r\n" + body)
                 self.answers.pop(0)(sock, head)
         except OSError:
             pass

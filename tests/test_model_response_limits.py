@@ -4,45 +4,25 @@ adapters and both answer shapes; long JSON is parsed off the hub (docs/models.md
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic_stub as an
 import openai_stub as st
 import pytest
 from anthropic_stub import AnthropicStub
+from model_support import hi_request
 from openai_stub import Conn, OpenAIStub, StubRequest
 
 from agent import json_text
-from agent.model import ModelError, ModelRequest
+from agent.model import ModelError
 from agent.models.anthropic import AnthropicModel
 from agent.models.http import DEFAULT_MAX_RESPONSE_BYTES, HTTPModel
 from agent.models.openai import OpenAIModel
-from supervision.signal import AbortSignal
 
 LIMIT = 64 * 1024
 # The most a stub sends before it gives up on its own: far past LIMIT, so a call that read it
 # all has ignored the limit; bounded, so the test ends either way.
 STUB_SENDS = 16 * LIMIT
-
-
-def _request() -> ModelRequest:
-    return ModelRequest(
-        session_id="s1",
-        model="m",
-        system="",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        tools=(),
-        signal=AbortSignal.never(),
-    )
-
-
-@pytest.fixture
-def models() -> Iterator[list[HTTPModel]]:
-    made: list[HTTPModel] = []
-    yield made
-    for model in made:
-        model.close()
 
 
 def _endless(event: bytes, first: bytes = b"") -> st.Behaviour:
@@ -72,7 +52,7 @@ def test_an_endless_openai_stream_fails_at_the_limit(models: list[HTTPModel]) ->
         models.append(model)
         progress: list[Any] = []
         with pytest.raises(ModelError, match=rf"ran past {LIMIT} bytes \(max_response_bytes\)"):
-            model.complete(_request(), progress.append)
+            model.complete(hi_request(), progress.append)
         # What streamed before the limit was shown; not a byte past it was read as an answer.
         shown = sum(len(p["text"]) for p in progress)
         assert 0 < shown <= LIMIT
@@ -99,7 +79,7 @@ def test_an_endless_anthropic_stream_fails_at_the_limit(models: list[HTTPModel])
         model = AnthropicModel(base_url=stub.base_url, api_key="k", max_response_bytes=LIMIT)
         models.append(model)
         with pytest.raises(ModelError, match=rf"ran past {LIMIT} bytes"):
-            model.complete(_request())
+            model.complete(hi_request())
 
 
 def test_a_json_answer_past_the_limit_fails(models: list[HTTPModel]) -> None:
@@ -109,12 +89,14 @@ def test_a_json_answer_past_the_limit_fails(models: list[HTTPModel]) -> None:
         model = OpenAIModel(base_url=stub.base_url, api_key="k", max_response_bytes=LIMIT)
         models.append(model)
         with pytest.raises(ModelError, match=rf"ran past {LIMIT} bytes"):
-            model.complete(_request())
+            model.complete(hi_request())
         # The same answer under a limit it fits is read whole.
         stub.enqueue(st.status(200, answer))
         roomy = OpenAIModel(base_url=stub.base_url, api_key="k", max_response_bytes=4 * LIMIT)
         models.append(roomy)
-        assert roomy.complete(_request()).content == ({"type": "text", "text": "z" * (2 * LIMIT)},)
+        assert roomy.complete(hi_request()).content == (
+            {"type": "text", "text": "z" * (2 * LIMIT)},
+        )
 
 
 def test_long_json_is_parsed_off_the_hub(
@@ -136,8 +118,8 @@ def test_long_json_is_parsed_off_the_hub(
         stub.enqueue(st.stream_text(["short"]))
         model = OpenAIModel(base_url=stub.base_url, api_key="k")
         models.append(model)
-        assert model.complete(_request()).content == ({"type": "text", "text": big},)
-        assert model.complete(_request()).content == ({"type": "text", "text": "short"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": big},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "short"},)
     assert len(offloaded) == 1 and offloaded[0] > 2 * json_text.ON_HUB_BYTES  # the long one
 
 

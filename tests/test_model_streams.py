@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic_stub as an
@@ -14,33 +13,14 @@ import openai_stub as st
 import pytest
 from anthropic_stub import AnthropicStub
 from gevent.event import Event
+from model_support import hi_request
 from openai_stub import SSE_HEAD, Conn, OpenAIStub, StubRequest
 
 from agent.http_client import BLOCK
-from agent.model import ModelError, ModelRequest
+from agent.model import ModelError
 from agent.models.anthropic import AnthropicModel
 from agent.models.http import MAX_LINE_BYTES, USER_AGENT, HTTPModel
 from agent.models.openai import OpenAIModel
-from supervision.signal import AbortSignal
-
-
-def _request() -> ModelRequest:
-    return ModelRequest(
-        session_id="s1",
-        model="m",
-        system="",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        tools=(),
-        signal=AbortSignal.never(),
-    )
-
-
-@pytest.fixture
-def models() -> Iterator[list[HTTPModel]]:
-    made: list[HTTPModel] = []
-    yield made
-    for model in made:
-        model.close()
 
 
 def _openai(stub: OpenAIStub, models: list[HTTPModel], **kw: Any) -> OpenAIModel:
@@ -94,7 +74,7 @@ def test_a_line_without_an_end_is_refused_at_the_line_limit(models: list[HTTPMod
         stub.enqueue(held)
         model = _openai(stub, models, read_timeout=30)
         with pytest.raises(ModelError, match="a line ran past 16777216 bytes without an end") as e:
-            model.complete(_request())
+            model.complete(hi_request())
         assert held.gone.wait(10)  # the client closed the connection
         read = int(re.search(r"\((\d+) bytes of body read\)", str(e.value)).group(1))  # type: ignore[union-attr]
         assert MAX_LINE_BYTES < read <= MAX_LINE_BYTES + BLOCK
@@ -112,7 +92,7 @@ def test_a_long_line_is_counted_against_max_response_bytes_as_it_arrives(
         stub.enqueue(held)
         model = _openai(stub, models, read_timeout=30, max_response_bytes=limit)
         with pytest.raises(ModelError, match=rf"ran past {limit} bytes \(max_response_bytes\)"):
-            model.complete(_request())
+            model.complete(hi_request())
         assert held.gone.wait(10)
         assert len(stub.requests) == 1
 
@@ -122,7 +102,7 @@ def test_long_lines_below_the_limits_are_read_whole(models: list[HTTPModel]) -> 
     text = "z" * (3 * 1024 * 1024)
     with OpenAIStub() as stub:
         stub.enqueue(st.stream_text([text, "!"]))
-        answer = _openai(stub, models).complete(_request())
+        answer = _openai(stub, models).complete(hi_request())
         assert answer.content == ({"type": "text", "text": text + "!"},)
 
 
@@ -151,7 +131,7 @@ def test_each_delta_is_delivered_as_soon_as_its_event_arrives(models: list[HTTPM
 
     with OpenAIStub() as stub:
         stub.enqueue(stepwise)
-        answer = _openai(stub, models).complete(_request(), on_progress)
+        answer = _openai(stub, models).complete(hi_request(), on_progress)
     assert seen_by_server == [True]
     assert progress == [{"type": "text", "text": "first "}, {"type": "text", "text": "second"}]
     assert answer.content == ({"type": "text", "text": "first second"},)
@@ -175,7 +155,7 @@ def test_an_anthropic_delta_is_delivered_mid_stream_too(models: list[HTTPModel])
         stub.enqueue(stepwise)
         model = AnthropicModel(base_url=stub.base_url, api_key="k")
         models.append(model)
-        answer = model.complete(_request(), lambda _delta: shown.set())
+        answer = model.complete(hi_request(), lambda _delta: shown.set())
     assert seen_by_server == [True]
     assert answer.content == ({"type": "text", "text": "one two"},)
 
@@ -195,12 +175,12 @@ def test_one_connection_carries_streams_errors_and_json_answers(models: list[HTT
             st.stream_text(["c"]),
         )
         model = _openai(stub, models)
-        assert model.complete(_request()).content == ({"type": "text", "text": "a"},)
-        assert model.complete(_request()).content == ({"type": "text", "text": "b"},)
-        assert model.complete(_request()).content == ({"type": "text", "text": "json"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "a"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "b"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "json"},)
         with pytest.raises(ModelError, match="HTTP 400"):
-            model.complete(_request())
-        assert model.complete(_request()).content == ({"type": "text", "text": "c"},)
+            model.complete(hi_request())
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "c"},)
         assert len(stub.requests) == 6 and stub.connections == 1
 
 
@@ -209,7 +189,7 @@ def test_anthropic_keeps_its_connection_alive(models: list[HTTPModel]) -> None:
         model = AnthropicModel(base_url=stub.base_url, api_key="k")
         models.append(model)
         for _ in range(3):
-            assert model.complete(_request()).finish == "stop"
+            assert model.complete(hi_request()).finish == "stop"
         assert len(stub.requests) == 3 and stub.connections == 1
 
 
@@ -220,9 +200,9 @@ def test_a_half_read_answer_is_never_reused(models: list[HTTPModel]) -> None:
         stub.enqueue(stall)
         model = _openai(stub, models)
         with pytest.raises(ModelError, match="malformed SSE data"):
-            model.complete(_request())
+            model.complete(hi_request())
         assert stall.client_gone.wait(10)  # closed, not put back
-        assert model.complete(_request()).finish == "stop"
+        assert model.complete(hi_request()).finish == "stop"
         assert stub.connections == 2
 
 
@@ -238,9 +218,9 @@ def test_a_connection_the_server_closed_while_idle_is_not_used(models: list[HTTP
     with OpenAIStub() as stub:
         stub.enqueue(answer_then_close)
         model = _openai(stub, models, on_retry=lambda *a: retries.append(a))
-        assert model.complete(_request()).finish == "stop"
+        assert model.complete(hi_request()).finish == "stop"
         gevent.sleep(0)  # nothing to wait for: the close happened before the answer ended
-        assert model.complete(_request()).content == ({"type": "text", "text": "Hello"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "Hello"},)
     assert retries == [] and stub.connections == 2 and len(stub.requests) == 2
 
 
@@ -253,8 +233,8 @@ def test_a_request_the_server_drops_on_a_kept_connection_goes_once_more(
     with OpenAIStub() as stub:
         stub.enqueue(st.stream_text(["one"]), st.drop_before_response(), st.stream_text(["two"]))
         model = _openai(stub, models, on_retry=lambda *a: retries.append(a))
-        assert model.complete(_request()).content == ({"type": "text", "text": "one"},)
-        assert model.complete(_request()).content == ({"type": "text", "text": "two"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "one"},)
+        assert model.complete(hi_request()).content == ({"type": "text", "text": "two"},)
     assert retries == [] and stub.connections == 2 and len(stub.requests) == 3
 
 
@@ -275,7 +255,7 @@ def test_pool_size_bounds_the_connections_and_later_calls_wait_their_turn(
     with OpenAIStub() as stub:
         stub.default = counted
         model = _openai(stub, models, pool_size=2, max_retries=0)
-        calls = [gevent.spawn(model.complete, _request()) for _ in range(6)]
+        calls = [gevent.spawn(model.complete, hi_request()) for _ in range(6)]
         assert stub.wait_for_requests(2)
         gevent.sleep(0.05)  # give the other four every chance to (wrongly) get through
         assert len(stub.requests) == 2
@@ -316,10 +296,10 @@ def test_a_stream_closed_mid_body_fails_keeps_its_partial_output_and_is_not_repl
         stub.enqueue(behaviour)
         model = _openai(stub, models)
         with pytest.raises(ModelError, match="connection closed mid-stream"):
-            model.complete(_request(), progress.append)
+            model.complete(hi_request(), progress.append)
         assert progress == [{"type": "text", "text": "par"}]
         assert len(stub.requests) == 1
-        assert model.complete(_request()).finish == "stop"  # a new connection serves the next
+        assert model.complete(hi_request()).finish == "stop"  # a new connection serves the next
         assert stub.connections == 2
 
 
@@ -329,11 +309,11 @@ def test_an_anthropic_stream_cut_in_a_chunk_fails(models: list[HTTPModel]) -> No
         model = AnthropicModel(base_url=stub.base_url, api_key="k", max_retries=0)
         models.append(model)
         with pytest.raises(ModelError, match="connection closed mid-stream"):
-            model.complete(_request())
+            model.complete(hi_request())
 
 
 def test_a_user_agent_is_sent_unless_the_caller_names_one(models: list[HTTPModel]) -> None:
     with OpenAIStub() as stub:
-        _openai(stub, models).complete(_request())
-        _openai(stub, models, headers={"User-Agent": "mine/1"}).complete(_request())
+        _openai(stub, models).complete(hi_request())
+        _openai(stub, models, headers={"User-Agent": "mine/1"}).complete(hi_request())
     assert [r.headers["user-agent"] for r in stub.requests] == [USER_AGENT, "mine/1"]

@@ -16,8 +16,9 @@ import gevent
 import gevent.queue
 import gevent.socket
 
-from providers.acp import AcpConfig
+from providers.acp import AcpConfig, AcpRun
 from providers.acp_process import group_has_live_member, process_stats
+from subagent.types import SubagentResult
 
 PEER = str(Path(__file__).parent / "sdk_agent.py")
 FAKE = str(Path(__file__).parent / "fake_agent.py")
@@ -132,3 +133,13 @@ def child_processes() -> list[int]:
         for pid, fields in process_stats()
         if len(fields) > 1 and int(fields[1]) == me and fields[0] not in (b"Z", b"X")
     ]
+
+
+def finish(run: AcpRun, timeout: float = 30.0) -> SubagentResult:
+    """The run's result, then dispose it and prove its whole process group is gone."""
+    try:
+        result: SubagentResult = run.result.get(timeout=timeout)
+    finally:
+        run.dispose()
+    assert not group_alive(run.pid)
+    return result
