@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 
@@ -37,8 +37,10 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 import pytest  # noqa: E402
-from acp_peers.support import Notifier, Parent  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
+
+if TYPE_CHECKING:
+    from acp_peers.support import Notifier, Parent
 
 # Pykka's own suite, unpacked by tests/conformance/run_pykka_suite.py; it runs on its own.
 collect_ignore = ["conformance/_pykka_tests"]
@@ -200,6 +202,8 @@ def models() -> Iterator[list[Any]]:
 def notifier() -> Iterator[Notifier]:
     """What the ACP peer agents tell the test (`acp_peers.support.Notifier`: a socket they write
     their pids and steps to)."""
+    from acp_peers.support import Notifier  # here: the hub monitor's test copies this file alone
+
     n = Notifier()
     yield n
     n.close()
@@ -208,4 +212,6 @@ def notifier() -> Iterator[Notifier]:
 @pytest.fixture
 def parent(tmp_path: Path) -> Parent:
     """A parent for an `acp` provider's start, working in the test's directory."""
+    from acp_peers.support import Parent
+
     return Parent(cwd=str(tmp_path))
