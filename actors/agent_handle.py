@@ -136,6 +136,7 @@ class Agent:
 
     def cancel(self, cause: object = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
         """Abort the running turn (and the children it started); replies when idle."""
+        self.ctx.owner.check()
         try:
             self.ctx.lifecycle.cancelled(self, cause)
         except Exception:
@@ -152,7 +153,8 @@ class Agent:
     def _ask(self, message: Send | Steer | Cancel | WhenIdle) -> Future[Any]:
         """Ask the actor; once it has stopped, the future fails with a `SubagentError` that says
         why (`RUNTIME_CLOSED` after `Runtime.close()`, else `RUN_DISPOSED`), never Pykka's raw
-        `ActorDeadError`."""
+        `ActorDeadError`. From another thread than the runtime's: `WRONG_THREAD`, raised."""
+        self.ctx.owner.check()
         if self._closed or not self.ref.is_alive():
             future: GeventFuture[Any] = GeventFuture()
             error = self._closed_error()
@@ -221,6 +223,7 @@ class Agent:
         """Cancel what runs, close the log and stop the actor; returns at quiescence."""
         if self._closed and not self.ref.is_alive():
             return
+        self.ctx.owner.check()
         try:
             self.ctx.lifecycle.closing(self)  # the service disposes this agent's children here
         except Exception:

@@ -14,6 +14,7 @@ from agent.inbox import InboxLimits
 from agent.lifecycle import AgentLifecycle
 from agent.models import ModelRegistry
 from agent.options import AgentOptions
+from agent.owner_thread import OwnerThread
 from agent.prompt import SystemPrompt
 from agent.store import MemoryStore, SessionStore
 from agent.tools import ToolHost, ToolRegistry
@@ -52,6 +53,8 @@ class AgentContext:
     prices: PriceTable = field(default_factory=PriceTable)
     # What each agent's inbox holds at most before it refuses (`INBOX_FULL`).
     inbox: InboxLimits = field(default_factory=InboxLimits)
+    # The thread whose hub runs this runtime's agents: their handles refuse any other.
+    owner: OwnerThread = field(default_factory=OwnerThread)
     # Live agents by session id (`ctx.agents`): the one place that knows who is running.
     agents: MutableMapping[str, LiveAgent] = field(default_factory=dict)
     # Services of upper layers, set by the runtime wiring (`subagent.SubagentService`,

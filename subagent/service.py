@@ -45,7 +45,6 @@ from subagent.continuation import ContinuableStart, ContinuationManager, SendRes
 from subagent.errors import SubagentError
 from subagent.listings import ChildRow, Listings
 from subagent.live import LiveAgents, live_agent, task_service
-from subagent.owner_thread import OwnerThread
 from subagent.remote_runs import RemoteRunTable
 from subagent.schema import UnsupportedSchemaError, check_output_schema
 from subagent.tasks import DEFAULT_KEEP_SETTLED
@@ -271,8 +270,9 @@ class SubagentService:
         max_children_per_parent: int | None = None,
     ) -> None:
         self._ctx = ctx
-        # Starts, resumes and close from another thread are refused (`OwnerThread`).
-        self.owner = OwnerThread()
+        # Starts, resumes and close from another thread are refused (`agent.owner_thread`): the
+        # thread of the context, whose hub runs the agents.
+        self.owner = ctx.owner
         self._registry, self._ref = start_local(
             RegistryActor, max_children, max_children_per_parent
         )

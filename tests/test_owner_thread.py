@@ -148,3 +148,24 @@ def test_a_runs_handle_refuses_another_thread_and_the_run_goes_on() -> None:
         result = run.result.get(timeout=10)
         assert (result.stop_reason, result.output[0]["text"]) == ("completed", "steered: here")
         run.dispose()
+
+
+def test_an_agents_handle_refuses_another_thread_and_the_agent_goes_on() -> None:
+    """`send`, `steer`, `cancel`, `when_idle` and `close` reach the agent's actor on the
+    runtime's hub: from another thread they fail `WRONG_THREAD`, and the agent is untouched."""
+    with Runtime(store=MemoryStore()) as rt:
+        agent = rt.agent()
+        for name, call in {
+            "send": lambda: agent.send("from elsewhere"),
+            "steer": lambda: agent.steer("from elsewhere"),
+            "cancel": agent.cancel,
+            "when_idle": agent.when_idle,
+            "close": agent.close,
+        }.items():
+            raised = _in_another_thread(call)
+            assert isinstance(raised, SubagentError), name
+            assert raised.code == "WRONG_THREAD", name
+        assert agent.status == "idle" and agent.log.turn == 0  # nothing was queued or run
+        agent.send("here").get(timeout=10)
+        outcome = agent.when_idle().get(timeout=10)
+        assert outcome is not None and outcome.reason == "completed"

@@ -3,7 +3,9 @@
 A runtime runs as greenlets on the gevent hub of the thread that made it. Called from another
 thread, a start made its child's actors on that thread's hub, where nothing the runtime owns
 can reach them: the call seemed to work, and the runtime's `close()` then waited for them for
-ever. The entry points that make or end work check the caller's thread first and fail loud.
+ever. The entry points that make or end work, and the handles' own methods (an agent's
+`send`, a run's `steer`), check the caller's thread first and fail loud. In the agent layer so
+that the handles of every layer above reach it through their context (`AgentContext.owner`).
 """
 
 from __future__ import annotations
