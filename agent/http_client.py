@@ -196,7 +196,8 @@ class Response:
         self._reason: list[bytes] = []
         self._debt = -1  # framing bytes of a chunked body beyond its chunks' due (-1: not one)
         self._to_close = False  # the body ends with the connection
-        parser = self._parser = httptools.HttpResponseParser(self)
+        parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = parser
         parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)  # LF-only lines
         while not self._head_done:
             data = conn.recv()
@@ -213,6 +214,7 @@ class Response:
             # what was received is unknown: the connection is not used again.
             self._done = self.will_close = True
             self._body.clear()
+            self._parser = None
 
     # --- llhttp's callbacks (called from `feed_data`) -----------------------------------------
 
@@ -242,6 +244,7 @@ class Response:
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        assert parser is not None  # a callback: llhttp is parsing
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # an interim answer, followed by the real one
             self._interim = True
@@ -279,9 +282,14 @@ class Response:
     # --- reading ------------------------------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
-        """Parse one received block; llhttp's errors named as `http.client` names them."""
+        """Parse one received block; llhttp's errors named as `http.client` names them. Once
+        the answer's end is seen the parser is dropped: it holds this object (its callbacks),
+        and a cycle per answer would be left to the cyclic collector."""
+        parser = self._parser
+        if parser is None:  # the answer ended: nothing more is read
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # after a 101: what follows is not HTTP
             self._done = True
         except httptools.HttpParserCallbackError as exc:
@@ -293,12 +301,15 @@ class Response:
             raise error from None
         except httptools.HttpParserError as exc:
             if not self._head_done:
-                if not (self._reason or self._header_count or self._parser.get_status_code()):
+                if not (self._reason or self._header_count or parser.get_status_code()):
                     raise http.client.BadStatusLine(repr(data[:100])) from None
                 raise http.client.HTTPException(f"a malformed response head: {exc}") from None
             if "overflow" in str(exc):  # a chunk size of more hex digits than 64 bits hold
                 raise http.client.LineTooLong("a chunk size line") from None
             raise http.client.IncompleteRead(b"", 0) from None  # the framing is lost
+        finally:
+            if self._done:
+                self._parser = None
 
     @property
     def complete(self) -> bool:
@@ -319,7 +330,7 @@ class Response:
             data = self._conn.recv()
             if not data:
                 if self._to_close:
-                    self._done = True
+                    self._done, self._parser = True, None
                     return b""
                 raise http.client.IncompleteRead(b"", self._left())
             self._feed(data)

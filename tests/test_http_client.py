@@ -3,6 +3,7 @@ sends exactly the bytes each test gives it."""
 
 from __future__ import annotations
 
+import gc
 import http.client
 import ssl
 import threading
@@ -150,6 +151,21 @@ def test_a_content_length_body_an_interim_answer_and_lf_only_lines(pools: list[H
     finally:
         server.close()
     assert server.connections == 1
+
+
+def test_an_answer_read_to_its_end_is_no_reference_cycle(pools: list[HTTPPool]) -> None:
+    """llhttp's parser holds the response (its callbacks): dropped at the answer's end, so a
+    model call leaves nothing for the cyclic collector."""
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    server = RawServer(send(chunked))
+    try:
+        response, body = _get(_pool(server, pools))
+    finally:
+        server.close()
+    assert body == b"abc" and response.complete
+    # The parser keeps its callbacks as bound methods of the response: none may be left.
+    callbacks = [r for r in gc.get_referrers(response) if getattr(r, "__self__", None) is response]
+    assert callbacks == []
 
 
 def test_a_head_of_lf_lines_is_not_cut_at_a_crlf_pair_in_its_body(pools: list[HTTPPool]) -> None:
