@@ -48,6 +48,15 @@ def _in_another_thread(call: Callable[[], Any]) -> BaseException | None:
     return caught[0]
 
 
+def _refused_in_another_thread(calls: dict[str, Callable[[], Any]]) -> None:
+    """Each call, made from another thread, fails `WRONG_THREAD` naming the owning thread."""
+    for name, call in calls.items():
+        raised = _in_another_thread(call)
+        assert isinstance(raised, SubagentError), name
+        assert raised.code == "WRONG_THREAD", name
+        assert "MainThread" in str(raised), name
+
+
 def test_every_entry_point_refuses_another_thread_and_nothing_is_made() -> None:
     with Runtime(store=MemoryStore()) as rt:
         rt.subagents.register(SpawnProvider())
@@ -69,11 +78,7 @@ def test_every_entry_point_refuses_another_thread_and_nothing_is_made() -> None:
             "close": rt.close,
         }
         agents_before = set(rt.ctx.agents)
-        for name, call in calls.items():
-            raised = _in_another_thread(call)
-            assert isinstance(raised, SubagentError), name
-            assert raised.code == "WRONG_THREAD", name
-            assert "MainThread" in str(raised), name
+        _refused_in_another_thread(calls)
         assert set(rt.ctx.agents) == agents_before  # nothing was made
         assert service.runs() == []
         # The owning thread still works, and the runtime closes (it used to wait for ever).
@@ -134,14 +139,13 @@ def test_a_runs_handle_refuses_another_thread_and_the_run_goes_on() -> None:
                 prompt=[text_block("go")], parent=rt.agent(), signal=AbortController().signal
             ),
         )
-        for name, call in {
-            "steer": lambda: run.steer("from elsewhere"),
-            "cancel": run.cancel,
-            "dispose": run.dispose,
-        }.items():
-            raised = _in_another_thread(call)
-            assert isinstance(raised, SubagentError), name
-            assert raised.code == "WRONG_THREAD", name
+        _refused_in_another_thread(
+            {
+                "steer": lambda: run.steer("from elsewhere"),
+                "cancel": run.cancel,
+                "dispose": run.dispose,
+            }
+        )
         steered = run.steer("here")
         admitted.set()
         steered.get(timeout=10)
@@ -155,16 +159,15 @@ def test_an_agents_handle_refuses_another_thread_and_the_agent_goes_on() -> None
     runtime's hub: from another thread they fail `WRONG_THREAD`, and the agent is untouched."""
     with Runtime(store=MemoryStore()) as rt:
         agent = rt.agent()
-        for name, call in {
-            "send": lambda: agent.send("from elsewhere"),
-            "steer": lambda: agent.steer("from elsewhere"),
-            "cancel": agent.cancel,
-            "when_idle": agent.when_idle,
-            "close": agent.close,
-        }.items():
-            raised = _in_another_thread(call)
-            assert isinstance(raised, SubagentError), name
-            assert raised.code == "WRONG_THREAD", name
+        _refused_in_another_thread(
+            {
+                "send": lambda: agent.send("from elsewhere"),
+                "steer": lambda: agent.steer("from elsewhere"),
+                "cancel": agent.cancel,
+                "when_idle": agent.when_idle,
+                "close": agent.close,
+            }
+        )
         assert agent.status == "idle" and agent.log.turn == 0  # nothing was queued or run
         agent.send("here").get(timeout=10)
         outcome = agent.when_idle().get(timeout=10)
