@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import re
 import select
 import socket
@@ -67,7 +68,7 @@ import httptools
 
 from agent.errors import ResponseTooLarge
 
-__all__ = ["BLOCK", "MAX_HEAD", "MAX_HEADERS", "Exchange", "HTTPPool", "Response"]
+__all__ = ["BLOCK", "MAX_HEAD", "MAX_HEADERS", "Exchange", "HTTPPool", "Response", "tls_context"]
 
 # The most one read asks of the socket.
 BLOCK = 64 * 1024
@@ -142,6 +143,37 @@ def _default_context(cooperative: bool) -> ssl.SSLContext:
                 context = ssl.create_default_context()
             _contexts[cooperative] = context
         return context
+
+
+def tls_context(
+    *,
+    cafile: str | os.PathLike[str] | None = None,
+    cadata: str | None = None,
+    certfile: str | os.PathLike[str] | None = None,
+    keyfile: str | os.PathLike[str] | None = None,
+    password: str | None = None,
+    system_ca: bool = True,
+) -> ssl.SSLContext:
+    """A verified client TLS context of gevent's kind, for `tls_context=` (a pool, the model
+    adapters): the system's CAs (unless `system_ca=False`, to trust only a private CA: a pinned
+    gateway) plus `cafile`/`cadata`, and a client certificate from `certfile`/`keyfile`.
+
+    `gevent.ssl.create_default_context` cannot serve here: without monkey-patching it is the
+    standard library's function and returns a standard context, whose sockets block the hub.
+    Anything this helper does not cover: make a `gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)`
+    and set it up with the standard `SSLContext` methods."""
+    # Verifies the certificate and the host name; gevent's class is untyped, the standard one
+    # is what it subclasses.
+    context: ssl.SSLContext = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if system_ca:
+        context.load_default_certs()
+    if cafile is not None or cadata is not None:
+        context.load_verify_locations(cafile=cafile, cadata=cadata)
+    if certfile is not None:
+        context.load_cert_chain(certfile, keyfile, password)
+    elif keyfile is not None:
+        raise ValueError("keyfile needs certfile")
+    return context
 
 
 class _Stop(Exception):

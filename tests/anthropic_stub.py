@@ -171,4 +171,4 @@ class AnthropicStub(OpenAIStub):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_port}"
+        return f"{self.scheme}://127.0.0.1:{self._server.server_port}"

@@ -8,6 +8,7 @@ Each request takes the next queued behaviour, else the default one.
 from __future__ import annotations
 
 import json
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -243,9 +244,14 @@ class OpenAIStub:
     requests: list[StubRequest] = field(default_factory=list)
     queue: deque[Behaviour] = field(default_factory=deque)
     connections: int = 0
+    # Serve https with this (server) context: a `gevent.ssl` one, so the stub stays cooperative.
+    tls: ssl.SSLContext | None = None
 
     def __post_init__(self) -> None:
-        self._server = StreamServer(("127.0.0.1", 0), self._handle)
+        if self.tls is None:
+            self._server = StreamServer(("127.0.0.1", 0), self._handle)
+        else:
+            self._server = StreamServer(("127.0.0.1", 0), self._handle, ssl_context=self.tls)
         self._server.max_accept = 1000
         self._arrivals: list[tuple[int, Event]] = []
 
@@ -264,7 +270,11 @@ class OpenAIStub:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_port}/v1"
+        return f"{self.scheme}://127.0.0.1:{self._server.server_port}/v1"
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls is None else "https"
 
     def enqueue(self, *behaviours: Behaviour) -> None:
         self.queue.extend(behaviours)

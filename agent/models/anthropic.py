@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -274,7 +275,9 @@ class AnthropicModel(HTTPModel):
     key the default endpoint fails each call with a clear `ModelError`; another base URL (a
     proxy, a compatible server) is called without `x-api-key`. `cache=False` leaves out the
     `cache_control` breakpoints. `timeout` sets the connect and read timeouts at once
-    (`subagent run --timeout`). Retries and timeouts: see `agent.models.http`.
+    (`subagent run --timeout`). Retries and timeouts: see `agent.models.http`. `tls_context` (a
+    `gevent.ssl.SSLContext`) is the TLS setup for an https endpoint behind a private CA or one
+    that wants a client certificate.
     """
 
     label = "anthropic"
@@ -299,6 +302,7 @@ class AnthropicModel(HTTPModel):
         headers: Mapping[str, str] | None = None,
         on_retry: RetryHook | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
@@ -322,6 +326,7 @@ class AnthropicModel(HTTPModel):
             pool_size=pool_size,
             on_retry=on_retry,
             max_response_bytes=max_response_bytes,
+            tls_context=tls_context,
         )
         self._needs_key = not key and self.base_url == DEFAULT_BASE_URL
         self._max_tokens = max_tokens

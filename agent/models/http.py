@@ -17,6 +17,8 @@ format: the JSON body, how an error body reads, and how a 200 response becomes a
   connections per adapter). A streamed body is cut into lines as it arrives, each byte searched
   once, and bounded as it arrives: `max_response_bytes` for the body, `MAX_LINE_BYTES` for one
   line; each event goes to the adapter as soon as its blank line is in.
+- `tls_context` (a `gevent.ssl.SSLContext`) replaces the default verified context for an
+  https `base_url`: a private CA, a client certificate, a pinned gateway (docs/models.md).
 
 Defaults (issue 12): a server that accepts and never answers fails a call after
 `max_retries + 1` attempts of `read_timeout` seconds each, i.e. about 3 minutes, not half an hour.
@@ -29,12 +31,14 @@ import email.utils
 import http.client
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
+import gevent.ssl
 
 from agent.errors import ResponseTooLarge, Retryable
 from agent.http_client import HTTPPool, Response
@@ -215,6 +219,7 @@ class HTTPModel:
         pool_size: int = 1024,
         on_retry: RetryHook | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         if timeout is not None:  # `subagent run --timeout`: both timeouts at once
             connect_timeout = read_timeout = timeout
@@ -237,6 +242,12 @@ class HTTPModel:
             raise TypeError("max_response_bytes must be an int")
         if max_response_bytes < 1:
             raise ValueError("max_response_bytes must be >= 1")
+        if tls_context is not None and not isinstance(tls_context, gevent.ssl.SSLContext):
+            # A standard-library context would make every model call block the hub.
+            raise TypeError(
+                "tls_context must be a gevent.ssl.SSLContext (agent.http_client.tls_context() "
+                f"makes one), not {type(tls_context).__module__}.{type(tls_context).__name__}"
+            )
         for name, value in (
             ("backoff_base", backoff_base),
             ("backoff_max", backoff_max),
@@ -272,6 +283,7 @@ class HTTPModel:
             max_connections=pool_size,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            tls_context=tls_context,
         )
         # In-flight calls' workers; each call joins or kills its own before returning.
         self._calls = TaskGroup(f"http-model:{self.base_url}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -265,7 +266,8 @@ class OpenAIModel(HTTPModel):
     default (OpenAI) endpoint fails each call with a clear `ModelError`; another base URL is
     called without `Authorization` (local servers rarely need one). `timeout` sets the connect
     and read timeouts at once (`subagent run --timeout`). Retries and timeouts: see
-    `agent.models.http`.
+    `agent.models.http`. `tls_context` (a `gevent.ssl.SSLContext`) is the TLS setup for an https
+    endpoint behind a private CA or one that wants a client certificate.
     """
 
     label = "openai"
@@ -288,6 +290,7 @@ class OpenAIModel(HTTPModel):
         headers: Mapping[str, str] | None = None,
         on_retry: RetryHook | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -309,6 +312,7 @@ class OpenAIModel(HTTPModel):
             pool_size=pool_size,
             on_retry=on_retry,
             max_response_bytes=max_response_bytes,
+            tls_context=tls_context,
         )
         self._max_tokens_field = max_tokens_field
         self._extra_body = dict(extra_body or {})
