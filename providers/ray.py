@@ -288,6 +288,16 @@ class RayRun(RemoteRun):
         where = None if self.host is None else self.host.index
         return f"<RayRun {self._id} host={where} settled={self._settled}>"
 
+    @property
+    def steers_in_flight(self) -> int:
+        """Steers sent to the host and not answered yet. Each entry leaves on its outcome: the
+        host's answer (admitted, refused, the turn ended), a cancel (the host refuses what its
+        ended turn did not admit), the host's death, the run's disposal or detachment. A caller
+        that stopped waiting (`get(timeout=...)`) leaves its steer in flight: the host may still
+        admit it. So the parent holds no more than the host has not answered, which the host
+        bounds (`max_pending_steers`: one past it is answered `INBOX_FULL`)."""
+        return len(self._steers)
+
     # -- caller operations ---------------------------------------------------------------------
 
     def steer(
@@ -386,9 +396,7 @@ class RayRun(RemoteRun):
     def host_lost(self, why: str) -> None:
         """The host died: recover a continuable activation, else resolve `error`."""
         self.host = None
-        for future in self._steers.values():
-            _failed(future, SubagentError("RUN_TERMINAL", f"the child's host died: {why}"))
-        self._steers.clear()
+        self._fail_steers(SubagentError("RUN_TERMINAL", f"the child's host died: {why}"))
         if self._disposing:
             self._settle(SubagentResult(output=[], stop_reason=ABORTED, diagnostic="disposed"))
             self._finish_dispose()
@@ -443,6 +451,16 @@ class RayRun(RemoteRun):
         if host is not None and host.runs.get(self._id) is self:
             del host.runs[self._id]
         self.host = None
+        # No event of this run is routed to it any more: a steer reply the host posts after
+        # its `disposed` (its steer greenlet woke late) would never settle these.
+        if self._steers:
+            code = "RUN_DISPOSED" if self._disposing else "RUN_TERMINAL"
+            self._fail_steers(SubagentError(code, "the run left its host before answering"))
+
+    def _fail_steers(self, error: SubagentError) -> None:
+        steers, self._steers = self._steers, {}
+        for future in steers.values():
+            _failed(future, error)
 
     def _finish_dispose(self) -> None:
         self._settle(SubagentResult(output=[], stop_reason=ABORTED, diagnostic="disposed"))
