@@ -454,8 +454,12 @@ class RayRun(RemoteRun):
         # No event of this run is routed to it any more: a steer reply the host posts after
         # its `disposed` (its steer greenlet woke late) would never settle these.
         if self._steers:
-            code = "RUN_DISPOSED" if self._disposing else "RUN_TERMINAL"
-            self._fail_steers(SubagentError(code, "the run left its host before answering"))
+            why = "the run left its host before answering"
+            self._fail_steers(
+                SubagentError("RUN_DISPOSED", why)
+                if self._disposing
+                else SubagentError("RUN_TERMINAL", why)
+            )
 
     def _fail_steers(self, error: SubagentError) -> None:
         steers, self._steers = self._steers, {}
