@@ -24,18 +24,20 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import gevent
 from gevent.hub import RawGreenlet
 
 from actors.agent_messages import (
+    Block,
     Cancel,
     CancelRun,
     Close,
     DisposeRun,
+    QueuedSend,
     Send,
     Steer,
     WhenIdle,
@@ -59,6 +61,8 @@ __all__ = ["AgentActor"]
 
 log = logging.getLogger(__name__)
 
+F = TypeVar("F", bound=Callable[..., None])
+
 _NO_STEERS: list[PendingSteer] = []
 _DEFAULT_LIMITS = InboxLimits()
 # Sources of the notices the runtime itself sends a parent (a child settled, a restart gave
@@ -67,7 +71,7 @@ _DEFAULT_LIMITS = InboxLimits()
 _RUNTIME_NOTICES = frozenset({"subagent-settled", "subagent-report"})
 
 
-def _admitted(reply: Deferred[Any], message_id: str) -> None:
+def _admitted(reply: Deferred[str | None], message_id: str) -> None:
     reply.resolve(message_id)
 
 
@@ -86,10 +90,10 @@ class AgentActor(GeventActor):
     # A raw greenlet: no spawn-tree bookkeeping (frames, links) per child.
     _worker: RawGreenlet | None = None  # the turn worker, owned here (killed in `on_stop`)
     _turn_abort: AbortController | None = None
-    _idle_waiters: list[Deferred[Any]] | tuple[()] = ()
+    _idle_waiters: list[Deferred[TurnOutcome | None]] | tuple[()] = ()
     _last_outcome: TurnOutcome | None = None
     _closing = False
-    _close_waiters: list[Deferred[Any]] | tuple[()] = ()
+    _close_waiters: list[Deferred[None]] | tuple[()] = ()
     # Queued work waits for the next Send (after a keep-inbox cancel, or a resume).
     _held = False
     _turn_listeners: list[Callable[[TurnOutcome], None]] | tuple[()] = ()
@@ -107,15 +111,16 @@ class AgentActor(GeventActor):
     def __init__(self, core: AgentCore, on_closed: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.core = core
-        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._queue: collections.deque[QueuedSend] = collections.deque()
         self._steers: list[PendingSteer] = []
-        self._steer_replies: dict[str, Deferred[Any]] = {}
+        # The reply each steer not yet admitted owes its sender (a local one: its message id).
+        self._steer_replies: dict[str, Deferred[str | None]] = {}
         self._on_closed = on_closed
 
     def activate(
         self,
         run: LocalRun,
-        content: Sequence[Mapping[str, Any]],
+        content: Sequence[Block],
         source: MessageSource,
         trace: tracing.TraceParent | None = None,
     ) -> str:
@@ -125,9 +130,9 @@ class AgentActor(GeventActor):
         otherwise it goes through the mailbox like any `Send`."""
         trace = trace or tracing.ambient()
         message = Send(check_content(content), source, run.message_id, trace, run)
-        return str(self.ask_now(message))
+        return self.ask_now(message)
 
-    def restore_queue(self, messages: Sequence[dict[str, Any]]) -> None:
+    def restore_queue(self, messages: Sequence[QueuedSend]) -> None:
         """Before the actor serves anyone: requeue accepted work found in a stored log. It does
         not wake the agent; the next `Send` does."""
         self._queue.extend(messages)
@@ -181,7 +186,7 @@ class AgentActor(GeventActor):
             "inbox/accepted",
             {"message_id": message_id, "kind": "send", "content": content, "source": source},
         )
-        entry: dict[str, Any] = {"id": message_id, "content": content, "source": source}
+        entry: QueuedSend = {"id": message_id, "content": content, "source": source}
         if message.trace is not None:
             entry["trace"] = self.core.trace = message.trace
         self._queue.append(entry)
@@ -192,9 +197,9 @@ class AgentActor(GeventActor):
             self._worker = spawn_untracked(self._work_guarded)
         return message_id
 
-    def _steer(self, message: Steer) -> Deferred[Any]:
+    def _steer(self, message: Steer) -> Deferred[str | None]:
         # A rejection is a rejected reply, never a raise: a told Steer must not crash the actor.
-        reply: Deferred[Any] = message.reply if message.reply is not None else Deferred()
+        reply: Deferred[str | None] = message.reply if message.reply is not None else Deferred()
         if self._closing:
             reply.reject(SubagentError("RUN_DISPOSED", "the agent is closed"))
             return reply
@@ -269,7 +274,7 @@ class AgentActor(GeventActor):
         """Run `fn` once, in the next turn, before its first model request."""
         self._before_first_request = fn
 
-    def _cancel(self, message: Cancel) -> Deferred[Any]:
+    def _cancel(self, message: Cancel) -> Deferred[TurnOutcome | None]:
         if message.keep_inbox:
             self._held = bool(self._queue)
             if self._turn_abort is not None:
@@ -325,16 +330,16 @@ class AgentActor(GeventActor):
         self._disposer = tasks.spawn(dispose)
         return reply
 
-    def _when_idle(self) -> Deferred[Any]:
-        reply: Deferred[Any] = Deferred()
+    def _when_idle(self) -> Deferred[TurnOutcome | None]:
+        reply: Deferred[TurnOutcome | None] = Deferred()
         if self._worker is None:
             reply.resolve(self._last_outcome)
         else:
             self._idle_waiters = [*self._idle_waiters, reply]
         return reply
 
-    def _close(self, message: Close) -> Deferred[Any]:
-        reply: Deferred[Any] = Deferred()
+    def _close(self, message: Close) -> Deferred[None]:
+        reply: Deferred[None] = Deferred()
         if self._closing and self._worker is None and not self._close_waiters:
             reply.resolve(None)
             return reply
@@ -515,13 +520,15 @@ class AgentActor(GeventActor):
         self._steers = []
         for reply in replies.values():
             reply.reject(dead)
-        waiters = [*self._idle_waiters, *self._close_waiters]
+        idle, closing = self._idle_waiters, self._close_waiters
         self._idle_waiters, self._close_waiters = (), ()
-        for waiter in waiters:
+        for waiter in idle:
             waiter.resolve(self._last_outcome)
+        for closer in closing:  # a close replies nothing, whoever ends it
+            closer.resolve(None)
 
 
-def _register(listeners: list[Any], fn: Callable[..., None]) -> Callable[[], None]:
+def _register(listeners: list[F], fn: F) -> Callable[[], None]:
     """Add one entry to `listeners`; the remover takes out exactly that entry, once."""
     listeners.append(fn)
     removed = False

@@ -5,16 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pykka import Future
 
 from actors import gevent_actor
 from actors.agent_actor import AgentActor
-from actors.agent_messages import Cancel, Close, Send, Steer, WhenIdle, check_content
-from actors.gevent_actor import GeventFuture
+from actors.agent_messages import Block, Cancel, Close, Send, Steer, WhenIdle, check_content
+from actors.gevent_actor import Asks, GeventFuture
 from agent import tracing
 from agent.context import AgentContext
 from agent.events import SessionHeader
@@ -30,6 +30,8 @@ from subagent.types import MessageSource
 __all__ = ["Agent"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Agent:
@@ -115,7 +117,7 @@ class Agent:
 
     def send(
         self,
-        content: str | Sequence[Mapping[str, Any]],
+        content: str | Sequence[Block],
         source: MessageSource | None = None,
         *,
         message_id: str | None = None,
@@ -130,8 +132,10 @@ class Agent:
         )
 
     def steer(
-        self, content: str | Sequence[Mapping[str, Any]], source: MessageSource | None = None
-    ) -> Future[None]:
+        self, content: str | Sequence[Block], source: MessageSource | None = None
+    ) -> Future[str | None]:
+        """Add to the running turn; the future gives the admitted message's id (a str, from
+        this agent: None only comes from a remote run's steer) once a step boundary took it."""
         return self._ask(Steer(check_content(content), source or MessageSource.user()))
 
     def cancel(self, cause: object = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
@@ -150,17 +154,18 @@ class Agent:
     def when_idle(self) -> Future[TurnOutcome | None]:
         return self._ask(WhenIdle())
 
-    def _ask(self, message: Send | Steer | Cancel | WhenIdle) -> Future[Any]:
+    def _ask(self, message: Asks[T]) -> Future[T]:
         """Ask the actor; once it has stopped, the future fails with a `SubagentError` that says
         why (`RUNTIME_CLOSED` after `Runtime.close()`, else `RUN_DISPOSED`), never Pykka's raw
         `ActorDeadError`. From another thread than the runtime's: `WRONG_THREAD`, raised."""
         self.ctx.owner.check()
         if self._closed or not self.ref.is_alive():
-            future: GeventFuture[Any] = GeventFuture()
+            future: GeventFuture[T] = GeventFuture()
             error = self._closed_error()
             future.set_exception((type(error), error, None))
             return future
-        return self.ref.ask(message, block=False)
+        reply: Future[T] = self.ref.ask(message, block=False)  # typed by the message
+        return reply
 
     def _closed_error(self) -> SubagentError:
         if self.ctx.closed:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 from actors.agent_handle import Agent
+from actors.agent_messages import QueuedSend
 from agent.context import AgentContext
 from agent.events import Event, SessionHeader
 from agent.log import SessionLog, events_of_types
@@ -133,9 +134,9 @@ def _publish(ctx: AgentContext, agent: Agent) -> Agent:
 _INBOX = frozenset({"inbox/accepted", "inbox/claimed", "inbox/discarded"})
 
 
-def pending_inbox(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def pending_inbox(events: Iterable[Mapping[str, Any]]) -> list[QueuedSend]:
     """Accepted sends that were never claimed nor discarded, in acceptance order."""
-    pending: dict[str, dict[str, Any]] = {}
+    pending: dict[str, QueuedSend] = {}
     for event in events_of_types(events, _INBOX):
         kind = event["type"]
         if kind == "inbox/accepted" and event["data"]["kind"] == "send":

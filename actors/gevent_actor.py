@@ -24,7 +24,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeGuard, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeGuard, TypeVar, overload
 
 import gevent
 import gevent.event
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActorKilled",
+    "Asks",
     "Deferred",
     "GeventActor",
     "GeventFuture",
@@ -54,6 +55,7 @@ __all__ = [
     "live_actors",
     "live_count",
     "outcome_of",
+    "reply_of",
     "spawn_untracked",
     "stop_all",
 ]
@@ -75,6 +77,20 @@ _PYKKA_MESSAGES = frozenset(
 )
 
 T = TypeVar("T")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Asks(Generic[R_co]):
+    """Base of a message that says what its reply is: `class Send(Asks[str])` replies a str.
+
+    Typing only: no state, no `__init__` (a slotted message subclasses it at no cost per
+    instance). The typed ask sites read it: `GeventActor.ask_now(message)` returns `R_co` (or
+    a `GeventFuture[R_co]` with `block=False`), `reply_of(ref, message)` asks through Pykka's
+    mailbox, so a caller's reply type is checked against the message, not asserted by hand.
+    A handler may answer later with a `Deferred[R_co]` (see `GeventFuture.set`).
+    """
+
+    __slots__ = ()
 
 
 class ActorKilled(Cancelled):
@@ -186,7 +202,7 @@ class GeventFuture(Future[T]):
                 self._event.set()
 
 
-def _call_done(fn: Callable[[Any], None], future: GeventFuture[Any]) -> None:
+def _call_done(fn: Callable[[GeventFuture[T]], None], future: GeventFuture[T]) -> None:
     try:
         fn(future)
     except Exception:
@@ -224,11 +240,11 @@ class Deferred(GeventFuture[T]):
         if exc is not None:
             self.reject(exc)
 
-    def bind(self, future: Future[Any]) -> None:
+    def bind(self, future: Future[T]) -> None:
         """Settle `future` with this deferred's outcome, now or when it arrives."""
         self.add_done_callback(lambda me: _copy_outcome(me, future))
 
-    def copy_from(self, source: GeventFuture[Any]) -> None:
+    def copy_from(self, source: GeventFuture[T]) -> None:
         """Settle with `source`'s outcome (a settled future); a done callback."""
         result = source.settlement
         assert result is not None
@@ -258,7 +274,7 @@ def outcome_of(future: GeventFuture[T]) -> T | BaseException:
     return exc
 
 
-def _copy_outcome(source: GeventFuture[Any], target: Future[Any]) -> None:
+def _copy_outcome(source: GeventFuture[T], target: Future[T]) -> None:
     result = source.settlement
     assert result is not None
     if result.exc_info is None:
@@ -628,6 +644,12 @@ class GeventActor(Actor):
     # -- the run-to-completion shortcut -------------------------------------------------------
 
     @overload
+    def ask_now(self, message: Asks[T], *, block: Literal[True] = True) -> T: ...
+
+    @overload
+    def ask_now(self, message: Asks[T], *, block: Literal[False]) -> GeventFuture[T]: ...
+
+    @overload
     def ask_now(self, message: object, *, block: Literal[True] = True) -> object: ...
 
     @overload
@@ -770,6 +792,13 @@ class GeventActor(Actor):
         if self._exit_callbacks is None:
             self._exit_callbacks = []
         self._exit_callbacks.append(fn)
+
+
+def reply_of(ref: ActorRef[Any], message: Asks[T], timeout: float | None = None) -> T:
+    """`ref.ask(message)` through the mailbox, its reply typed by the message (`Asks`).
+    Pykka's `ask` answers `Any`; this is the one place that says which type it is."""
+    reply: T = ref.ask(message, block=True, timeout=timeout)
+    return reply
 
 
 def _dead_exc_info(actor: GeventActor, why: str) -> OptExcInfo:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pykka import ActorRef, Future
 
 from actors.gevent_actor import Deferred
+from agent.json_types import JsonObject, JsonValue
 from agent.options import AgentOptions
 from agent.usage import pico_to_usd
 from subagent.errors import SubagentError
@@ -45,7 +46,7 @@ class _Actor(Protocol):
     def activate(
         self,
         run: LocalRun,
-        content: list[Mapping[str, Any]],
+        content: list[JsonObject],
         source: MessageSource,
         trace: TraceParent | None,
     ) -> str: ...
@@ -67,7 +68,7 @@ class RunAgent(AgentView, Protocol):
     def options(self) -> AgentOptions: ...
 
     @property
-    def ref(self) -> ActorRef[Any]: ...
+    def ref(self) -> ActorRef[Any]: ...  # Pykka's: an actor ref is typed by nothing useful
 
     @property
     def actor(self) -> _Actor: ...
@@ -76,8 +77,8 @@ class RunAgent(AgentView, Protocol):
     def usage(self) -> _Usage: ...
 
     def steer(
-        self, content: Sequence[Mapping[str, Any]], source: MessageSource | None = None
-    ) -> Future[None]: ...
+        self, content: Sequence[JsonObject], source: MessageSource | None = None
+    ) -> Future[str | None]: ...
 
     def cancel(
         self, cause: object = None, keep_inbox: bool = False
@@ -155,7 +156,7 @@ class LocalRun:
 
     def begin(
         self,
-        prompt: Sequence[Mapping[str, Any]],
+        prompt: Sequence[JsonObject],
         source: MessageSource,
         trace: TraceParent | None = None,
     ) -> str:
@@ -167,13 +168,14 @@ class LocalRun:
         self.message_id = f"p{_ids.getrandbits(48):012x}"
         return self._agent.actor.activate(self, list(prompt), source, trace)
 
-    def steer(self, content: Sequence[Mapping[str, Any]], source: MessageSource) -> Future[None]:
+    def steer(self, content: Sequence[JsonObject], source: MessageSource) -> Future[str | None]:
+        """The seam's confirmed steer; it resolves with the admitted message's id (the seam
+        promises only that it resolves: a str is more than None)."""
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
         if self.result.settled:
             return _failed(SubagentError("RUN_TERMINAL", "the run has settled"))
-        future: Future[None] = self._agent.steer(list(content), source)  # one hop
-        return future
+        return self._agent.steer(list(content), source)  # one hop
 
     def cancel(self, cause: object = None) -> None:
         """Abort the running turn; the result settles `aborted` unless it already completed."""
@@ -231,7 +233,7 @@ class LocalRun:
             stop = ABORTED
         account = self._agent.usage
         usage = account.subtree  # the child's and its descendants' tokens (a snapshot)
-        extra: dict[str, Any] = {"usage": usage} if usage else {}
+        extra: dict[str, JsonValue] = {"usage": usage} if usage else {}
         if account.cost_spent:
             extra["cost_usd"] = pico_to_usd(account.cost_spent)
         return SubagentResult(
@@ -243,7 +245,7 @@ class LocalRun:
         )
 
 
-def _failed(exc: BaseException) -> Future[None]:
-    future: Deferred[None] = Deferred()
+def _failed(exc: BaseException) -> Future[str | None]:
+    future: Deferred[str | None] = Deferred()
     future.reject(exc)
     return future

@@ -22,37 +22,45 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypedDict, final
 
 import gevent
 from pykka import ActorDeadError
 
 from actors.deferred import Deferred
-from actors.gevent_actor import GeventActor, GeventFuture, outcome_of
+from actors.gevent_actor import Asks, GeventActor, GeventFuture, outcome_of
 from agent.fastinit import fast_init
 from agent.usage import usd_to_pico
 from subagent.errors import SubagentDepthError, SubagentError
 from subagent.schema import check_output_schema
 from subagent.types import (
     AgentView,
+    ContentBlock,
     Resumable,
     SubagentProvider,
+    SubagentResult,
     SubagentStartRequest,
     child_depth,
 )
 
 __all__ = [
+    "Admission",
     "Admit",
     "CancelChildren",
     "Known",
     "Launched",
+    "LifecycleEvent",
+    "Listener",
+    "ProviderEvent",
     "Published",
     "PublishedRun",
     "Register",
     "RegistryActor",
     "Released",
+    "RunEndEvent",
+    "RunStartEvent",
     "Runs",
     "Start",
     "Subscribe",
@@ -67,7 +75,54 @@ MAX_SAFE_INTEGER = 2**53 - 1
 # place when it is idle, ~5-10 us): a 10,000-wide fan-out stays far below a 0.1 s hub block.
 CANCEL_BATCH = 1_000
 
-Listener = Callable[[Mapping[str, Any]], None]
+
+# -- lifecycle events: what a `Subscribe`d listener receives --------------------------------------
+#
+# Plain dicts at run time (TypedDicts for the checker): the fan-out is on every start and end,
+# and a dict literal costs a third of a slotted dataclass; listeners read them with `[]` and
+# `.get`, and the servers forward them as JSON unchanged. A listener gets the registry's one
+# dict and must not change it (the next listener reads the same one).
+
+
+@final  # no subclass adds keys: `"parent_id" in event` tells the kinds apart
+class ProviderEvent(TypedDict):
+    type: Literal["subagent/provider-added", "subagent/provider-removed"]
+    provider: str
+
+
+@final  # no subclass adds keys: `"parent_id" in event` tells the kinds apart
+class RunStartEvent(TypedDict):
+    """A run was published (emitted before `start()` returns)."""
+
+    type: Literal["subagent/start"]
+    run_id: str  # this runtime's id of the run (`r1`, ...)
+    provider: str
+    id: str  # the child's id (its session id for a local child)
+    local: bool  # whether the child's agent lives in this process
+    parent_id: str
+
+
+@final  # no subclass adds keys: `"parent_id" in event` tells the kinds apart
+class RunEndEvent(TypedDict):
+    """A run's result settled: exactly one per `subagent/start`, after it."""
+
+    type: Literal["subagent/end"]
+    run_id: str
+    provider: str
+    id: str
+    local: bool
+    parent_id: str
+    stop_reason: str  # "error" too when the result failed (an infrastructure fault)
+    failure: NotRequired[str]  # that fault, `Type: message`
+    usage: NotRequired[dict[str, int]]  # tokens of the child's subtree, when it reports them
+    last_assistant_message: NotRequired[list[ContentBlock]]  # the result's output, if any
+
+
+LifecycleEvent = ProviderEvent | RunStartEvent | RunEndEvent
+Listener = Callable[[LifecycleEvent], None]
+# `Admit`'s reply: the admitted provider, the new run's id and the child's depth (a resume's
+# admission carries no depth: the resumed child keeps its header's).
+Admission = tuple[SubagentProvider, str, int | None]
 
 
 class PublishedRun(Protocol):
@@ -85,23 +140,23 @@ class PublishedRun(Protocol):
     def local_agent(self) -> AgentView | None: ...
 
     @property
-    def result(self) -> GeventFuture[Any]: ...
+    def result(self) -> GeventFuture[SubagentResult]: ...
 
     def cancel(self, cause: object = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Register:
+class Register(Asks[None]):
     provider: SubagentProvider
 
 
 @dataclass(frozen=True, slots=True)
-class Unregister:
+class Unregister(Asks[None]):
     provider: SubagentProvider
 
 
 @dataclass(frozen=True, slots=True)
-class Admit:
+class Admit(Asks[Admission]):
     """Validate a start and wait for a slot. Replies `(provider, run_id, depth)`: `depth` is the
     child's delegation depth, computed here once, which the caller carries to the provider."""
 
@@ -114,7 +169,7 @@ class Admit:
 
 @fast_init  # made once per child: a cheaper __init__, same fields (agent.fastinit)
 @dataclass(frozen=True, slots=True)
-class Start:
+class Start(Asks["PublishedRun | Launched | Admission"]):
     """Validate, admit and, when it can in this one crossing, start and publish (see the module
     docstring). Replies the published run; `Launched(run)` when it started the run but must
     leave its publication to a `Published` message (the registry was busy once the start
@@ -138,7 +193,7 @@ class Launched:
 
 
 @dataclass(frozen=True, slots=True)
-class AdmitResume:
+class AdmitResume(Asks[Admission]):
     """Admission for a resume: a slot, no start-time validation. The provider is resolved by
     the caller, because a stored child resumes even after its provider was unregistered."""
 
@@ -148,22 +203,22 @@ class AdmitResume:
 
 
 @dataclass(frozen=True, slots=True)
-class Withdraw:
-    """The caller's signal aborted while it waited for a slot."""
+class Withdraw(Asks[None]):
+    """The caller's signal aborted while it waited for a slot (`reason`: the signal's)."""
 
     ticket: int
-    reason: Any = None
+    reason: object = None
 
 
 @dataclass(frozen=True, slots=True)
-class Released:
+class Released(Asks[None]):
     """The start failed after admission: give the slot back, emit nothing."""
 
     ticket: int
 
 
 @dataclass(frozen=True, slots=True)
-class Published:
+class Published(Asks[None]):
     """Told once the provider's start returned: enter the run, emit `subagent/start`, observe
     its result."""
 
@@ -171,31 +226,31 @@ class Published:
 
 
 @dataclass(frozen=True, slots=True)
-class Ended:
+class Ended(Asks[None]):
     """Told by the run's result as it settles (never before `Published` was handled)."""
 
     run: PublishedRun
 
 
 @dataclass(frozen=True, slots=True)
-class Runs:
+class Runs(Asks["list[PublishedRun]"]):
     """Replies with the live runs (all, or one parent's), in start order."""
 
     parent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class CancelChildren:
+class CancelChildren(Asks[None]):
     """Cancel every live run of one parent (its turn was cancelled), or with `subtree` every
     live run below it (its token budget is used up)."""
 
     parent_id: str
-    cause: Any = None
+    cause: object = None
     subtree: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Known:
+class Known(Asks["SubagentProvider | None"]):
     """Replies with the provider of that name ever registered (a stored child resumes with the
     provider named in its descriptor even after it was unregistered), or None."""
 
@@ -203,24 +258,24 @@ class Known:
 
 
 @dataclass(frozen=True, slots=True)
-class Subscribe:
+class Subscribe(Asks[None]):
     listener: Listener
     parent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Unsubscribe:
+class Unsubscribe(Asks[None]):
     listener: Listener
     parent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Providers:
+class Providers(Asks["list[SubagentProvider]"]):
     pass
 
 
 @dataclass(frozen=True, slots=True)
-class Sync:
+class Sync(Asks[None]):
     """Replies None once everything told before it was handled (a dispose waits for its end
     event with it); stateless, so one instance serves every caller (`SYNC`)."""
 
@@ -229,15 +284,15 @@ SYNC = Sync()
 
 
 @dataclass(frozen=True, slots=True)
-class GetProvider:
+class GetProvider(Asks["SubagentProvider | None"]):
     name: str
 
 
 @dataclass(frozen=True, slots=True)
-class Emit:
+class Emit(Asks[None]):
     """A registry-level event (provider added/removed) or one relayed from elsewhere."""
 
-    event: Mapping[str, Any]
+    event: LifecycleEvent
 
 
 @dataclass(slots=True)
@@ -245,7 +300,7 @@ class _Waiting:
     ticket: int
     parent_id: str | None
     provider: SubagentProvider
-    reply: Deferred[Any]
+    reply: Deferred[Admission]
     depth: int | None = None  # the child's, for a start (a resume keeps its header's)
     run_id: str = ""
     seq: int = 0
@@ -356,7 +411,10 @@ class RegistryActor(GeventActor):
         if kind is GetProvider:
             return self._providers.get(message.name)
         if kind is Emit:
-            self._fan_out(message.event)
+            event = message.event
+            # `in` narrows the (final) TypedDicts, where `.get` would not.
+            parent_id = event["parent_id"] if "parent_id" in event else None  # noqa: SIM401
+            self._fan_out(event, parent_id)
             return None
         raise TypeError(f"RegistryActor does not understand {kind.__name__}")
 
@@ -398,7 +456,7 @@ class RegistryActor(GeventActor):
         self._run_published(run)
         return run
 
-    def _admit(self, message: Admit) -> Deferred[Any]:
+    def _admit(self, message: Admit) -> Deferred[Admission]:
         provider, depth = self._check(message.name, message.request, message.require_resume)
         return self._enqueue(message.ticket, message.parent_id, provider, depth)
 
@@ -440,7 +498,7 @@ class RegistryActor(GeventActor):
         _check_budget(request)
         return provider, depth
 
-    def _admit_resume(self, message: AdmitResume) -> Deferred[Any]:
+    def _admit_resume(self, message: AdmitResume) -> Deferred[Admission]:
         provider = message.provider
         if not isinstance(provider, Resumable):
             raise SubagentError(
@@ -456,8 +514,8 @@ class RegistryActor(GeventActor):
         parent_id: str | None,
         provider: SubagentProvider,
         depth: int | None = None,
-    ) -> Deferred[Any]:
-        reply: Deferred[Any] = Deferred()
+    ) -> Deferred[Admission]:
+        reply: Deferred[Admission] = Deferred()
         waiting = _Waiting(ticket, parent_id, provider, reply, depth)
         if not self._waiting_count and self._has_slot(parent_id):
             self._grant(waiting)
@@ -555,12 +613,13 @@ class RegistryActor(GeventActor):
                     "id": run.id,
                     "local": run.local_agent is not None,
                     "parent_id": run.parent_id,
-                }
+                },
+                run.parent_id,
             )
         # Observed only now: a result already settled reports at once, after the start above.
         me = self.actor_ref
 
-        def ended(_future: GeventFuture[Any]) -> None:
+        def ended(_future: GeventFuture[SubagentResult]) -> None:
             try:  # noqa: SIM105 - no context manager on this hot path
                 me.tell(Ended(run))
             except ActorDeadError:  # the runtime closed meanwhile
@@ -577,7 +636,7 @@ class RegistryActor(GeventActor):
             if not siblings:
                 del self._by_parent[run.parent_id]
         if self._listeners or run.parent_id in self._parent_listeners:
-            self._fan_out(_end_event(run))
+            self._fan_out(_end_event(run), run.parent_id)
         self._release(run.ticket)
 
     # -- lifecycle events ----------------------------------------------------------------------
@@ -598,10 +657,10 @@ class RegistryActor(GeventActor):
         if message.parent_id is not None and not listeners:
             self._parent_listeners.pop(message.parent_id, None)
 
-    def _fan_out(self, event: Mapping[str, Any]) -> None:
-        """Observe-only: a raising listener is logged and the others still run."""
+    def _fan_out(self, event: LifecycleEvent, parent_id: str | None = None) -> None:
+        """Observe-only: a raising listener is logged and the others still run. A run's event
+        goes to its parent's listeners too (`parent_id`: the run's parent)."""
         targets = list(self._listeners)
-        parent_id = event.get("parent_id")
         if parent_id is not None:
             targets.extend(self._parent_listeners.get(parent_id, ()))
         for listener in targets:
@@ -653,25 +712,25 @@ def _check_budget(request: SubagentStartRequest) -> None:
         )
 
 
-def _end_event(run: PublishedRun) -> dict[str, Any]:
+def _end_event(run: PublishedRun) -> RunEndEvent:
     """The `subagent/end` event of a settled run."""
     outcome = outcome_of(run.result)
-    event: dict[str, Any] = {
+    result = None if isinstance(outcome, BaseException) else outcome
+    event: RunEndEvent = {
         "type": "subagent/end",
         "run_id": run.run_id,
         "provider": run.provider,
         "id": run.id,
         "local": run.local_agent is not None,
         "parent_id": run.parent_id,
+        "stop_reason": "error" if result is None else result.stop_reason,
     }
-    if isinstance(outcome, BaseException):
-        event["stop_reason"] = "error"
+    if result is None:
         event["failure"] = f"{type(outcome).__name__}: {outcome}"
     else:
-        event["stop_reason"] = outcome.stop_reason
-        usage = outcome.extra.get("usage")
+        usage = result.extra.get("usage")
         if usage:
             event["usage"] = dict(usage)
-        if outcome.output:
-            event["last_assistant_message"] = list(outcome.output)
+        if result.output:
+            event["last_assistant_message"] = list(result.output)
     return event

@@ -13,9 +13,9 @@ registry observes that future itself (`add_done_callback`), so no greenlet waits
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from gevent import Greenlet, GreenletExit
+from pykka import Future
 
 from actors.agent_messages import CancelRun, DisposeRun, Steer
 from actors.deferred import Deferred, rejected
@@ -73,17 +73,17 @@ class RunActor(GeventActor):
             return self._dispose()
         return rejected(TypeError(f"RunActor does not understand {type(message).__name__}"))
 
-    def _steer(self, message: Steer) -> Deferred[Any]:
+    def _steer(self, message: Steer) -> Deferred[str | None]:
         # Rejections are rejected replies, never raises: a told Steer must not crash the actor.
-        reply: Deferred[Any] = message.reply if message.reply is not None else Deferred()
+        reply: Deferred[str | None] = message.reply if message.reply is not None else Deferred()
         if self._dispose_reply is not None:
             reply.reject(SubagentError("RUN_DISPOSED"))
             return reply
-        steer = getattr(self.run, "steer", None)
+        steer = getattr(self.run, "steer", None)  # the capability is the method's presence
         if not callable(steer):
             reply.reject(SubagentError("UNSUPPORTED_CAPABILITY", "this run cannot be steered"))
             return reply
-        future = steer(message.content, message.source)
+        future: Future[str | None] = steer(message.content, message.source)
         if isinstance(future, GeventFuture):
             future.add_done_callback(reply.copy_from)
             return reply

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import gevent
 from pykka import ActorDeadError
@@ -30,7 +30,7 @@ from actors import registry_actor as reg
 from actors.agent_handle import Agent
 from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
-from actors.gevent_actor import GeventFuture, outcome_of
+from actors.gevent_actor import GeventFuture, outcome_of, reply_of
 from actors.local import start_local
 from actors.local_run import LocalRun
 from actors.registry_actor import RegistryActor
@@ -69,7 +69,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-Listener = Callable[[Mapping[str, Any]], None]
+# A lifecycle listener gets `subagent/start`, `subagent/end` and provider events (the
+# registry's TypedDicts); a progress listener gets a child's progress events (docs/events.md).
+Listener = reg.Listener
+ProgressListener = Callable[[Mapping[str, Any]], None]
 # What a caller may steer or message a child with: text, or a list of content blocks
 # (`actors.agent_messages.check_content` checks it at the call).
 Content = str | Sequence[ContentBlock]
@@ -277,7 +280,7 @@ class SubagentService:
             RegistryActor, max_children, max_children_per_parent
         )
         self._tickets = itertools.count(1)
-        self._progress: list[Callable[[Mapping[str, Any]], None]] = []
+        self._progress: list[ProgressListener] = []
         # Greenlets that wait on the results of foreign runs (a provider whose result is not
         # one of our futures cannot be observed with a done callback).
         self._relays = TaskGroup("service-relays")
@@ -305,23 +308,21 @@ class SubagentService:
     def register(self, provider: SubagentProvider) -> Callable[[], None]:
         """Register a provider; returns its unregister function. Removal blocks new starts only."""
         with _registry_open():
-            self._ref.ask(reg.Register(provider), block=True)
+            reply_of(self._ref, reg.Register(provider))
 
         def unregister() -> None:
             with _registry_open():
-                self._ref.ask(reg.Unregister(provider), block=True)
+                reply_of(self._ref, reg.Unregister(provider))
 
         return unregister
 
     def providers(self) -> list[SubagentProvider]:
         with _registry_open():
-            result: list[SubagentProvider] = self._ref.ask(reg.Providers(), block=True)
-        return result
+            return reply_of(self._ref, reg.Providers())
 
     def get(self, name: str) -> SubagentProvider | None:
         with _registry_open():
-            result: SubagentProvider | None = self._ref.ask(reg.GetProvider(name), block=True)
-        return result
+            return reply_of(self._ref, reg.GetProvider(name))
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -331,16 +332,16 @@ class SubagentService:
         if not callable(listener):
             raise TypeError("listener must be callable")
         with _registry_open():
-            self._ref.ask(reg.Subscribe(listener, parent_id), block=True)
+            reply_of(self._ref, reg.Subscribe(listener, parent_id))
 
         def remove() -> None:
             if self._ref.is_alive():
                 with _registry_open():
-                    self._ref.ask(reg.Unsubscribe(listener, parent_id), block=True)
+                    reply_of(self._ref, reg.Unsubscribe(listener, parent_id))
 
         return remove
 
-    def subscribe_progress(self, listener: Listener) -> Callable[[], None]:
+    def subscribe_progress(self, listener: ProgressListener) -> Callable[[], None]:
         """Receive every local child's progress events (tagged `agent_id`), from now on."""
         self._progress.append(listener)
 
@@ -401,8 +402,9 @@ class SubagentService:
         """The live runs (all, or one parent's), from the registry's run table."""
         self.owner.check()
         with _registry_open():
-            runs: list[RunHandle] = self._ref.ask(reg.Runs(parent_id), block=True)
-        return runs
+            runs = reply_of(self._ref, reg.Runs(parent_id))
+        # The registry's runs are what `_publish` gave it: this service's handles, no other.
+        return cast("list[RunHandle]", runs)
 
     @property
     def closed(self) -> bool:
@@ -491,7 +493,7 @@ class SubagentService:
             raise SubagentError("RUNTIME_CLOSED")
         parent_id = _parent_id(request.parent)
         with _registry_open():
-            known: SubagentProvider | None = self._ref.ask(reg.Known(name), block=True)
+            known = reply_of(self._ref, reg.Known(name))
         if known is None:
             raise SubagentError("NO_PROVIDER", f"no provider named {name!r} was ever registered")
         if not isinstance(known, Resumable):
@@ -511,12 +513,9 @@ class SubagentService:
         run = self._started(known, run_id, ticket, parent_id, lambda: resume(request), trace)
         return self._publish(run)
 
-    def _admit(
-        self, message: reg.Admit | reg.AdmitResume, signal: AbortSignal
-    ) -> tuple[SubagentProvider, str, int | None]:
+    def _admit(self, message: reg.Admit | reg.AdmitResume, signal: AbortSignal) -> reg.Admission:
         """The admitted provider, the run id and (for a start) the child's depth."""
         future = self._registry.ask_now(message, block=False)
-        admitted: tuple[SubagentProvider, str, int | None]
         if future.done:  # granted at once (a free slot): nothing to withdraw while waiting
             admitted = future.get()
         else:

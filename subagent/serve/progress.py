@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from actors.agent_handle import Agent
 
 if TYPE_CHECKING:
+    from actors.registry_actor import LifecycleEvent
     from subagent.service import SubagentService
 
 __all__ = ["CallFeed", "ChildFeed", "describe"]
@@ -181,11 +182,10 @@ class ChildFeed:
             current, seen = parent, seen + 1
         return None
 
-    def _on_lifecycle(self, event: Mapping[str, Any]) -> None:
-        parent = event.get("parent_id")
-        child = event.get("id")
-        if not isinstance(parent, str) or not isinstance(child, str):
+    def _on_lifecycle(self, event: LifecycleEvent) -> None:
+        if "parent_id" not in event:  # a provider added or removed: about no child
             return
+        parent, child = event["parent_id"], event["id"]
         # `_top`, not only the known links: a grandchild's start can be delivered before its
         # parent's (the child works while it is being published).
         top = child if parent == self._root else self._top(parent)
