@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pykka import Future
 
@@ -18,6 +18,7 @@ from actors.gevent_actor import Asks, GeventFuture
 from agent import tracing
 from agent.context import AgentContext
 from agent.events import SessionHeader
+from agent.json_types import JsonValue
 from agent.log import SessionLog
 from agent.loop import AgentCore, TurnOutcome
 from agent.options import AgentOptions
@@ -39,7 +40,7 @@ class Agent:
 
     # Keyed by a token per registration, so each remover removes exactly its own entry. Made
     # on the first registration: most agents (every child of a fan-out) never get one.
-    _progress_listeners: dict[object, Callable[[dict[str, Any]], None]] | None = None
+    _progress_listeners: dict[object, Callable[[dict[str, JsonValue]], None]] | None = None
 
     def __init__(
         self,
@@ -194,7 +195,9 @@ class Agent:
             raise TypeError("before_first_request needs a callable")
         self._actor.before_first_request(fn)
 
-    def add_progress_listener(self, fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+    def add_progress_listener(
+        self, fn: Callable[[dict[str, JsonValue]], None]
+    ) -> Callable[[], None]:
         """Receive this agent's progress events (turn, step, tool, text), tagged with its id.
 
         Listeners are a collection: each call adds one entry (the same function twice is two
@@ -216,7 +219,7 @@ class Agent:
 
         return remove
 
-    def _tell_progress(self, event: dict[str, Any]) -> None:
+    def _tell_progress(self, event: dict[str, JsonValue]) -> None:
         agent_id = self.id
         for fn in list((self._progress_listeners or {}).values()):
             try:
