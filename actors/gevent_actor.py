@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeGuard, TypeVar, overload
@@ -33,6 +34,7 @@ from gevent.hub import RawGreenlet
 from pykka import Actor, ActorDeadError, ActorRef, ActorRegistry, Future, Timeout, messages
 from pykka._envelope import Envelope
 
+from subagent.errors import SubagentError
 from supervision.errors import Cancelled
 from supervision.notify import call_rest
 
@@ -77,6 +79,7 @@ _PYKKA_MESSAGES = frozenset(
 )
 
 T = TypeVar("T")
+_ident = threading.get_ident
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -118,19 +121,35 @@ class GeventFuture(Future[T]):
     `add_done_callback` lets an owner react to the outcome in the settling greenlet (no
     watcher greenlet parked on `get()`)."""
 
-    __slots__ = ("_callbacks", "_event", "_get_hook", "_get_hook_result", "settlement")
+    __slots__ = (
+        "_callbacks",
+        "_event",
+        "_get_hook",
+        "_get_hook_result",
+        "_thread",
+        "settlement",
+    )
 
     def __init__(self) -> None:
-        super().__init__()
+        Future.__init__(self)  # not `super()`: its look-up costs what recording the thread does
         self.settlement: _FutureResult | None = None
         self._event: gevent.event.Event | None = None
         self._callbacks: list[Callable[[GeventFuture[T]], None]] | None = None
+        # The thread whose hub settles it: only that thread may wait for it (`get`).
+        self._thread = _ident()
 
     def get(self, *, timeout: float | None = None) -> T:
+        """The value (or the exception) once settled, waiting cooperatively until then.
+
+        A settled future may be read from any thread. Waiting is for the thread that made it
+        (whose hub settles it): from another, the wait would hang, or make gevent refuse the
+        hub's own waiters later, so it fails at once with `SubagentError("WRONG_THREAD")`."""
         if self._get_hook is not None:  # Pykka's get hook (`map`, `filter`, ...)
             return super().get(timeout=timeout)
         result = self.settlement
         if result is None:
+            if _ident() != self._thread:
+                raise _wrong_thread()
             if self._event is None:
                 self._event = gevent.event.Event()
             if not self._event.wait(timeout):
@@ -200,6 +219,15 @@ class GeventFuture(Future[T]):
         finally:
             if self._event is not None:  # waiters wake whatever happened to the settler
                 self._event.set()
+
+
+def _wrong_thread() -> SubagentError:
+    here = threading.current_thread().name
+    return SubagentError(
+        "WRONG_THREAD",
+        f"a future of the runtime's hub was waited on from thread {here!r}: wait for it on "
+        "the thread that runs the runtime (or read it once it is settled)",
+    )
 
 
 def _call_done(fn: Callable[[GeventFuture[T]], None], future: GeventFuture[T]) -> None:

@@ -172,3 +172,28 @@ def test_an_agents_handle_refuses_another_thread_and_the_agent_goes_on() -> None
         agent.send("here").get(timeout=10)
         outcome = agent.when_idle().get(timeout=10)
         assert outcome is not None and outcome.reason == "completed"
+
+
+def test_a_future_waited_on_from_another_thread_is_refused_and_read_once_settled() -> None:
+    """A future is settled on the runtime's hub: another thread's wait would hang (or make
+    gevent refuse the hub's own waiters later), so it fails `WRONG_THREAD` at once; once
+    settled, the value may be read from anywhere (docs/decisions.md)."""
+    with Runtime(store=MemoryStore(), scripted=RS.ScriptedModel(lambda r: RS.hang())) as rt:
+        rt.subagents.register(SpawnProvider())
+        run = rt.subagents.start(
+            "spawn",
+            SubagentStartRequest(
+                prompt=[text_block("go")], parent=rt.agent(), signal=AbortController().signal
+            ),
+        )
+        waiting = gevent.spawn(run.result.get, timeout=10)  # the hub's own waiter
+        gevent.sleep(0)
+        raised = _in_another_thread(lambda: run.result.get(timeout=5))
+        assert isinstance(raised, SubagentError) and raised.code == "WRONG_THREAD"
+        assert "waited on from thread" in str(raised)
+        run.cancel("enough")
+        assert waiting.get(timeout=10).stop_reason == "aborted"  # it still wakes
+        read: list[Any] = []
+        assert _in_another_thread(lambda: read.append(run.result.get())) is None
+        assert read[0].stop_reason == "aborted"
+        run.dispose()
