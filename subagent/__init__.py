@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads t
         ToolError,
     )
     from agent.events import Event, SessionHeader
+    from agent.http_client import tls_context
     from agent.model import (
         FinishReason,
         ModelAdapter,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time `__getattr__` loads t
         ToolSpec,
     )
     from agent.models import ModelRegistry
+    from agent.models.anthropic import AnthropicModel
     from agent.models.openai import OpenAIModel
     from agent.models.scripted import ScriptedModel
     from agent.options import AgentOptions
@@ -120,6 +122,8 @@ _EXPORTS = {
     "ProgressSink": "agent.model",
     "ModelRegistry": "agent.models",
     "OpenAIModel": "agent.models.openai",
+    "AnthropicModel": "agent.models.anthropic",
+    "tls_context": "agent.http_client",  # a TLS context for the adapters (private CA, client cert)
     "ScriptedModel": "agent.models.scripted",
     # Prices (cost in usage, cost budgets).
     "Price": "agent.usage",
@@ -196,6 +200,7 @@ __all__ = [
     "AcpProvider",
     "Agent",
     "AgentOptions",
+    "AnthropicModel",
     "Cancelled",
     "ContentBlock",
     "DescriptorError",
@@ -261,6 +266,7 @@ __all__ = [
     "discover_acp_provider",
     "install_subagent_tools",
     "text_block",
+    "tls_context",
 ]
 
 

@@ -31,6 +31,7 @@ EXPORTED = [
     "AcpProvider",
     "Agent",
     "AgentOptions",
+    "AnthropicModel",
     "COMPLETED",
     "Cancelled",
     "ContentBlock",
@@ -102,6 +103,7 @@ EXPORTED = [
     "discover_acp_provider",
     "install_subagent_tools",
     "text_block",
+    "tls_context",
 ]
 
 
