@@ -19,6 +19,7 @@ from agent.jsoncheck import check_json, is_lossless, repair_surrogates
 from supervision.signal import AbortSignal
 
 __all__ = [
+    "DEFAULT_MAX_TOOL_CALLS_PER_REPLY",
     "MAX_ARGUMENT_DEPTH",
     "FinishReason",
     "ModelAdapter",
@@ -34,6 +35,12 @@ __all__ = [
 
 # Why a model call ended. `tool_calls` means "run these and call me again".
 FinishReason = Literal["stop", "tool_calls", "max-tokens", "refusal"]
+
+# The most tool calls of one model reply that run (`Runtime(max_tool_calls_per_reply=...)`);
+# the loop drops the rest unrun and tells the model so (docs/decisions.md, q17). Real replies
+# hold a handful, a wide fan-out some dozens; a reply of 100,000 would start 100,000 children,
+# or leave 100,000 results in the history that every later request re-sends.
+DEFAULT_MAX_TOOL_CALLS_PER_REPLY = 1_024
 
 # Receives streaming progress: {"type": "text", "text": ...} deltas and similar JSON dicts.
 ProgressSink = Callable[[Mapping[str, Any]], None]
@@ -153,6 +160,9 @@ class ModelRequest:
     # Which turn and step of the session this request serves (1-based); scripted models key on it.
     turn: int = 1
     step: int = 1
+    # The most tool calls of the reply the loop will run: an adapter may stop decoding calls
+    # past it and count them in `ModelResponse.more_calls` (the loop drops the rest either way).
+    max_tool_calls: int | None = None
 
 
 @fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
@@ -166,6 +176,9 @@ class ModelResponse:
     tool_calls: Sequence[ToolCall] = ()
     finish: FinishReason = "stop"
     usage: Mapping[str, int] = field(default_factory=dict)
+    # Calls the model asked for past `ModelRequest.max_tool_calls`, counted but not decoded
+    # (not in `tool_calls`): the loop tells the model they were dropped.
+    more_calls: int = 0
 
 
 @runtime_checkable
