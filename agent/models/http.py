@@ -40,11 +40,13 @@ from agent.errors import ResponseTooLarge, Retryable
 from agent.http_client import HTTPPool, Response
 from agent.json_text import parse_json
 from agent.model import (
+    MAX_ARGUMENT_CHARS,
     MAX_ARGUMENT_DEPTH,
     ModelError,
     ModelRequest,
     ModelResponse,
     ProgressSink,
+    too_long,
 )
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
@@ -119,7 +121,10 @@ def decode_arguments(text: str, what: str = "arguments") -> tuple[dict[str, Any]
     `({}, why)` for valid JSON the runtime will not take (nested past the parser's reach, an
     integer past Python's digit limit, more containers than `agent.json_text` decodes), which
     the tool layer answers `INVALID_ARGS` so the model can retry. Raises `ValueError` for text
-    that is not JSON, or not an object. A long text is decoded off the hub (`parse_json`)."""
+    that is not JSON, or not an object. A long text is decoded off the hub (`parse_json`); one
+    past `MAX_ARGUMENT_CHARS` is not decoded at all."""
+    if len(text) > MAX_ARGUMENT_CHARS:
+        return {}, too_long(len(text))
     if not text.strip():
         return {}, None
     try:
