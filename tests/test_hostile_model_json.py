@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from anthropic_stub import AnthropicStub, tool_use_message
-from openai_stub import OpenAIStub, sse, stream_text, tool_call_events
+from openai_stub import OpenAIStub, sse, stream_text, text_events, tool_call_events
 from seam_kit import assert_log_valid, kit
 from test_model_tools import results, text_of
 
@@ -27,7 +27,7 @@ from agent.models.anthropic import AnthropicModel
 from agent.models.http import HTTPModel
 from agent.models.openai import OpenAIModel
 from agent.options import AgentOptions
-from agent.store import SessionStore
+from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool, ToolContext
 from subagent.runtime import Runtime
 from supervision.signal import AbortSignal
@@ -205,3 +205,36 @@ def test_arguments_that_contain_themselves_are_refused_at_once() -> None:
     called = ToolCall("c1", "echo", {"x": looped})
     assert called.invalid is not None and "arrays and objects" in called.invalid
     assert called.arguments == {}
+
+
+@pytest.mark.parametrize(
+    ("extra", "diagnostic"),
+    [
+        ("9" * 5_000, "4300 digits"),
+        ("[" * 100_000 + "]" * 100_000, "recursion"),
+    ],
+)
+def test_a_streamed_chunk_past_the_decoder_ends_the_turn_with_a_diagnostic(
+    extra: str, diagnostic: str, models: list[Any]
+) -> None:
+    """Not a tool call's arguments but the reply itself: the turn ends `error` saying why, the
+    text streamed so far is kept, and the agent takes its next turn."""
+    chunk = '{"choices":[{"index":0,"delta":{"content":"lost"}}],"x":' + extra + "}"
+    with OpenAIStub() as stub:
+        model = OpenAIModel(base_url=stub.base_url, api_key="k", max_retries=0)
+        models.append(model)
+        registry = ModelRegistry()
+        registry.register("openai", model)
+        head = text_events(["so far"], finish=None)
+        stub.enqueue(sse([*head, chunk]), stream_text(["next"]))
+        with Runtime(store=MemoryStore(), models=registry) as rt:
+            root = rt.agent(session_id="root", options=AgentOptions(model="openai:m"))
+            root.send("go").get()
+            outcome = root.when_idle().get()
+            assert outcome.reason == "error"
+            assert "openai stream" in (outcome.message or "") and diagnostic in outcome.message
+            assert len(outcome.message) < 1_000
+            assert outcome.output == [{"type": "text", "text": "so far"}]
+            root.send("again").get()
+            assert root.when_idle().get().output == [{"type": "text", "text": "next"}]
+            assert_log_valid(rt.store, "root")
