@@ -92,11 +92,12 @@ class ToolCall:
 # Deep enough for any real call, and well inside what the log accepts around it
 # (`agent.jsoncheck.MAX_DEPTH` counts the event's own envelope too).
 MAX_ARGUMENT_DEPTH = 128
-# Characters in one call's arguments (its strings, keys included; for an HTTP adapter, its JSON
-# text). A model writes at most its output limit per reply (128k tokens, about 512 KB of text,
-# today's largest), so past this no model wrote them; and what is taken is logged and re-sent
-# with every later request: 16 MiB would stall the hub encoding each request and fill any
-# context window, so every later request of the session would fail (docs/decisions.md, q17).
+# Characters in one call's arguments (its string values; for an HTTP adapter, its JSON text,
+# which bounds keys too). A model writes at most its output limit per reply (128k tokens, about
+# 512 KB of text, today's largest), so past this no model wrote them; and what is taken is
+# logged and re-sent with every later request: 16 MiB would stall the hub encoding each request
+# and fill any context window, so every later request of the session would fail
+# (docs/decisions.md, q17).
 MAX_ARGUMENT_CHARS = 4 * 1024 * 1024
 # Arrays and objects in one call's arguments: as many as `agent.json_text` decodes in one text.
 MAX_ARGUMENT_CONTAINERS = 100_000
@@ -123,9 +124,7 @@ def arguments_problem(arguments: object) -> str | None:
         if not arguments:
             return None
         size = 0
-        for k, x in arguments.items():
-            if type(k) is str:
-                size += len(k)
+        for x in arguments.values():
             t = type(x)
             if t is str:
                 size += len(x)
