@@ -203,10 +203,10 @@ def _many_calls(n: int) -> Any:
     return run
 
 
-def test_an_openai_reply_of_20000_calls_through_a_runtime(models: list[Any]) -> None:
+def test_an_openai_reply_of_100000_calls_through_a_runtime(models: list[Any]) -> None:
     """End to end over a socket: the reply is read, 16 calls run, the next request carries
     their 16 results and the note, and the turn ends with the model's next answer."""
-    n = 20_000
+    n = 100_000
     with OpenAIStub() as stub:
         model = OpenAIModel(base_url=stub.base_url, api_key="k", max_retries=0)
         models.append(model)
