@@ -42,6 +42,7 @@ CASES = {
     "deep": (DEEP, "nested deeper than"),
     "digits": (DIGITS, "cannot be decoded"),
     "nan": (NAN, "is not a finite float"),
+    "past 64 bits": ('{"n": ' + str(2**64) + "}", "outside the 64-bit range"),
     "long": (LONG, f"arguments of {len(LONG):,} characters"),
     "duplicate keys": ('{"k": 1, "k": 2}', None),
 }
