@@ -889,6 +889,11 @@ class _FileHandle(_Handle):
             offload(_truncate_append, self.fd, good_length, tail, sync)
 
     def write(self, data: bytes | bytearray) -> None:
+        if len(data) >= _WRITE_ON_HUB:
+            # A big event's frame: the copy into the page cache takes tens of ms.
+            with self._lock:
+                offload(_write_all, self.fd, data)
+            return
         view = memoryview(data)
         while view:
             written = os.write(self.fd, view)
@@ -905,6 +910,16 @@ class _FileHandle(_Handle):
             if self.fd >= 0:
                 fd, self.fd = self.fd, -1
                 os.close(fd)  # also releases the flock
+
+
+# A log's write of this many bytes or more is made from the hub's thread pool (`_FileHandle`).
+_WRITE_ON_HUB = 1 << 20
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    with memoryview(data) as view:
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _pread_at(fd: int, offset: int, size: int) -> bytes | bytearray:
