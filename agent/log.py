@@ -274,6 +274,23 @@ _OPTIONAL: dict[str, tuple[_Field, ...]] = {
 }
 
 
+_BLOCKS_RULE = "each content block must be a dict with a str 'type' (a text block's 'text' a str)"
+
+
+def _blocks_ok(content: list[Any]) -> bool:
+    """Whether every content block is as the runtime makes them (`check_content`, a tool's
+    normalized result, a model adapter's reply): a dict with a str `type`, and a text block's
+    `text` a str. A stored log holding other blocks was not written by the runtime: a resume
+    would hand them to a model adapter, so the replay refuses them where they are."""
+    for block in content:
+        if type(block) is not dict:
+            return False
+        kind = block.get("type")
+        if type(kind) is not str or (kind == "text" and type(block.get("text")) is not str):
+            return False
+    return True
+
+
 # What the last turn/end left of a replay: (the seq after it, turn, step, replied, the turn's
 # calls, how many stayed open).
 _Closed = tuple[int, int, int, bool, dict[str, "str | None"], int]
@@ -489,6 +506,8 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "user" or type(message.get("content")) is not list:
             raise InvariantError(seq, "user/message needs role 'user' and a content list")
+        if not _blocks_ok(message["content"]):
+            raise InvariantError(seq, f"user/message: {_BLOCKS_RULE}")
 
     def _assistant_message(self, seq: int, data: dict[str, Any]) -> None:
         if self._implicit and (not self.step_open or (self._replied and not self._open)):
@@ -503,6 +522,8 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
+        if not _blocks_ok(message["content"]):
+            raise InvariantError(seq, f"assistant/message: {_BLOCKS_RULE}")
         self._boundary = False
         calls = message.get("tool_calls")
         if calls is None:
@@ -554,6 +575,8 @@ class LogReplay:
             raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
         if calls[call_id] is None:
             raise InvariantError(seq, f"second tool/result for call {call_id!r}")
+        if not _blocks_ok(data["content"]):
+            raise InvariantError(seq, f"tool/result: {_BLOCKS_RULE}")
         calls[call_id] = None
         self._open -= 1
         # Format 3: the step's last answer is its end, and a steer may be logged after it.
