@@ -32,8 +32,9 @@ __all__ = ["RootRow", "cmd_log", "cmd_ls", "cmd_tree", "register"]
 
 class RootRow(TypedDict):
     """A root session as `subagent ls --json` prints it (docs/events.md): `status` is `stored`,
-    `running elsewhere`, `orphaned (...)` or `corrupt ...`; an unreadable entry has no
-    `created_at` or `cwd`. Its own spend and its stored subtree's, when its log is readable."""
+    `running elsewhere`, `orphaned (...)`, `detached (...)` or `corrupt ...`; an unreadable
+    entry has no `created_at` or `cwd`. Its own spend and its stored subtree's, when its log is
+    readable."""
 
     id: str
     status: str
@@ -92,7 +93,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
     """Root sessions, plus what a listing by parent can never show: children whose parent is
-    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`).
+    gone (`orphaned`), sessions whose parent links form a cycle (`detached`), and entries whose
+    header is unreadable (`corrupt at byte N: why`).
 
     With `spend` (the `--json` rows), each row carries its usage, which skims every stored log
     for its replies; the table shows none, so it reads headers only."""
@@ -113,6 +115,25 @@ def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
             status = f"orphaned (parent {h.parent_session} is gone)"
         else:
             status = "running elsewhere" if store.is_held(h.id) else "stored"
+        row = RootRow(
+            id=h.id, status=status, created_at=h.created_at, cwd=h.cwd, children=kids.get(h.id, 0)
+        )
+        if spend:
+            _add_spend(row, h.id, spent, below)
+        rows.append(row)
+    # A session no root reaches through the parent links: its links form a cycle (a tampered
+    # store, or one whose ids collide). Listed, so nothing stored is invisible.
+    reached = {row["id"] for row in rows}
+    pending = list(reached)
+    while pending:
+        for child in below.get(pending.pop(), ()):
+            if child not in reached:
+                reached.add(child)
+                pending.append(child)
+    for h in headers:
+        if h.id in reached:
+            continue
+        status = f"detached (its parent links form a cycle, through {h.parent_session})"
         row = RootRow(
             id=h.id, status=status, created_at=h.created_at, cwd=h.cwd, children=kids.get(h.id, 0)
         )
