@@ -1505,13 +1505,14 @@ class SessionLog:
         self._buffer = bytearray()
         # Frames ready to write before `_buffer`: a big event's payload is kept here as it is
         # (shared with the view), not copied into the buffer.
-        self._queued: list[bytes | bytearray] = []
+        self._queued: list[bytes | bytearray] | None = None
         # A big event being encoded in slices holds `_turn`; other appends wait for it, so
-        # seqs are taken, and frames written, in the order the appends were made.
+        # seqs are taken, and frames written, in the order the appends were made. Writes that
+        # may yield (a big payload goes to a pool thread) hold `_writing`, one at a time. Both
+        # made at the first big event: a child's log is a few objects, most never see one.
         self._slicing = False
-        self._turn = gevent.lock.Semaphore()
-        # Writes that may yield (a big payload goes to a pool thread) are made one at a time.
-        self._writing = gevent.lock.Semaphore()
+        self._turn: gevent.lock.Semaphore | None = None
+        self._writing: gevent.lock.Semaphore | None = None
         self._unsynced = False  # written to the OS since the last sync
         self._failed: BaseException | None = None
         self._closed = False
@@ -1573,7 +1574,7 @@ class SessionLog:
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()
-        if self._slicing:
+        if self._slicing and self._turn is not None:
             with self._turn:  # a big event is being encoded: this one comes after it
                 pass
             if self._closed or self._failed is not None:
@@ -1622,6 +1623,8 @@ class SessionLog:
         between them (`_SlicedEncoder`), with the same checks, refusals and atomicity. The seq
         is the one the log is at: appends made meanwhile wait for this one (`_turn`). Killed
         midway, it changed nothing (but lone surrogates it repaired in place, as `append`)."""
+        if self._turn is None:
+            self._turn = gevent.lock.Semaphore()
         with self._turn:
             self._slicing = True
             try:
@@ -1655,6 +1658,8 @@ class SessionLog:
                     raise
                 buffer = self._buffer
                 buffer += _pack_prefix(len(payload), crc)
+                if self._queued is None:
+                    self._queued = []
                 self._queued += (buffer, payload)
                 self._buffer = bytearray()
                 self._payloads_append(payload)
@@ -1723,7 +1728,7 @@ class SessionLog:
     def _flush(self) -> None:
         if not self._buffer and not self._queued:
             return
-        if self._queued or self._writing.locked():
+        if self._queued or (self._writing is not None and self._writing.locked()):
             self._flush_queued()  # a big frame is queued or being written: after it, in order
             return
         data = self._buffer
@@ -1738,12 +1743,14 @@ class SessionLog:
     def _flush_queued(self) -> None:
         """Write the queued frames, then the buffer, one write at a time: a big payload's write
         may yield (the sink writes it from a pool thread), and frames reach the file in order."""
+        if self._writing is None:
+            self._writing = gevent.lock.Semaphore()
         with self._writing:
             if self._failed is not None:
                 self._raise_unusable()
-            pieces = self._queued
+            pieces = self._queued or []
             pieces.append(self._buffer)
-            self._queued = []
+            self._queued = None
             self._buffer = bytearray()
             try:
                 for piece in pieces:

@@ -504,7 +504,7 @@ class _Store:
             decoded, replay = self._decode_now(session_id, reader, size, kept)
             return digest(_as_inspected(decoded, replay, kept))
 
-        return self._digest_many(known, read, whole=True)
+        return self._digest_many(known, read)
 
     def skim_logs(
         self,
@@ -527,14 +527,14 @@ class _Store:
                 raise CorruptSessionError(name, 0, f"header names session {skimmed.header.id!r}")
             return digest(skimmed)
 
-        return self._digest_many(known, read, whole=False)
+        return self._digest_many(known, read)
 
     def _digest_many(
         self,
         known: Mapping[str, object],
         read: Callable[[str, _Reader, int], _T],
-        whole: bool,
     ) -> dict[str, Digested[_T]]:
+        """`read` of each log in `known` whose file changed (`digest_logs`' rules)."""
         todo: builtins.list[str] = []
         size = 0
         for session_id, seen in known.items():
@@ -545,8 +545,9 @@ class _Store:
             size += length
         if not todo:
             return {}
-        # A skim reads a small part of a big log: the count of logs decides alone.
-        if len(todo) > _LOGS_READ_ON_HUB or (whole and size >= _LOG_BYTES_ON_HUB):
+        # A skim reads a small part of a big log, but that part may be a big reply: the size
+        # decides for it too.
+        if len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB:
             found = offload(self._digest_now, todo, read, True)
         else:
             found = self._digest_now(todo, read, False)
