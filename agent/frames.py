@@ -24,7 +24,7 @@ from typing import Any, Final, NamedTuple, Protocol, cast
 
 import msgpack
 
-from agent.errors import CorruptSessionError
+from agent.errors import CorruptSessionError, InvariantError
 from agent.events import Event, SessionHeader
 from agent.jsoncheck import explain, is_lossless
 
@@ -37,12 +37,14 @@ __all__ = [
     "Decoded",
     "EventSink",
     "ReadAt",
+    "Skimmed",
     "decode_frames",
     "encode_event",
     "encode_header",
     "iter_events",
     "iter_frames",
     "read_frames",
+    "skim_frames",
 ]
 
 MAGIC: Final = "subagent-session/1"
@@ -274,6 +276,103 @@ def _event(payload: memoryview, name: str, offset: int) -> Event:
     if _suspect(payload) and not is_lossless(event):
         raise _not_json(event, name, offset)
     return cast(Event, event)
+
+
+class Skimmed(NamedTuple):
+    """A session file skimmed for a few types of event (`skim_frames`): its header, the events
+    of those types in order (each one's `seq` checked to be its place in the log), how many
+    frames the intact prefix holds, and whether a torn tail follows it."""
+
+    header: SessionHeader
+    events: list[Event]
+    frames: int
+    torn: bool
+
+
+# How much of a file a skim reads at once: a frame it skips is read no further than this.
+SKIM_CHUNK: Final = 1 << 16
+# Enough of a payload to read its type from, as the log writes it: `{"type": <fixstr>, ...`.
+_PEEK: Final = 40
+_ENVELOPE_HEAD: Final = b"\x84\xa4type"
+
+
+def _peeked_type(head: memoryview) -> str | None:
+    """The type an event payload starts with, when it starts as the log writes one (a map of
+    four whose first key is "type", then a fixstr); None otherwise (then it is decoded)."""
+    if len(head) < 7 or head[:6].tobytes() != _ENVELOPE_HEAD or not 0xA0 <= head[6] <= 0xBF:
+        return None
+    size = head[6] & 0x1F
+    if len(head) < 7 + size:
+        return None
+    try:
+        return bytes(head[7 : 7 + size]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def skim_frames(
+    read_at: ReadAt,
+    size: int,
+    name: str,
+    wanted: frozenset[str],
+    chunk: int = SKIM_CHUNK,
+) -> Skimmed:
+    """The header and the events of the `wanted` types of a session file, reading only those
+    frames whole: of every other frame, its prefix and the first bytes of its payload (its
+    type), one small window at a time. For a listing, whose rows need a few events of each log
+    (the descriptor, the replies' usage), never a log's tool results.
+
+    What it vouches for: the header frame; the chain of frame lengths to the end of the file
+    (a zero or oversized length is corruption, one running past the end a torn tail); each
+    frame it decodes (CRC, msgpack, lossless JSON, a dict whose `seq` is its index). Not the
+    bytes it skips, nor the event rules: a resume (`load`) checks all of it.
+    """
+    if size <= 0:
+        raise CorruptSessionError(name, 0, "empty file (no header frame)")
+    src = _Window(read_at, size, chunk)
+    end, frame, torn = _next_frame(src, 0, name)
+    if torn or frame is None:
+        raise CorruptSessionError(name, 0, "torn header frame")
+    header = _decode_header(frame, name)
+    del frame
+    events: list[Event] = []
+    offset = end
+    index = 0
+    while offset < src.size:
+        view, rel = src.at(offset, 8 + _PEEK)
+        if src.size - offset < 8:
+            return Skimmed(header, events, index, True)
+        length, crc = _unpack_prefix(view, rel)
+        if length == 0:
+            del view
+            if _zero_to_end(src, offset):
+                return Skimmed(header, events, index, True)
+            raise CorruptSessionError(name, offset, "zero-length frame")
+        if length > MAX_FRAME:
+            raise CorruptSessionError(name, offset, f"frame length {length} exceeds {MAX_FRAME}")
+        stop = offset + 8 + length
+        if stop > src.size:
+            return Skimmed(header, events, index, True)
+        kind = _peeked_type(view[rel + 8 : rel + 8 + min(length, _PEEK)])
+        del view
+        if kind is None or kind in wanted:
+            view, rel = src.at(offset, 8 + length)
+            payload = view[rel + 8 : rel + 8 + length]
+            del view
+            if _crc32(payload) != crc:
+                if stop == src.size:
+                    return Skimmed(header, events, index, True)
+                raise CorruptSessionError(name, offset, "CRC mismatch")
+            event = _event(payload, name, offset)
+            del payload
+            if event.get("type") in wanted:
+                seq = event.get("seq")
+                if type(seq) is not int or seq != index:
+                    raise InvariantError(index, f"{name}: seq {seq!r}, expected {index}")
+                events.append(event)
+        offset = stop
+        index += 1
+    return Skimmed(header, events, index, False)
 
 
 def decode_header(data: bytes | bytearray | memoryview, name: str) -> SessionHeader:

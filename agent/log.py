@@ -42,15 +42,17 @@ from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, compress
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, overload
 
+import gevent
+import gevent.lock
 import msgpack
 
 from agent import events as ev
 from agent.errors import InvariantError
 from agent.events import Event, SessionHeader
 from agent.frames import MAX_FRAME, _crc32, _frame, _pack_prefix, _packb
-from agent.jsoncheck import check_json, repair_surrogates
+from agent.jsoncheck import MAX_DEPTH, check_json, repair_surrogates
 from agent.jsoncheck import is_lossless as _is_lossless
 
 _unpackb = msgpack.unpackb
@@ -58,6 +60,9 @@ _unpackb = msgpack.unpackb
 _is_header_ref = re.compile(r"[0-9a-f]{64}").fullmatch
 _now = time.time
 _type_of = type  # `SessionLog.append` takes a parameter named `type`
+# An appended event's payload: `bytes`, or a big event's `bytearray` (`_SlicedEncoder`), which
+# nothing writes once it is made.
+_Payload = bytes | bytearray
 # Exact types only: a tuple, set, subclass (enum) or other object is refused by the encoder
 # itself, so a value that skipped the walk still cannot smuggle one in.
 _pack_strict = msgpack.Packer(use_bin_type=True, autoreset=True, strict_types=True).pack
@@ -267,6 +272,23 @@ _OPTIONAL: dict[str, tuple[_Field, ...]] = {
     ev.ASSISTANT_MESSAGE: _fields(usage=_DICT),
     ev.TOOL_RESULT: _fields(code=_STR),
 }
+
+
+_BLOCKS_RULE = "each content block must be a dict with a str 'type' (a text block's 'text' a str)"
+
+
+def _blocks_ok(content: list[Any]) -> bool:
+    """Whether every content block is as the runtime makes them (`check_content`, a tool's
+    normalized result, a model adapter's reply): a dict with a str `type`, and a text block's
+    `text` a str. A stored log holding other blocks was not written by the runtime: a resume
+    would hand them to a model adapter, so the replay refuses them where they are."""
+    for block in content:
+        if type(block) is not dict:
+            return False
+        kind = block.get("type")
+        if type(kind) is not str or (kind == "text" and type(block.get("text")) is not str):
+            return False
+    return True
 
 
 # What the last turn/end left of a replay: (the seq after it, turn, step, replied, the turn's
@@ -484,6 +506,8 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "user" or type(message.get("content")) is not list:
             raise InvariantError(seq, "user/message needs role 'user' and a content list")
+        if not _blocks_ok(message["content"]):
+            raise InvariantError(seq, f"user/message: {_BLOCKS_RULE}")
 
     def _assistant_message(self, seq: int, data: dict[str, Any]) -> None:
         if self._implicit and (not self.step_open or (self._replied and not self._open)):
@@ -498,6 +522,8 @@ class LogReplay:
         message = data["message"]
         if message.get("role") != "assistant" or type(message.get("content")) is not list:
             raise InvariantError(seq, "assistant/message needs role 'assistant' and a content list")
+        if not _blocks_ok(message["content"]):
+            raise InvariantError(seq, f"assistant/message: {_BLOCKS_RULE}")
         self._boundary = False
         calls = message.get("tool_calls")
         if calls is None:
@@ -549,6 +575,8 @@ class LogReplay:
             raise InvariantError(seq, f"tool/result for unknown call {call_id!r} in this turn")
         if calls[call_id] is None:
             raise InvariantError(seq, f"second tool/result for call {call_id!r}")
+        if not _blocks_ok(data["content"]):
+            raise InvariantError(seq, f"tool/result: {_BLOCKS_RULE}")
         calls[call_id] = None
         self._open -= 1
         # Format 3: the step's last answer is its end, and a steer may be logged after it.
@@ -779,7 +807,7 @@ _HEADS: dict[bytes, int] = {
 _ENVELOPE_HEAD = b"\x84\xa4type"
 
 
-def _leading_type(payload: bytes | memoryview) -> str | None:
+def _leading_type(payload: bytes | bytearray | memoryview) -> str | None:
     """The type of an event payload that starts as the log encodes one (a map of four whose
     first key is "type" and whose value is a str), read from those bytes alone; None when it
     starts otherwise (then decode it)."""
@@ -888,7 +916,7 @@ def _in_range(index: int, size: int) -> int:
     return index
 
 
-def _decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes], index: int) -> Event:
+def _decoded(blob: memoryview, ends: array[int], tail: Sequence[_Payload], index: int) -> Event:
     """A fresh copy of event `index` of payloads kept as one run (`blob`, cut at `ends`), then
     one by one (`tail`): an `EventView`'s, a `ForkSeed`'s."""
     if index < len(ends):
@@ -898,7 +926,7 @@ def _decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes], index: i
     return event
 
 
-def _all_decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes]) -> Iterator[Event]:
+def _all_decoded(blob: memoryview, ends: array[int], tail: Sequence[_Payload]) -> Iterator[Event]:
     """A fresh copy of each event of such payloads, in order."""
     start = 0
     for end in ends:
@@ -908,6 +936,11 @@ def _all_decoded(blob: memoryview, ends: array[int], tail: Sequence[bytes]) -> I
         yield _unpackb(payload)
 
 
+# The payloads of a view's first events: those it was built with (end to end, where each ends,
+# their type codes), then those appended since (one each, their type codes).
+_Runs = tuple[memoryview, "array[int]", bytes | bytearray, list[_Payload], bytes | bytearray]
+
+
 class _PayloadEvents(Sequence[Event]):
     """Events kept as msgpack payloads, one run (`_blob`, cut at `_ends`) then one by one
     (`_payloads`), read as fresh copies: what an `EventView` and a `ForkSeed` share."""
@@ -915,7 +948,7 @@ class _PayloadEvents(Sequence[Event]):
     __slots__ = ()
     _blob: memoryview
     _ends: array[int]
-    _payloads: Sequence[bytes]
+    _payloads: Sequence[bytes | bytearray]
 
     @overload
     def __getitem__(self, index: int) -> Event: ...
@@ -946,7 +979,7 @@ class EventView(_PayloadEvents):
     __slots__ = ("_blob", "_ends", "_kinds", "_loaded", "_payloads", "_tail_kinds")
 
     def __init__(self, loaded: Payloads | None = None) -> None:
-        self._payloads: list[bytes] = []
+        self._payloads: list[bytes | bytearray] = []
         # The type codes of the first `_payloads`, found when first asked for (`_coded`).
         self._tail_kinds = bytearray()
         self._kinds: bytes | bytearray
@@ -1016,7 +1049,9 @@ class EventView(_PayloadEvents):
         loaded = self._loaded
         if index < loaded:
             ends = self._ends
-            payload: bytes | memoryview = self._blob[ends[index - 1] if index else 0 : ends[index]]
+            payload: _Payload | memoryview = self._blob[
+                ends[index - 1] if index else 0 : ends[index]
+            ]
         else:
             payload = self._payloads[index - loaded]
         name = _leading_type(payload)
@@ -1049,7 +1084,7 @@ class EventView(_PayloadEvents):
         return f"<EventView of {len(self)} events>"
 
     @property
-    def append_payload(self) -> Callable[[bytes], None]:
+    def append_payload(self) -> Callable[[bytes | bytearray], None]:
         """The bound `append` of the frame list (the log's hot path calls it directly)."""
         return self._payloads.append
 
@@ -1074,7 +1109,7 @@ class EventView(_PayloadEvents):
         if len(kinds) < count:
             heads = _HEADS
             for payload in self._payloads[len(kinds) : count]:
-                code = heads.get(payload[: 7 + (payload[6] & 0x1F)])
+                code = heads.get(bytes(payload[: 7 + (payload[6] & 0x1F)]))  # bytes: hashable
                 if code is None:
                     kind = _leading_type(payload)
                     if kind is None:
@@ -1083,9 +1118,7 @@ class EventView(_PayloadEvents):
                 kinds.append(code)
         return kinds
 
-    def runs(
-        self, count: int
-    ) -> tuple[memoryview, array[int], bytes | bytearray, list[bytes], bytes | bytearray]:
+    def runs(self, count: int) -> _Runs:
         """The first `count` events as payloads, decoding none: those the view was built with
         (their bytes end to end, where each ends, their type codes), then those appended since
         (one `bytes` each, their type codes). Copies of the parts, none of the bytes."""
@@ -1128,7 +1161,7 @@ class ForkSeed(_PayloadEvents):
     def __init__(
         self,
         version: int,
-        runs: tuple[memoryview, array[int], bytes | bytearray, list[bytes], bytes | bytearray],
+        runs: _Runs,
         closed: _Closed,
         inbox: Mapping[str, bool],
         refs: Mapping[str, int],
@@ -1235,6 +1268,207 @@ def _filtered(
             yield event
 
 
+# -- big events ----------------------------------------------------------------------------
+# An event whose data may encode to more than this (by `_budget_left`'s estimate) is encoded
+# in slices by `_SlicedEncoder`, other greenlets running between them: msgpack and CRC32 over a
+# 63 MiB event take about a quarter of a second, all of it on the gevent hub otherwise.
+BIG_EVENT: Final = 1 << 20
+# The work done between two yields: bytes produced, characters encoded, or items packed (each
+# counting `_ITEM_WEIGHT`), about a millisecond's worth.
+_SLICE: Final = 1 << 18
+# What one container item counts for: a list of a million small ints is few bytes, but a walk.
+_ITEM_WEIGHT: Final = 16
+# Pieces shorter than this are gathered into one run before they are kept.
+_RUN: Final = 1 << 16
+
+
+def _budget_left(value: dict[Any, Any] | list[Any], budget: int, depth: int = 0) -> int:
+    """`budget` less an estimate of the container `value`'s encoded size, stopping once it is
+    negative, so a big value costs a bounded walk. A character counts one byte (UTF-8 takes up
+    to four: the slices bound the work, not this), an item `_ITEM_WEIGHT`, a key nothing more.
+    Below `MAX_DEPTH` only: deeper is refused by the lossless check anyway. On every append that
+    is not flat (about a microsecond for a step's reply): the one walk this path adds."""
+    items = value.values() if type(value) is dict else value
+    budget -= len(items) * _ITEM_WEIGHT
+    for item in items:
+        t = type(item)
+        if t is str:
+            budget -= len(item)
+        elif (t is dict or t is list) and depth < MAX_DEPTH:
+            budget = _budget_left(item, budget, depth + 1)
+            if budget < 0:
+                return budget
+    return budget
+
+
+def _container_head(count: int, fix: int, marker16: int, marker32: int) -> bytes:
+    """A msgpack map or array header, in the shortest form (as msgpack's packer writes it)."""
+    if count < 16:
+        return bytes((fix | count,))
+    if count < 0x10000:
+        return bytes((marker16,)) + count.to_bytes(2, "big")
+    return bytes((marker32,)) + count.to_bytes(4, "big")
+
+
+class _Refused(Exception):
+    """A value inside a big event the lossless check refuses; `path` is where, built on the way
+    out so the error names it as `check_json` would."""
+
+    def __init__(self, value: object, depth: int) -> None:
+        super().__init__()
+        self.value = value
+        self.depth = depth
+        self.path: list[str] = []
+
+
+class _Oversized(Exception):
+    """A big event grew past `MAX_FRAME` while it was encoded (nothing more is encoded)."""
+
+
+class _SlicedEncoder:
+    """Encodes one big event's data as msgpack a slice at a time, yielding to other greenlets
+    between slices, and checks it as `check_json` would on the way. The bytes are those
+    `msgpack.Packer(use_bin_type=True, strict_types=True)` writes for the same value, so a
+    reader cannot tell which path encoded an event (the view reads its type from the first
+    bytes). `finish` copies the pieces into the one payload the frame and the view share,
+    computing the CRC as it goes, again in slices."""
+
+    __slots__ = ("_pieces", "_run", "_work", "repair", "size")
+
+    def __init__(self, head: bytes, repair: bool) -> None:
+        self.repair = repair
+        self._pieces: list[bytes | bytearray] = []
+        self._run = bytearray(head)
+        self.size = len(head)
+        self._work = 0
+
+    def _spent(self, work: int) -> None:
+        self._work += work
+        if self._work >= _SLICE:
+            self._work = 0
+            gevent.sleep(0)
+
+    def _add(self, piece: bytes) -> None:
+        size = len(piece)
+        self.size += size
+        if self.size > MAX_FRAME:
+            raise _Oversized
+        if size < _RUN:
+            self._run += piece
+            if len(self._run) >= _SLICE:
+                self._pieces.append(self._run)
+                self._run = bytearray()
+        else:
+            if self._run:
+                self._pieces.append(self._run)
+                self._run = bytearray()
+            self._pieces.append(piece)
+        self._spent(max(size, _ITEM_WEIGHT))
+
+    def value(self, value: Any, depth: int) -> Any:
+        """Encode `value`; returns it, or the repaired str that replaces it (lone surrogates)."""
+        t = type(value)
+        if t is str and len(value) > _SLICE:
+            return self._text(value)
+        if (t is dict or t is list) and depth < MAX_DEPTH and _budget_left(value, _SLICE) < 0:
+            if t is dict:
+                self._dict(value, depth)
+            else:
+                self._list(value, depth)
+            return value
+        if not _is_lossless(value, depth):
+            raise _Refused(value, depth)
+        try:
+            piece = _pack_strict(value)
+        except UnicodeEncodeError:
+            if not self.repair:
+                raise
+            value = repair_surrogates(value)
+            piece = _pack_strict(value)
+        self._add(piece)
+        return value
+
+    def _dict(self, value: dict[Any, Any], depth: int) -> None:
+        self._add(_container_head(len(value), 0x80, 0xDE, 0xDF))
+        for key, item in value.items():
+            try:
+                if type(key) is not str:
+                    raise _Refused(value, depth)
+                self._add(_pack_strict(key))  # a lone surrogate in a key: repaired whole
+                new = self.value(item, depth + 1)
+            except _Refused as refused:
+                if refused.value is not value:
+                    refused.path.append(f".{key}")
+                raise
+            if new is not item:
+                value[key] = new
+
+    def _list(self, value: list[Any], depth: int) -> None:
+        self._add(_container_head(len(value), 0x90, 0xDC, 0xDD))
+        for index, item in enumerate(value):
+            try:
+                new = self.value(item, depth + 1)
+            except _Refused as refused:
+                refused.path.append(f"[{index}]")
+                raise
+            if new is not item:
+                value[index] = new
+
+    def _text(self, text: str) -> str:
+        """A long str, encoded a slice of characters at a time; a slice with a lone surrogate is
+        repaired alone (a surrogate pair is never cut), and the str rebuilt from the slices."""
+        chunks: list[bytes] = []
+        repaired: dict[int, str] = {}
+        bounds: list[int] = []
+        total = 0
+        start, end = 0, len(text)
+        while start < end:
+            stop = min(start + _SLICE, end)
+            if stop < end and "\ud800" <= text[stop - 1] <= "\udbff":
+                stop += 1
+            part = text[start:stop]
+            try:
+                chunk = part.encode("utf-8")
+            except UnicodeEncodeError:
+                if not self.repair:
+                    raise
+                repaired[len(bounds)] = part = repair_surrogates(part)
+                chunk = part.encode("utf-8")
+            chunks.append(chunk)
+            bounds.append(stop)
+            total += len(chunk)
+            if self.size + total > MAX_FRAME:
+                raise _Oversized
+            self._spent(stop - start)
+            start = stop
+        self._add(b"\xdb" + total.to_bytes(4, "big"))  # str 32: over _SLICE bytes
+        for chunk in chunks:
+            self._add(chunk)
+        if not repaired:
+            return text
+        starts = [0, *bounds[:-1]]
+        return "".join(repaired.get(i, text[starts[i] : bounds[i]]) for i in range(len(bounds)))
+
+    def finish(self) -> tuple[bytearray, int]:
+        """(the payload, its CRC32): the pieces copied end to end into one buffer, a slice at
+        a time. The buffer is never written again: the frame and the view share it."""
+        if self._run:
+            self._pieces.append(self._run)
+            self._run = bytearray()
+        payload = bytearray(self.size)
+        crc = 0
+        at = 0
+        with memoryview(payload) as view:
+            pieces, self._pieces = self._pieces, []
+            for piece in pieces:
+                size = len(piece)
+                view[at : at + size] = piece
+                crc = _crc32(piece, crc)
+                at += size
+                self._spent(size)
+        return payload, crc
+
+
 class SessionLog:
     """The live, appendable log of one session.
 
@@ -1269,6 +1503,16 @@ class SessionLog:
         self._shared = shared
         self._payloads_append = self.events.append_payload
         self._buffer = bytearray()
+        # Frames ready to write before `_buffer`: a big event's payload is kept here as it is
+        # (shared with the view), not copied into the buffer.
+        self._queued: list[bytes | bytearray] | None = None
+        # A big event being encoded in slices holds `_turn`; other appends wait for it, so
+        # seqs are taken, and frames written, in the order the appends were made. Writes that
+        # may yield (a big payload goes to a pool thread) hold `_writing`, one at a time. Both
+        # made at the first big event: a child's log is a few objects, most never see one.
+        self._slicing = False
+        self._turn: gevent.lock.Semaphore | None = None
+        self._writing: gevent.lock.Semaphore | None = None
         self._unsynced = False  # written to the OS since the last sync
         self._failed: BaseException | None = None
         self._closed = False
@@ -1330,6 +1574,17 @@ class SessionLog:
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()
+        if self._slicing and self._turn is not None:
+            with self._turn:  # a big event is being encoded: this one comes after it
+                pass
+            if self._closed or self._failed is not None:
+                self._raise_unusable()
+        if (
+            _type_of(data) is dict
+            and _FLAT.get(type) != len(data)
+            and _budget_left(data, BIG_EVENT) < 0
+        ):
+            return self._append_big(type, data, repair)
         walk = not prechecked and (_type_of(data) is not dict or _FLAT.get(type) != len(data))
         if walk:
             plain = _PLAIN.get(type) if _type_of(data) is dict else None
@@ -1362,6 +1617,55 @@ class SessionLog:
         buffer += payload
         self._payloads_append(payload)
         return event
+
+    def _append_big(self, type: str, data: dict[str, Any], repair: bool) -> Event:
+        """`append` for an event too big to encode at once: in slices, other greenlets running
+        between them (`_SlicedEncoder`), with the same checks, refusals and atomicity. The seq
+        is the one the log is at: appends made meanwhile wait for this one (`_turn`). Killed
+        midway, it changed nothing (but lone surrogates it repaired in place, as `append`)."""
+        if self._turn is None:
+            self._turn = gevent.lock.Semaphore()
+        with self._turn:
+            self._slicing = True
+            try:
+                replay = self._replay
+                seq = replay.seq
+                event: Event = {"type": type, "seq": seq, "time": _now(), "data": data}
+                head = _pack_strict(
+                    {"type": type, "seq": seq, "time": event["time"], "data": None}
+                )[:-1]  # the envelope up to its data (msgpack's nil, the last byte, cut)
+                encoder = _SlicedEncoder(head, repair)
+                try:
+                    encoder.value(data, 0)
+                except _Refused as refused:
+                    where = f"{type}.data" + "".join(reversed(refused.path))
+                    check_json(refused.value, where=where)
+                    # `check_json` raises for whatever the quick check refused (a depth
+                    # past the limit is judged from the top: explain it from there).
+                    check_json(data, where=f"{type}.data")
+                    raise TypeError(f"{where}: not lossless JSON") from None  # pragma: no cover
+                except _Oversized:
+                    raise ValueError(f"{type} event exceeds {MAX_FRAME} bytes") from None
+                payload, crc = encoder.finish()
+                if self._closed or self._failed is not None:
+                    self._raise_unusable()
+                if replay is not self._replay or replay.seq != seq:  # pragma: no cover
+                    raise RuntimeError("the session log moved during a big append")
+                try:
+                    replay.feed_next(type, data)
+                except BaseException:
+                    self._replay = validate_log(list(self.events), self.header)
+                    raise
+                buffer = self._buffer
+                buffer += _pack_prefix(len(payload), crc)
+                if self._queued is None:
+                    self._queued = []
+                self._queued += (buffer, payload)
+                self._buffer = bytearray()
+                self._payloads_append(payload)
+                return event
+            finally:
+                self._slicing = False
 
     def fork_seed(self) -> ForkSeed | None:
         """The completed-turn prefix (up to the last turn/end; the turn in flight left out) as
@@ -1422,7 +1726,10 @@ class SessionLog:
             self._sink.close()
 
     def _flush(self) -> None:
-        if not self._buffer:
+        if not self._buffer and not self._queued:
+            return
+        if self._queued or (self._writing is not None and self._writing.locked()):
+            self._flush_queued()  # a big frame is queued or being written: after it, in order
             return
         data = self._buffer
         self._buffer = bytearray()
@@ -1432,6 +1739,27 @@ class SessionLog:
             self._failed = exc
             raise
         self._unsynced = True
+
+    def _flush_queued(self) -> None:
+        """Write the queued frames, then the buffer, one write at a time: a big payload's write
+        may yield (the sink writes it from a pool thread), and frames reach the file in order."""
+        if self._writing is None:
+            self._writing = gevent.lock.Semaphore()
+        with self._writing:
+            if self._failed is not None:
+                self._raise_unusable()
+            pieces = self._queued or []
+            pieces.append(self._buffer)
+            self._queued = None
+            self._buffer = bytearray()
+            try:
+                for piece in pieces:
+                    if piece:
+                        self._sink.write(piece)
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            self._unsynced = True
 
     def _sync(self) -> None:
         if not self._unsynced:

@@ -23,7 +23,7 @@ import secrets
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar, cast
@@ -53,6 +53,7 @@ from agent.frames import (
     Decoded,
     EventSink,
     ReadAt,
+    Skimmed,
     _crc32,
     _frame,
     _packb,
@@ -60,6 +61,7 @@ from agent.frames import (
     encode_header,
     iter_frames,
     read_frames,
+    skim_frames,
 )
 from agent.jsoncheck import check_json, repair_surrogates
 from agent.log import (
@@ -496,6 +498,43 @@ class _Store:
         (`SessionNotFoundError` for one deleted meanwhile), never raised. The memory store has
         no stamps: every log is read each time.
         """
+
+        def read(session_id: str, reader: _Reader, size: int) -> _T:
+            kept = _Keeper(size)
+            decoded, replay = self._decode_now(session_id, reader, size, kept)
+            return digest(_as_inspected(decoded, replay, kept))
+
+        return self._digest_many(known, read)
+
+    def skim_logs(
+        self,
+        known: Mapping[str, object],
+        types: Collection[str],
+        digest: Callable[[Skimmed], _T],
+    ) -> dict[str, Digested[_T]]:
+        """`digest_logs` for a reader that needs a few types of event of each log (a listing in
+        a process of its own: descriptors and replies): each log is skimmed
+        (`frames.skim_frames`), reading whole only the frames of those `types` and, of the
+        others, their prefix and type; so a log's big tool results are never read. A skim
+        vouches for less than `inspect` (the chain of frames, and the frames it decodes), so a
+        session whose skipped bytes are damaged is only found so by a full read (`load`)."""
+        wanted = frozenset(types)
+
+        def read(session_id: str, reader: _Reader, size: int) -> _T:
+            name = self._name(session_id)
+            skimmed = skim_frames(reader.read_at, size, name, wanted)
+            if skimmed.header.id != session_id:
+                raise CorruptSessionError(name, 0, f"header names session {skimmed.header.id!r}")
+            return digest(skimmed)
+
+        return self._digest_many(known, read)
+
+    def _digest_many(
+        self,
+        known: Mapping[str, object],
+        read: Callable[[str, _Reader, int], _T],
+    ) -> dict[str, Digested[_T]]:
+        """`read` of each log in `known` whose file changed (`digest_logs`' rules)."""
         todo: builtins.list[str] = []
         size = 0
         for session_id, seen in known.items():
@@ -506,15 +545,17 @@ class _Store:
             size += length
         if not todo:
             return {}
+        # A skim reads a small part of a big log, but that part may be a big reply: the size
+        # decides for it too.
         if len(todo) > _LOGS_READ_ON_HUB or size >= _LOG_BYTES_ON_HUB:
-            read = offload(self._digest_now, todo, digest, True)
+            found = offload(self._digest_now, todo, read, True)
         else:
-            read = self._digest_now(todo, digest, False)
-        for session_id, (stamp, value) in read.items():
+            found = self._digest_now(todo, read, False)
+        for session_id, (stamp, value) in found.items():
             seen = self._stamps.get(session_id)
             if stamp is not None and seen == stamp:  # the census's object: one a file, kept
-                read[session_id] = (seen, value)
-        return read
+                found[session_id] = (seen, value)
+        return found
 
     def _probe(self, session_id: str) -> tuple[Stamp | None, int]:
         """The file's stamp (None: none to trust) and size, for `digest_logs`."""
@@ -523,7 +564,7 @@ class _Store:
     def _digest_now(
         self,
         session_ids: Iterable[str],
-        digest: Callable[[LoadedSession], _T],
+        read: Callable[[str, _Reader, int], _T],
         in_thread: bool,
     ) -> dict[str, Digested[_T]]:
         """Read and digest each log, here and now (on the hub or in a pool thread).
@@ -533,12 +574,12 @@ class _Store:
         times a tick, so a long batch would stretch every other greenlet's wake-up."""
         out: dict[str, Digested[_T]] = {}
         for session_id in session_ids:
-            out[session_id] = self._digest_one(session_id, digest)
+            out[session_id] = self._digest_one(session_id, read)
             if in_thread:
                 time.sleep(0)
         return out
 
-    def _digest_one(self, session_id: str, digest: Callable[[LoadedSession], _T]) -> Digested[_T]:
+    def _digest_one(self, session_id: str, read: Callable[[str, _Reader, int], _T]) -> Digested[_T]:
         stamp: Stamp | None = None
         value: _T | Exception
         try:
@@ -549,11 +590,9 @@ class _Store:
                 # append meanwhile is read next time, never mistaken for what was read now.
                 stamp = reader.stamp()
                 size = stamp[1] if stamp is not None else reader.size()
-                kept = _Keeper(size)
-                decoded, replay = self._decode_now(session_id, reader, size, kept)
+                value = read(session_id, reader, size)
             finally:
                 reader.close()
-            value = digest(_as_inspected(decoded, replay, kept))
         except OSError as exc:  # perhaps passing (EIO, EMFILE): read again next time
             return None, _bare(exc)
         except Exception as exc:  # what the bytes say (corrupt, a bad descriptor): kept
@@ -889,6 +928,11 @@ class _FileHandle(_Handle):
             offload(_truncate_append, self.fd, good_length, tail, sync)
 
     def write(self, data: bytes | bytearray) -> None:
+        if len(data) >= _WRITE_ON_HUB:
+            # A big event's frame: the copy into the page cache takes tens of ms.
+            with self._lock:
+                offload(_write_all, self.fd, data)
+            return
         view = memoryview(data)
         while view:
             written = os.write(self.fd, view)
@@ -905,6 +949,16 @@ class _FileHandle(_Handle):
             if self.fd >= 0:
                 fd, self.fd = self.fd, -1
                 os.close(fd)  # also releases the flock
+
+
+# A log's write of this many bytes or more is made from the hub's thread pool (`_FileHandle`).
+_WRITE_ON_HUB = 1 << 20
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    with memoryview(data) as view:
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _pread_at(fd: int, offset: int, size: int) -> bytes | bytearray:

@@ -467,7 +467,9 @@ class AcpRun(RemoteRun):
             return
         text = self._output_text()
         self._record([{"type": "text", "text": text}] if text else [], ERROR, diagnostic)
-        self._fault(AgentProcessExited(f"the ACP agent process died mid-turn: {diagnostic}"))
+        # `diagnostic` waited for the agent to be reaped: one still running only hung up.
+        what = "died" if self._child.group.returncode is not None else "hung up, still running,"
+        self._fault(AgentProcessExited(f"the ACP agent process {what} mid-turn: {diagnostic}"))
 
     def _record(
         self, output: list[dict[str, Any]], stop_reason: str, diagnostic: str | None

@@ -23,7 +23,7 @@ from typing import NotRequired, Protocol, TypedDict, TypeVar
 
 import gevent
 
-from agent.events import Event, SessionHeader, SessionLogError
+from agent.events import ASSISTANT_MESSAGE, Event, SessionHeader, SessionLogError
 from agent.frames import CorruptSessionError
 from agent.log import SessionLog, events_of_types
 from agent.usage import (
@@ -44,6 +44,7 @@ from subagent.descriptor import (
 )
 
 __all__ = [
+    "SKIMMED_TYPES",
     "Activation",
     "ActivationView",
     "ChildRow",
@@ -53,12 +54,15 @@ __all__ = [
     "RemoteRun",
     "RemoteRunView",
     "add_subtree_usage",
+    "skim_digest",
 ]
 
 log = logging.getLogger(__name__)
 # A listing builds this many rows (~10 us each) between yields to the hub.
 _ROWS_BETWEEN_YIELDS = 256
 _DESCRIPTOR_ONLY = frozenset({DESCRIPTOR_EVENT})
+# What a row reads of a stored log when it skims it (`Listings(skim=True)`).
+SKIMMED_TYPES = frozenset({DESCRIPTOR_EVENT, ASSISTANT_MESSAGE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,17 @@ _Digest = tuple[SubagentDescriptor | Unclassifiable | None, tuple[int | None, ..
 _T = TypeVar("_T")
 
 
+class _Skimmed(Protocol):
+    """A stored session as `skim_logs` reads it (`agent.frames.Skimmed`): its header, and the
+    events of the types asked for, in order, each with its seq."""
+
+    @property
+    def header(self) -> SessionHeader: ...
+
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+
 class ListingStore(Protocol):
     """The part of a session store a listing reads (`agent.store.SessionStore`)."""
 
@@ -131,6 +146,14 @@ class ListingStore(Protocol):
 
     def digest_logs(
         self, known: Mapping[str, object], digest: Callable[[_Loaded], _T], /
+    ) -> Mapping[str, tuple[object | None, _T | Exception]]: ...
+
+    def skim_logs(
+        self,
+        known: Mapping[str, object],
+        types: frozenset[str],
+        digest: Callable[[_Skimmed], _T],
+        /,
     ) -> Mapping[str, tuple[object | None, _T | Exception]]: ...
 
     def held_among(self, session_ids: Iterable[str], /) -> set[str]: ...
@@ -142,6 +165,14 @@ def _digest(loaded: _Loaded) -> _Digest:
     descriptor = authoritative_descriptor(events, seed_length)
     usage = _packed(usage_of_events(events, seed_length))
     return descriptor, usage, cost_of_events(events, seed_length)
+
+
+def skim_digest(skimmed: _Skimmed) -> _Digest:
+    """`_digest` of a skimmed log (its descriptors and replies alone; pure, as `_digest`)."""
+    seed_length = skimmed.header.seed_length
+    events = [event for event in skimmed.events if event["seq"] >= seed_length]
+    descriptor = authoritative_descriptor(events, 0)
+    return descriptor, _packed(usage_of_events(events)), cost_of_events(events)
 
 
 class ChildRow(TypedDict):
@@ -197,8 +228,14 @@ class Listings:
         agents: Mapping[str, ListedAgent] | None = None,
         activations: ActivationView = _untracked,
         remote_runs: RemoteRunView | None = None,
+        *,
+        skim: bool = False,
     ) -> None:
+        """`skim`: read of each stored log only what a row needs (`ListingStore.skim_logs`),
+        for a listing made once (the CLI's); a damaged byte the skim does not read is then not
+        seen. Otherwise each log is read whole, once per change of its file."""
         self._store = store
+        self._skim = skim
         self._agents: Mapping[str, ListedAgent] = agents if agents is not None else {}
         self._activations = activations
         self._remote: RemoteRunView = remote_runs if remote_runs is not None else _NoRuns()
@@ -370,7 +407,10 @@ class Listings:
         # What is kept now, for these: another listing may change the kept set meanwhile.
         before = {i: entry for i in child_ids if (entry := kept.get(i)) is not None}
         known = {i: (before[i][0] if i in before else None) for i in child_ids}
-        fresh = self._store.digest_logs(known, _digest)
+        if self._skim:
+            fresh = self._store.skim_logs(known, SKIMMED_TYPES, skim_digest)
+        else:
+            fresh = self._store.digest_logs(known, _digest)
         out: dict[str, _Digest | Exception] = {}
         for child_id in child_ids:
             got = fresh.get(child_id)

@@ -153,24 +153,32 @@ def test_ls_reads_headers_only_unless_asked_for_usage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The table shows no usage, so it must not read every stored log whole (a 300 MB log made
-    `ls` take 6 s and 650 MB); `ls --json`, whose rows carry usage, still does."""
+    `ls` take 6 s and 650 MB); `ls --json`, whose rows carry usage, skims each log for its
+    replies (tests/test_cli_reads.py counts the bytes), never reading one whole."""
     from agent.store import SessionStore
     from subagent.cli import main
 
     home = _store(tmp_path, {"sone": _header("sone"), "stwo": _header("stwo")})
     read: list[str] = []
-    real = SessionStore.inspect
+    skimmed: list[str] = []
+    real_inspect, real_skim = SessionStore.inspect, SessionStore.skim_logs
 
     def inspect(self: SessionStore, session_id: str) -> Any:
         read.append(session_id)
-        return real(self, session_id)
+        return real_inspect(self, session_id)
+
+    def skim_logs(self: SessionStore, known: Any, *args: Any) -> Any:
+        skimmed.extend(known)
+        return real_skim(self, known, *args)
 
     monkeypatch.setattr(SessionStore, "inspect", inspect)
+    monkeypatch.setattr(SessionStore, "skim_logs", skim_logs)
     assert main(["--home", str(home), "ls"]) in (0, None)
     assert "sone" in capsys.readouterr().out
-    assert read == []
+    assert read == skimmed == []
     assert main(["--home", str(home), "ls", "--json"]) in (0, None)
-    assert sorted(read) == ["sone", "stwo"]
+    assert read == []
+    assert sorted(skimmed) == ["sone", "stwo"]
 
 
 @pytest.mark.parametrize("at", [None, 0, 7, 63, 64, 65, 70_000, 199_999])

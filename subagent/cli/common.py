@@ -298,10 +298,11 @@ def listing_rows(
     store: SessionStore, listing: Callable[[Listings], list[ChildRow]]
 ) -> list[ChildRow]:
     """One listing over `store` alone: reading the store needs no runtime (nothing is live in
-    this process, so every child is stored, or running elsewhere when another process holds it)."""
+    this process, so every child is stored, or running elsewhere when another process holds it).
+    Made once, so each log is skimmed for what a row needs (`Listings(skim=True)`)."""
     from subagent.listings import Listings
 
-    return listing(Listings(store))
+    return listing(Listings(store, skim=True))
 
 
 def require_session(store: SessionStore, session_id: str) -> None:

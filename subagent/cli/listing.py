@@ -22,6 +22,7 @@ from subagent.cli.common import (
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
     from rich.tree import Tree
 
+    from agent.frames import Skimmed
     from agent.store import SessionStore, UnreadableSession
     from subagent.cli.common import Subcommands
     from subagent.listings import ChildRow
@@ -31,8 +32,9 @@ __all__ = ["RootRow", "cmd_log", "cmd_ls", "cmd_tree", "register"]
 
 class RootRow(TypedDict):
     """A root session as `subagent ls --json` prints it (docs/events.md): `status` is `stored`,
-    `running elsewhere`, `orphaned (...)` or `corrupt ...`; an unreadable entry has no
-    `created_at` or `cwd`. Its own spend and its stored subtree's, when its log is readable."""
+    `running elsewhere`, `orphaned (...)`, `detached (...)` or `corrupt ...`; an unreadable
+    entry has no `created_at` or `cwd`. Its own spend and its stored subtree's, when its log is
+    readable."""
 
     id: str
     status: str
@@ -91,10 +93,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
     """Root sessions, plus what a listing by parent can never show: children whose parent is
-    gone (`orphaned`) and entries whose header is unreadable (`corrupt at byte N: why`).
+    gone (`orphaned`), sessions whose parent links form a cycle (`detached`), and entries whose
+    header is unreadable (`corrupt at byte N: why`).
 
-    With `spend` (the `--json` rows), each row carries its usage, which reads every stored log
-    whole; the table shows none, so it reads headers only."""
+    With `spend` (the `--json` rows), each row carries its usage, which skims every stored log
+    for its replies; the table shows none, so it reads headers only."""
     headers, unreadable = store.census()
     ids = {h.id for h in headers} | {bad.id for bad in unreadable}
     kids: dict[str, int] = {}
@@ -103,11 +106,7 @@ def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
         if h.parent_session:
             kids[h.parent_session] = kids.get(h.parent_session, 0) + 1
             below.setdefault(h.parent_session, []).append(h.id)
-    spent: dict[str, tuple[dict[str, int], int]] = {}
-    for h in headers if spend else ():
-        found = _spend_of(store, h.id)
-        if found is not None:
-            spent[h.id] = found
+    spent = _spends(store, [h.id for h in headers]) if spend else {}
     rows: list[RootRow] = []
     for h in headers:
         if h.origin == "subagent" and h.parent_session in ids:
@@ -122,6 +121,25 @@ def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
         if spend:
             _add_spend(row, h.id, spent, below)
         rows.append(row)
+    # A session no root reaches through the parent links: its links form a cycle (a tampered
+    # store, or one whose ids collide). Listed, so nothing stored is invisible.
+    reached = {row["id"] for row in rows}
+    pending = list(reached)
+    while pending:
+        for child in below.get(pending.pop(), ()):
+            if child not in reached:
+                reached.add(child)
+                pending.append(child)
+    for h in headers:
+        if h.id in reached:
+            continue
+        status = f"detached (its parent links form a cycle, through {h.parent_session})"
+        row = RootRow(
+            id=h.id, status=status, created_at=h.created_at, cwd=h.cwd, children=kids.get(h.id, 0)
+        )
+        if spend:
+            _add_spend(row, h.id, spent, below)
+        rows.append(row)
     for bad in unreadable:
         rows.append(
             RootRow(id=bad.id, status=_corrupt_status(bad), created_at=None, cwd=None, children=0)
@@ -129,16 +147,30 @@ def _root_rows(store: SessionStore, *, spend: bool = True) -> list[RootRow]:
     return rows
 
 
-def _spend_of(store: SessionStore, session_id: str) -> tuple[dict[str, int], int] | None:
-    """A stored session's own usage and cost (picodollars), or None when it is unreadable."""
+def _spends(store: SessionStore, session_ids: list[str]) -> dict[str, tuple[dict[str, int], int]]:
+    """Stored sessions' own usage and cost (picodollars), each log skimmed for its replies
+    alone (`SessionStore.skim_logs`): a log's tool results are never read. An unreadable log
+    has no entry (its row says why elsewhere)."""
+    if not session_ids:
+        return {}
+    read = store.skim_logs(dict.fromkeys(session_ids), _REPLIES, _spend_of)
+    return {
+        session_id: value
+        for session_id, (_stamp, value) in read.items()
+        if not isinstance(value, Exception)
+    }
+
+
+_REPLIES = frozenset({"assistant/message"})
+
+
+def _spend_of(skimmed: Skimmed) -> tuple[dict[str, int], int]:
+    """A skimmed session's own usage and cost: its replies after its fork seed."""
     from agent.usage import cost_of_events, usage_of_events
 
-    try:
-        loaded = store.inspect(session_id)
-    except Exception:  # a corrupt or vanished log: its row says so elsewhere
-        return None
-    seed = loaded.header.seed_length
-    return usage_of_events(loaded.events, seed), cost_of_events(loaded.events, seed)
+    seed_length = skimmed.header.seed_length
+    replies = [event for event in skimmed.events if event["seq"] >= seed_length]
+    return usage_of_events(replies), cost_of_events(replies)
 
 
 def _add_spend(
@@ -248,7 +280,7 @@ def _tree_root_row(store: SessionStore, root_id: str, rows: list[ChildRow]) -> C
         label=None,
         activity="running elsewhere" if store.is_held(root_id) else "stored",
     )
-    own = _spend_of(store, root_id)
+    own = _spends(store, [root_id]).get(root_id)
     if own is None:
         return row
     usage, cost = own
