@@ -10,6 +10,7 @@ PATH: an `AcpConfig` resolves its command when it is made, and nothing here star
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import subprocess
@@ -87,3 +88,13 @@ def test_example_runs(label: str, code: str, tmp_path: Path, stand_ins: Path) ->
     )
     done: subprocess.CompletedProcess[str] = offload(run)
     assert done.returncode == 0, f"{label}:\n{done.stderr}"
+
+
+def test_every_runtime_argument_is_in_the_table() -> None:
+    """docs/runtime.md's table lists exactly `Runtime(...)`'s keywords."""
+    from subagent import Runtime
+
+    table = (ROOT / "docs" / "runtime.md").read_text().split("## `Runtime(...)`", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \|", table.split("\n## ", 1)[0], flags=re.M)
+    keywords = [name for name in inspect.signature(Runtime).parameters]
+    assert sorted(rows) == sorted(keywords)
