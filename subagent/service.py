@@ -57,6 +57,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentRun,
     SubagentStartRequest,
+    ToolRestriction,
 )
 from supervision.group import TaskGroup
 from supervision.offload import offload
@@ -417,8 +418,7 @@ class SubagentService:
         """Validate, admit, start and publish a child run. Raises before any child exists."""
         if not isinstance(name, str):
             raise TypeError("provider name must be a string")
-        if not isinstance(request, SubagentStartRequest):
-            raise TypeError("request must be a SubagentStartRequest")
+        _check_request(request)
         self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
@@ -664,8 +664,7 @@ class SubagentService:
         self, name: str, request: SubagentStartRequest, *, label: str, child_id: str | None = None
     ) -> ContinuableStart:
         """Start a durable child; resolves once its first prompt is accepted into its inbox."""
-        if not isinstance(request, SubagentStartRequest):
-            raise TypeError("request must be a SubagentStartRequest")
+        _check_request(request)
         self.owner.check()
         return self._continuation.start_continuable(name, request, label=label, child_id=child_id)
 
@@ -787,6 +786,27 @@ def _failed(exc: BaseException) -> GeventFuture[str | None]:
     future: GeventFuture[str | None] = GeventFuture()
     future.set_exception((type(exc), exc, None))
     return future
+
+
+def _check_request(request: object) -> None:
+    """The request's shape, checked before anything is admitted: a user's wrong type is a
+    `TypeError` naming the field, never an `AttributeError` from deep inside a provider."""
+    if not isinstance(request, SubagentStartRequest):
+        raise TypeError("request must be a SubagentStartRequest")
+    if not isinstance(request.signal, AbortSignal):
+        raise TypeError(
+            f"request.signal must be an AbortSignal (e.g. AbortController().signal), "
+            f"got {type(request.signal).__name__}"
+        )
+    if request.tool_filter is not None and not isinstance(request.tool_filter, ToolRestriction):
+        raise TypeError(
+            f"request.tool_filter must be a ToolRestriction or None, "
+            f"got {type(request.tool_filter).__name__}"
+        )
+    prompt: object = request.prompt
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        # The child's first user message: an empty one is a mistake, not a task.
+        raise ValueError("request.prompt holds no content block: give the child its task")
 
 
 def _parent_id(parent: object) -> str:
