@@ -21,6 +21,7 @@ from agent.store import SessionStore
 from agent.tools import Tool, ToolContext
 from providers.inprocess import SpawnProvider
 from subagent.errors import SubagentDepthError
+from subagent.service import RunHandle
 from subagent.types import (
     COMPLETED,
     MessageSource,
@@ -68,8 +69,8 @@ def test_runtime_capabilities_are_discovered_by_the_presence_of_their_methods() 
     with kit() as k:
         k.service.register(_PlainProvider())
         parent = k.parent()
-        local = k.start(parent)
-        remote = k.start(parent, provider="plain")
+        local: RunHandle = k.start(parent)
+        remote: RunHandle = k.start(parent, provider="plain")
         assert isinstance(local, Steerable)
         assert not isinstance(remote, Steerable)
         assert not hasattr(remote, "steer")
