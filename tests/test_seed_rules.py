@@ -20,7 +20,8 @@ from agent.models import scripted as S
 from agent.store import SessionStore
 from agent.tools import Tool, ToolContext
 from providers.inprocess import SpawnProvider
-from subagent.errors import SubagentDepthError
+from subagent.descriptor import SubagentDescriptor, authoritative_descriptor
+from subagent.errors import SubagentDepthError, SubagentError
 from subagent.service import RunHandle
 from subagent.types import (
     COMPLETED,
@@ -29,6 +30,7 @@ from subagent.types import (
     Steerable,
     SubagentCapabilities,
     SubagentResult,
+    SubagentResumeRequest,
     SubagentStartRequest,
     text_block,
 )
@@ -181,3 +183,45 @@ def test_an_abort_after_publication_cancels_the_child_not_the_start() -> None:
         assert result.stop_reason == "aborted"
         assert "the parent gave up" in (result.diagnostic or "")
         run.dispose()
+
+
+def test_a_resume_whose_signal_aborted_first_is_refused_and_leaves_the_log_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """Seed, `SubagentProvider.resume`: "if reconstruction fails or `request.signal` aborts
+    before fulfillment, the provider rolls its creation transaction back to quiescence before
+    rejecting"; no lifecycle pair is emitted for it."""
+    with kit(store=SessionStore(tmp_path / "sessions")) as k:
+        parent = k.parent()
+        started = k.service.start_continuable("spawn", k.request(parent, "first"), label="raw")
+        k.runtime.tasks.wait(started.task_id)
+        events = k.store.load(started.child_id).events
+        descriptor = authoritative_descriptor(events, 0)
+        assert isinstance(descriptor, SubagentDescriptor)
+        before = len(events)
+        k.flush_events()
+        lifecycle = len(k.events)
+        controller = AbortController()
+        controller.abort("the parent gave up")
+        request = SubagentResumeRequest(
+            session_id=started.child_id,
+            prompt=[text_block("again")],
+            source=MessageSource.user(),
+            parent=parent,
+            signal=controller.signal,
+            descriptor=descriptor,
+        )
+        try:
+            k.service.resume(request)
+        except SubagentError as exc:
+            assert exc.code == "ABORTED"
+        else:
+            raise AssertionError("an aborted resume was published")
+        assert started.child_id not in k.runtime.ctx.agents
+        assert len(k.store.load(started.child_id).events) == before
+        k.flush_events()
+        assert len(k.events) == lifecycle
+        # Quiescent and whole: the next message resumes it as usual.
+        sent = k.service.send_message(parent, started.child_id, "again", MessageSource.user())
+        assert sent.kind == "started" and sent.task_id is not None
+        assert k.runtime.tasks.wait(sent.task_id).status == "completed"
