@@ -225,3 +225,33 @@ def test_a_resume_whose_signal_aborted_first_is_refused_and_leaves_the_log_as_it
         sent = k.service.send_message(parent, started.child_id, "again", MessageSource.user())
         assert sent.kind == "started" and sent.task_id is not None
         assert k.runtime.tasks.wait(sent.task_id).status == "completed"
+
+
+def test_a_child_gets_a_new_flat_scope_not_its_parents_registrations() -> None:
+    """Seed, "In-process backends": "Each child gets a new flat scope rather than inheriting
+    parent registrations": the parent's own scoped tool and restriction do not reach a spawn
+    or a fork child, which sees the deployment's tools."""
+    offered: dict[str, list[str]] = {}
+
+    def respond(request: ModelRequest) -> S.Step | str:
+        offered[request.session_id] = [tool.name for tool in request.tools]
+        return S.text("done")
+
+    def noop(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        return "ok"
+
+    with kit() as k:
+        k.respond = respond
+        k.runtime.ctx.tools.register(Tool("shared", "Global.", {"type": "object"}, noop))
+        k.runtime.ctx.tools.register(Tool("hidden", "Global.", {"type": "object"}, noop))
+        parent = k.parent()
+        parent.tools.add(Tool("private", "The parent's own.", {"type": "object"}, noop))
+        parent.tools.restrict(deny=["hidden"])
+        parent.send("hi").get()
+        parent.when_idle().get()
+        assert sorted(offered[parent.id]) == ["private", "shared"]
+        for provider in ("spawn", "fork"):
+            run = k.start(parent, provider=provider)
+            assert run.result.get().stop_reason == COMPLETED
+            assert sorted(offered[run.id]) == ["hidden", "shared"]
+            run.dispose()
