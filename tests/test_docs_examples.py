@@ -98,3 +98,18 @@ def test_every_runtime_argument_is_in_the_table() -> None:
     rows = re.findall(r"^\| `(\w+)` \|", table.split("\n## ", 1)[0], flags=re.M)
     keywords = [name for name in inspect.signature(Runtime).parameters]
     assert sorted(rows) == sorted(keywords)
+
+
+def test_every_test_the_seed_map_names_exists() -> None:
+    """docs/seam.md maps each seed rule to tests: each one named is a test function there."""
+    section = (
+        (ROOT / "docs" / "seam.md").read_text().split("## The seed's rules and their tests")[1]
+    )
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", section)
+    assert len(named) >= 60
+    missing = [
+        f"{path}::{name}"
+        for path, name in named
+        if not re.search(rf"^\s*def {name}\(", (ROOT / path).read_text(), flags=re.M)
+    ]
+    assert missing == []
