@@ -27,7 +27,7 @@ _FENCE = re.compile(
     r"^(?P<mark><!-- not runnable: [^\n]+ -->\n)?```python\n(?P<code>.*?)^```", re.S | re.M
 )
 # The agents the ACP examples configure: found on PATH, never run by an example.
-STAND_INS = ("gemini", "codex-acp", "claude-agent-acp", "fast-agent")
+STAND_INS = ("gemini", "codex-acp", "claude-agent-acp")
 
 
 def _examples() -> tuple[list[tuple[str, str]], list[str]]:
@@ -113,3 +113,19 @@ def test_every_test_the_seed_map_names_exists() -> None:
         if not re.search(rf"^\s*def {name}\(", (ROOT / path).read_text(), flags=re.M)
     ]
     assert missing == []
+
+
+def test_the_serve_config_file_example_loads(
+    stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/serve.md's config file is one `subagent mcp --config` accepts, agents and all."""
+    from subagent.serve.wiring import load_config
+
+    section = (ROOT / "docs" / "serve.md").read_text().split("## The config file", 1)[1]
+    (example,) = re.findall(r"```json\n(.*?)```", section, flags=re.S)
+    (tmp_path / "config.json").write_text(example)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(stand_ins), os.environ["PATH"]]))
+    # In a worker thread: it reads a file and searches PATH, off the hub.
+    config = offload(functools.partial(load_config, tmp_path / "config.json"))
+    assert [agent.name for agent in config.acp] == ["gemini", "claude"]
+    assert config.ray == {"address": "auto", "pool_size": 4}
