@@ -133,13 +133,50 @@ def test_a_tool_filter_naming_unknown_tools_is_invalid(
     assert rt.subagents.runs() == []
 
 
-def test_a_persona_naming_an_unknown_variable_fails_start_with_nothing_left(rt: Runtime) -> None:
-    request = _request(rt, persona="You review {{ projekt }}.")
-    with pytest.raises(SubagentError, match="projekt") as caught:
+@pytest.mark.parametrize(
+    ("persona", "words"),
+    [
+        ("You review {{ projekt }}.", "unknown template variable 'projekt'"),
+        ("You review {{Project}}.", "malformed template group '{{Project}}'"),
+        ("You review {{ a b }}.", "malformed template group"),
+    ],
+)
+def test_a_persona_template_error_fails_start_with_nothing_left(
+    rt: Runtime, persona: str, words: str
+) -> None:
+    """A persona is a template like any section: a typo in it is START_FAILED, whichever typo."""
+    request = _request(rt, persona=persona)
+    _refused(rt, lambda: rt.subagents.start("spawn", request), SubagentError, words)
+    with pytest.raises(SubagentError) as caught:
         rt.subagents.start("spawn", request)
     assert caught.value.code == "START_FAILED"
-    assert rt.subagents.runs() == []
-    assert len(rt.ctx.agents) == 1  # the parent alone
+
+
+def test_a_tool_whose_persona_is_malformed_answers_start_failed_not_a_crash() -> None:
+    """Through the model-facing tool the same typo is an error result the model can read, with
+    the start's code, not a tool crash."""
+    from subagent import scripted as S
+    from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+    def model(request: Any) -> Any:
+        if request.messages[-1]["role"] == "tool":
+            return S.text("done")
+        return S.tool_call("subagent", {"description": "review", "prompt": "review it"})
+
+    with Runtime(store=MemoryStore(), scripted=S.ScriptedModel(model)) as rt:
+        rt.subagents.register(SpawnProvider())
+        install_subagent_tools(
+            rt, tools=[SubagentToolConfig(provider="spawn", persona="You are {{Reviewer}}.")]
+        )
+        parent = rt.agent()
+        parent.send("go").get()
+        parent.when_idle().get()
+        (result,) = [
+            e["data"] for e in rt.store.load(parent.id).events if e["type"] == "tool/result"
+        ]
+        assert result["is_error"] and result["code"] == "START_FAILED"
+        assert "malformed template group '{{Reviewer}}'" in result["content"][0]["text"]
+        assert list(rt.ctx.agents) == [parent.id]
 
 
 @pytest.mark.parametrize(
