@@ -9,6 +9,7 @@ PATH: an `AcpConfig` resolves its command when it is made, and nothing here star
 
 from __future__ import annotations
 
+import argparse
 import functools
 import inspect
 import os
@@ -129,3 +130,32 @@ def test_the_serve_config_file_example_loads(
     config = offload(functools.partial(load_config, tmp_path / "config.json"))
     assert [agent.name for agent in config.acp] == ["gemini", "claude"]
     assert config.ray == {"address": "auto", "pool_size": 4}
+
+
+def test_the_cli_reference_shows_every_flag_of_every_command() -> None:
+    """Each `### subagent COMMAND [...]` heading of docs/cli.md (and serve.md's synopsis for
+    `mcp` and `acp`) names exactly the command's flags, but the global and `--json` ones."""
+    from subagent.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    shown: dict[str, str] = {}
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    for match in re.finditer(r"^### `subagent ([a-z]+)([^`\n]*)`$", cli, flags=re.M):
+        shown[match.group(1)] = match.group(2)
+    serve = (ROOT / "docs" / "serve.md").read_text()
+    (synopsis,) = re.findall(r"^subagent \[--home DIR\] \[--debug\] mcp (.*)$", serve, flags=re.M)
+    shown["mcp"] = shown["acp"] = synopsis
+    assert set(shown) == set(commands.choices)
+    wrong = {}
+    for name, text in shown.items():
+        flags = {
+            option
+            for action in commands.choices[name]._actions
+            for option in action.option_strings
+            if option.startswith("--")
+        } - {"--help", "--home", "--debug", "--json"}
+        named = set(re.findall(r"--[a-z][a-z-]*", text))
+        if named != flags:
+            wrong[name] = (sorted(named - flags), sorted(flags - named))
+    assert wrong == {}
