@@ -159,3 +159,12 @@ def test_the_cli_reference_shows_every_flag_of_every_command() -> None:
         if named != flags:
             wrong[name] = (sorted(named - flags), sorted(flags - named))
     assert wrong == {}
+
+
+def test_the_error_code_table_lists_exactly_the_codes() -> None:
+    """docs/seam.md's table of `SubagentError` codes is `ERROR_CODES`, no more, no less."""
+    from subagent.errors import ERROR_CODES
+
+    section = (ROOT / "docs" / "seam.md").read_text().split("## Errors", 1)[1]
+    table = section.split("### The exception tree", 1)[0]
+    assert sorted(re.findall(r"^\| `([A-Z_]+)` \|", table, flags=re.M)) == sorted(ERROR_CODES)
