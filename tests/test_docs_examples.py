@@ -168,3 +168,10 @@ def test_the_error_code_table_lists_exactly_the_codes() -> None:
     section = (ROOT / "docs" / "seam.md").read_text().split("## Errors", 1)[1]
     table = section.split("### The exception tree", 1)[0]
     assert sorted(re.findall(r"^\| `([A-Z_]+)` \|", table, flags=re.M)) == sorted(ERROR_CODES)
+
+
+def test_the_readme_points_at_every_doc() -> None:
+    """A newcomer finds every page from the README's "Where to read next"."""
+    section = (ROOT / "README.md").read_text().split("## Where to read next", 1)[1]
+    named = set(re.findall(r"`docs/([\w-]+\.md)`", section))
+    assert named == {path.name for path in (ROOT / "docs").glob("*.md")}
