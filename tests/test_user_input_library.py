@@ -18,6 +18,7 @@ from subagent import (
     AbortController,
     AgentOptions,
     MemoryStore,
+    MessageSource,
     Runtime,
     SessionStore,
     SpawnProvider,
@@ -234,3 +235,56 @@ def test_a_store_path_that_is_a_file_is_refused_when_the_runtime_is_made(tmp_pat
     with pytest.raises(ValueError, match="not a directory"):
         Runtime(store=a_file / "sessions").close()
     assert a_file.read_text() == "not a directory"
+
+
+@pytest.fixture
+def stored_child(rt: Runtime) -> str:
+    """A continuable child of the fixture's parent, settled and stored."""
+    started = rt.subagents.start_continuable("spawn", _request(rt), label="worker")
+    rt.tasks.wait(started.task_id)
+    return started.child_id
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "words"),
+    [
+        ({"content": []}, ValueError, "the message holds nothing"),
+        ({"content": ""}, ValueError, "the message holds nothing"),
+        ({"content": 5}, TypeError, "content must be"),
+        ({"source": "user"}, TypeError, "source must be a MessageSource"),
+        ({"parent": None}, TypeError, "parent must be an agent"),
+        ({"signal": "stop"}, TypeError, "signal must be an AbortSignal or None"),
+        ({"child_id": "../x"}, ValueError, "invalid session id"),
+    ],
+    ids=lambda value: repr(value)[:40],
+)
+def test_send_message_of_the_wrong_shape_is_refused_and_the_child_untouched(
+    rt: Runtime, stored_child: str, change: dict[str, Any], error: type[BaseException], words: str
+) -> None:
+    (parent,) = [a for a in rt.ctx.agents.values() if a.id != stored_child]
+    arguments: dict[str, Any] = {
+        "parent": parent,
+        "child_id": stored_child,
+        "content": "go on",
+        "source": MessageSource.user(),
+        "signal": None,
+    }
+    arguments.update(change)
+    before = len(rt.store.load(stored_child).events)
+    tasks = len(rt.tasks.list(parent.id))
+    with pytest.raises(error, match=words):
+        rt.subagents.send_message(**arguments)
+    assert len(rt.store.load(stored_child).events) == before
+    assert stored_child not in rt.ctx.agents
+    assert len(rt.tasks.list(parent.id)) == tasks
+
+
+@pytest.mark.parametrize("bad", [5, None, "../x"])
+def test_listing_the_children_of_something_that_is_not_a_session_id_is_refused(
+    rt: Runtime, bad: Any
+) -> None:
+    error = ValueError if isinstance(bad, str) else TypeError
+    with pytest.raises(error):
+        rt.subagents.list_children(bad)
+    with pytest.raises(error):
+        rt.subagents.list_descendants(bad)
