@@ -680,9 +680,15 @@ class SubagentService:
         self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
-        return self._continuation.send_message(
-            parent, child_id, check_content(content), source, signal
-        )
+        _parent_id(parent)
+        _check_session_id(child_id, "child_id")
+        if signal is not None and not isinstance(signal, AbortSignal):
+            raise TypeError(f"signal must be an AbortSignal or None, got {type(signal).__name__}")
+        blocks = check_content(content)
+        if not blocks or (isinstance(content, str) and not content):
+            # A resume with nothing to say would wake the child for an empty turn.
+            raise ValueError("the message holds nothing: give the child something to act on")
+        return self._continuation.send_message(parent, child_id, blocks, source, signal)
 
     def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may.
@@ -710,10 +716,12 @@ class SubagentService:
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         self.owner.check()
+        _check_session_id(parent_session_id, "parent_session_id")
         return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         self.owner.check()
+        _check_session_id(root_session_id, "root_session_id")
         return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
@@ -807,6 +815,13 @@ def _check_request(request: object) -> None:
     if isinstance(prompt, (list, tuple)) and not prompt:
         # The child's first user message: an empty one is a mistake, not a task.
         raise ValueError("request.prompt holds no content block: give the child its task")
+
+
+def _check_session_id(value: object, what: str) -> None:
+    """A session id argument: a str (else `TypeError`) of the id syntax (else `ValueError`)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a session id (a str), got {type(value).__name__}")
+    validate_session_id(value)
 
 
 def _parent_id(parent: object) -> str:
