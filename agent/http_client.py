@@ -37,6 +37,9 @@ keep what it hands over. It costs less CPU than the framing we wrote before it
 - Timeouts: `connect_timeout` bounds the connect and the TLS handshake, `read_timeout` each
   later socket call. TLS is the default verified context (`gevent.ssl`'s for gevent sockets),
   or the pool's `tls_context` (e.g. one that trusts a private CA).
+- Proxies (`agent.http_proxy`): the pool's `proxy` URL, else the environment's
+  (`HTTPS_PROXY`, `NO_PROXY`, ... as curl reads them) unless `trust_env=False`; an https
+  origin through a `CONNECT` tunnel, bounded by `connect_timeout` with the handshake.
 
 Failures are the standard library's: `OSError` (`TimeoutError` for a timeout) from the socket,
 `http.client.HTTPException` (`RemoteDisconnected`, `BadStatusLine`, `LineTooLong`,
@@ -66,6 +69,7 @@ import gevent.ssl
 import httptools
 
 from agent.errors import ResponseTooLarge
+from agent.http_proxy import Proxy, open_tunnel, proxy_from_env
 
 __all__ = ["BLOCK", "MAX_HEAD", "MAX_HEADERS", "Exchange", "HTTPPool", "Response"]
 
@@ -491,6 +495,8 @@ class HTTPPool:
         cooperative: bool = True,
         tls_context: ssl.SSLContext | None = None,
         max_idle: float = 60.0,
+        proxy: str | None = None,
+        trust_env: bool = True,
     ) -> None:
         try:
             parts = urlsplit(url)
@@ -517,6 +523,13 @@ class HTTPPool:
         self.tls = parts.scheme == "https"
         default = http.client.HTTPS_PORT if self.tls else http.client.HTTP_PORT
         self.port = port or default
+        # `proxy` is used for every request; else, with `trust_env`, the environment's choice.
+        if proxy is not None:
+            self.proxy: Proxy | None = Proxy.parse(proxy, "proxy")
+        elif trust_env:
+            self.proxy = proxy_from_env(parts.scheme, self.host, self.port)
+        else:
+            self.proxy = None
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -533,13 +546,21 @@ class HTTPPool:
         host = f"[{self.host}]" if ":" in self.host else self.host
         authority = host if self.port == default else f"{host}:{self.port}"
         self._fixed = f"Host: {authority}\r\nAccept-Encoding: identity\r\n"
+        # An http origin through a proxy: requests in absolute form, credentials on each; an
+        # https one goes through a tunnel (`_connect`) and its requests are the origin's own.
+        self._target = ""
+        if self.proxy is not None and not self.tls:
+            self._target = f"http://{authority}"
+            if self.proxy.authorization is not None:
+                self._fixed += f"Proxy-Authorization: {self.proxy.authorization}\r\n"
         self._create: Callable[..., socket.socket] = (
             gevent.socket.create_connection if cooperative else socket.create_connection
         )
 
     def __repr__(self) -> str:
         scheme = "https" if self.tls else "http"
-        return f"<HTTPPool {scheme}://{self.host}:{self.port}>"
+        via = "" if self.proxy is None else f" via {self.proxy.host}:{self.proxy.port}"
+        return f"<HTTPPool {scheme}://{self.host}:{self.port}{via}>"
 
     def exchange(self) -> Exchange:
         return Exchange(self)
@@ -548,7 +569,7 @@ class HTTPPool:
         """The request's bytes: its head and body, written at once (one segment when small)."""
         if not _TOKEN.fullmatch(method) or not path.startswith("/") or _bad(path):
             raise ValueError(f"cannot send {method!r} {path!r}")
-        head = [f"{method} {path} HTTP/1.1\r\n", self._fixed]
+        head = [f"{method} {self._target}{path} HTTP/1.1\r\n", self._fixed]
         for name, value in headers.items():
             if not _TOKEN.fullmatch(name) or _bad(value):
                 raise ValueError(f"cannot send the header {name!r}: {value!r}")
@@ -570,10 +591,14 @@ class HTTPPool:
         return self._connect(), False
 
     def _connect(self) -> _Connection:
-        sock = self._create((self.host, self.port), self.connect_timeout)
+        proxy = self.proxy
+        address = (self.host, self.port) if proxy is None else (proxy.host, proxy.port)
+        sock = self._create(address, self.connect_timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls:  # the handshake is bounded by the connect timeout too
+            if self.tls:  # the tunnel and the handshake are bounded by the connect timeout too
+                if proxy is not None:
+                    open_tunnel(sock, proxy, self.host, self.port)
                 context = self._tls_context or _default_context(self.cooperative)
                 sock = context.wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(self.read_timeout)

@@ -725,7 +725,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
     if protocol == "grpc":
         try:
             _import_off_hub("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found, unused-ignore]
                 OTLPSpanExporter,
             )
         except ImportError as exc:

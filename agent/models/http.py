@@ -38,6 +38,7 @@ import gevent
 
 from agent.errors import ResponseTooLarge, Retryable
 from agent.http_client import HTTPPool, Response
+from agent.http_proxy import ProxyError
 from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
@@ -374,6 +375,10 @@ class HTTPModel:
                     f"timed out before a response from {self.base_url} "
                     f"(no answer within {self.read_timeout}s: {e})"
                 ) from None
+            except ProxyError as e:
+                if e.status is not None and 400 <= e.status < 500:  # credentials, a policy
+                    raise ModelError(f"{self.label}: {e}") from None
+                raise Retryable(f"connection to {self.base_url} failed: {e}") from None
             except (OSError, http.client.HTTPException) as e:
                 raise Retryable(f"connection to {self.base_url} failed: {e!r}") from None
             except (RuntimeError, ValueError) as e:
