@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from supervision.errors import SubagentRuntimeError
+
 __all__ = ["Proxy", "ProxyError", "open_tunnel", "proxy_from_env"]
 
 # The most a proxy's answer to CONNECT may hold (its status line and headers).
@@ -41,7 +43,7 @@ MAX_CONNECT_ANSWER = 64 * 1024
 _REASON_SHOWN = 200
 
 
-class ProxyError(ConnectionError):
+class ProxyError(SubagentRuntimeError, ConnectionError):
     """The proxy did not open the tunnel: `status` is its answer's code (None: no answer that
     HTTP could read). A 4xx (407: credentials, 403: a policy) will not change on a retry."""
 
