@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import inspect
 import os
 import re
@@ -175,3 +176,35 @@ def test_the_readme_points_at_every_doc() -> None:
     section = (ROOT / "README.md").read_text().split("## Where to read next", 1)[1]
     named = set(re.findall(r"`docs/([\w-]+\.md)`", section))
     assert named == {path.name for path in (ROOT / "docs").glob("*.md")}
+
+
+def test_every_module_qualified_name_the_docs_cite_exists() -> None:
+    """A name such as `agent.history.with_tool_calls` or `subagent.listings.ChildRow` in the
+    docs resolves: its module imports and has the attribute. Names whose only importable
+    prefix is a top-level package (`agent.send`, a variable; `subagent.turn`, a span
+    attribute) are not module references and are left alone."""
+    from agent.tools import ToolScope
+
+    cited = re.compile(r"`((?:supervision|agent|actors|providers|subagent)(?:\.\w+)+)[`(]")
+    # `agent.tools.add(...)` is also an agent's tool scope (`agent` the variable): the docs
+    # of tools use it so.
+    aliases: dict[str, object] = {"agent.tools": ToolScope}
+    missing: dict[str, list[str]] = {}
+    for path in DOCUMENTS:
+        for dotted in sorted(set(cited.findall(path.read_text()))):
+            parts = dotted.split(".")
+            for cut in range(len(parts), 1, -1):
+                try:
+                    found: object = importlib.import_module(".".join(parts[:cut]))
+                except ImportError:
+                    continue
+                prefix = ".".join(parts[:cut])
+                try:
+                    for attribute in parts[cut:]:
+                        found = getattr(found, attribute)
+                except AttributeError:
+                    alias = aliases.get(prefix)
+                    if alias is None or not hasattr(alias, parts[cut]):
+                        missing.setdefault(dotted, []).append(path.name)
+                break
+    assert missing == {}
