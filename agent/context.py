@@ -12,6 +12,7 @@ from typing import Protocol
 
 from agent.inbox import InboxLimits
 from agent.lifecycle import AgentLifecycle
+from agent.model import DEFAULT_MAX_TOOL_CALLS_PER_REPLY
 from agent.models import ModelRegistry
 from agent.options import AgentOptions
 from agent.owner_thread import OwnerThread
@@ -53,6 +54,8 @@ class AgentContext:
     prices: PriceTable = field(default_factory=PriceTable)
     # What each agent's inbox holds at most before it refuses (`INBOX_FULL`).
     inbox: InboxLimits = field(default_factory=InboxLimits)
+    # The most tool calls of one model reply that run; the loop drops the rest unrun.
+    max_tool_calls_per_reply: int = DEFAULT_MAX_TOOL_CALLS_PER_REPLY
     # The thread whose hub runs this runtime's agents: their handles refuse any other.
     owner: OwnerThread = field(default_factory=OwnerThread)
     # Live agents by session id (`ctx.agents`): the one place that knows who is running.

@@ -7,6 +7,7 @@ the one cancellation `Cancelled`, and the picture of the whole tree)::
     ├── ModelError            a model or transport failure: the turn ends `error`
     ├── Retryable             an HTTP attempt failed in a way another attempt may not
     ├── ResponseTooLarge      an HTTP body (or one line of it) ran past its bound
+    ├── ProxyError            [ConnectionError] an HTTP proxy would not open a tunnel
     ├── ToolError             a tool reports a failure to the model, with its own `code`
     ├── ToolCrash             the tool layer broke its contract: the turn ends `error`
     ├── TurnBlocked           a `before_first_request` hook refused the turn: it ends `blocked`
@@ -35,6 +36,7 @@ __all__ = [
     "InvariantError",
     "ModelError",
     "PromptError",
+    "ProxyError",
     "ResponseTooLarge",
     "Retryable",
     "SessionBusyError",
@@ -74,6 +76,16 @@ class ResponseTooLarge(SubagentRuntimeError):
         self.what = what
         self.limit = limit
         self.received = received
+
+
+class ProxyError(SubagentRuntimeError, ConnectionError):
+    """The proxy did not open the tunnel (agent/http_proxy.py): `status` is its answer's code
+    (None: no answer that HTTP could read). A 4xx (407: credentials, 403: a policy) will not
+    change on a retry. A `ConnectionError`, so code that handles a failed connect handles it."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ToolError(SubagentRuntimeError):

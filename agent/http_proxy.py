@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from supervision.errors import SubagentRuntimeError
+from agent.errors import ProxyError
 
 __all__ = ["Proxy", "ProxyError", "open_tunnel", "proxy_from_env"]
 
@@ -41,15 +41,6 @@ __all__ = ["Proxy", "ProxyError", "open_tunnel", "proxy_from_env"]
 MAX_CONNECT_ANSWER = 64 * 1024
 # What of a proxy's reason phrase an error quotes (text from another process is data).
 _REASON_SHOWN = 200
-
-
-class ProxyError(SubagentRuntimeError, ConnectionError):
-    """The proxy did not open the tunnel: `status` is its answer's code (None: no answer that
-    HTTP could read). A 4xx (407: credentials, 403: a policy) will not change on a retry."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

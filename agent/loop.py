@@ -37,6 +37,7 @@ from agent.history import Conversation
 from agent.jsoncheck import is_lossless
 from agent.log import SessionLog, is_plain_reply
 from agent.model import (
+    DEFAULT_MAX_TOOL_CALLS_PER_REPLY,
     ModelAdapter,
     ModelError,
     ModelRequest,
@@ -315,6 +316,12 @@ class AgentCore:
         format1 = self._format1
         step_events = self._step_events
         sink = self._model_progress(state)
+        agent = self.agent
+        limit = (
+            DEFAULT_MAX_TOOL_CALLS_PER_REPLY
+            if agent is None
+            else agent.ctx.max_tool_calls_per_reply
+        )
         step = 0
         while True:
             if signal.aborted:
@@ -333,7 +340,7 @@ class AgentCore:
             steers = take_steers()
             if steers:
                 self._admit(steers)
-            request = self._request(turn, step, signal)
+            request = self._request(turn, step, signal, limit)
             self.log.checkpoint("step")
             state.partial.clear()
             tt = self._trace
@@ -349,10 +356,16 @@ class AgentCore:
                 repaired = tt.captures_content
             finish = response.finish
             calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
+            note = None
+            if len(calls) > limit or response.more_calls:
+                # Past the bound: the first `limit` calls are the reply as logged and run.
+                calls, note = _bounded(calls, response.more_calls, limit)
             logged_calls = self._log_assistant(response, calls, repaired)
             if logged_calls is None:
                 response = without_lone_surrogates(response)
                 calls = response.tool_calls if finish in ("tool_calls", "stop") else ()
+                if note is not None:
+                    calls = calls[:limit]
                 logged_calls = self._log_assistant(response, calls, True)
                 assert logged_calls is not None  # a repairing append does not refuse text
             if response.content:
@@ -360,9 +373,9 @@ class AgentCore:
             if calls:
                 if len(calls) == 1 and not format1 and self.on_progress is None:
                     # `_run_tools` has nothing to add for a lone call nobody watches.
-                    self._run_lone(calls[0], signal, capture, state)
+                    self._run_lone(calls[0], signal, capture, state, note)
                 else:
-                    self._run_tools(calls, logged_calls, signal, capture, state)
+                    self._run_tools(calls, logged_calls, signal, capture, state, note)
             if format1:
                 log_append("step/end", {"turn": turn, "step": step})
             state.step = 0
@@ -388,7 +401,7 @@ class AgentCore:
         for steer in steers:
             steer.on_admitted()
 
-    def _request(self, turn: int, step: int, signal: AbortSignal) -> ModelRequest:
+    def _request(self, turn: int, step: int, signal: AbortSignal, limit: int) -> ModelRequest:
         shown = self._shown
         variables = self.variables
         if (
@@ -400,7 +413,7 @@ class AgentCore:
         ):
             shown = self._show(variables)
         # Positional (session_id, model, system, messages, tools, signal, max_tokens, turn,
-        # step): nine keywords bound by name on every step cost more than the call.
+        # step, max_tool_calls): ten keywords bound by name on every step cost more than the call.
         return ModelRequest(
             self.session_id,
             self.model_name,
@@ -411,6 +424,7 @@ class AgentCore:
             self.options.max_tokens,
             turn,
             step,
+            limit,
         )
 
     def _show(self, variables: Mapping[str, str | None]) -> _Shown:
@@ -533,7 +547,10 @@ class AgentCore:
         signal: AbortSignal,
         capture: _Conclude,
         state: _TurnState,
+        note: str | None = None,
     ) -> None:
+        """Run the reply's calls and log their results in model order; `note` (the reply had
+        more calls than run) is added to the last call's result."""
         # The assistant/message just logged opened these calls (the log's replay holds them
         # open until their results); a format-1 log also records each as a tool/call event.
         if self._format1:
@@ -561,7 +578,7 @@ class AgentCore:
                     }
                 )
         if len(calls) == 1:
-            self._run_lone(calls[0], signal, capture, state)
+            self._run_lone(calls[0], signal, capture, state, note)
             return
         results: list[ToolResult | None] = [None] * len(calls)
         started = [False] * len(calls)
@@ -595,16 +612,22 @@ class AgentCore:
                 if started[i]:
                     self._answer_on_exit(call, results[i] or _exited(exc))
             raise
+        last = count - 1
         for i, call in enumerate(calls):
             result = results[i]
             if result is None:
                 result = _unanswered(capture.concluded, started[i])
-            self._log_tool_result(call.id, call.name, result)
+            self._log_tool_result(call.id, call.name, result, note if i == last else None)
         if crash:
             raise _tool_crash(crash[0]) from crash[0]
 
     def _run_lone(
-        self, call: ToolCall, signal: AbortSignal, capture: _Conclude, state: _TurnState
+        self,
+        call: ToolCall,
+        signal: AbortSignal,
+        capture: _Conclude,
+        state: _TurnState,
+        note: str | None = None,
     ) -> None:
         """`_run_tools` for a step's only call (the common case), without its batch lists."""
         result: ToolResult | None = None
@@ -635,7 +658,7 @@ class AgentCore:
                 state.in_tool = False
         if result is None:
             result = _unanswered(capture.concluded, started)
-        self._log_tool_result(call.id, call.name, result)
+        self._log_tool_result(call.id, call.name, result, note)
         if crash:
             raise _tool_crash(crash[0]) from crash[0]
 
@@ -755,11 +778,16 @@ class AgentCore:
         if exits:
             raise exits[0]
 
-    def _log_tool_result(self, call_id: str, name: str, result: ToolResult) -> None:
+    def _log_tool_result(
+        self, call_id: str, name: str, result: ToolResult, note: str | None = None
+    ) -> None:
+        content = list(result.content)
+        if note is not None:
+            content.append({"type": "text", "text": note})
         data: dict[str, Any] = {
             "call_id": call_id,
             "name": name,
-            "content": list(result.content),
+            "content": content,
             "is_error": result.is_error,
         }
         if result.code is not None:
@@ -820,6 +848,21 @@ class AgentCore:
             on_progress(event)
         except Exception:
             log.exception("agent %s: progress listener raised (ignored)", self.session_id)
+
+
+def _bounded(calls: Sequence[ToolCall], more: int, limit: int) -> tuple[Sequence[ToolCall], str]:
+    """The calls of a reply that run (its first `limit`), and what the model is told of the
+    rest (`more` were counted by the adapter without being decoded)."""
+    kept = calls[:limit]
+    dropped = len(calls) - len(kept) + more
+    total = len(kept) + dropped
+    note = (
+        f"Note from the runtime: your reply asked for {total:,} tool calls, and at most "
+        f"{limit:,} run per reply: the first {len(kept):,} were taken, the other {dropped:,} "
+        "were dropped without running and are not in this conversation. Ask for what is still "
+        f"needed in later replies, at most {limit:,} calls each."
+    )
+    return kept, note
 
 
 def _synthetic(code: str, text: str) -> ToolResult:

@@ -19,6 +19,9 @@ from agent.jsoncheck import check_json, is_lossless, repair_surrogates
 from supervision.signal import AbortSignal
 
 __all__ = [
+    "DEFAULT_MAX_TOOL_CALLS_PER_REPLY",
+    "MAX_ARGUMENT_CHARS",
+    "MAX_ARGUMENT_CONTAINERS",
     "MAX_ARGUMENT_DEPTH",
     "FinishReason",
     "ModelAdapter",
@@ -29,11 +32,18 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "arguments_problem",
+    "too_long",
     "without_lone_surrogates",
 ]
 
 # Why a model call ended. `tool_calls` means "run these and call me again".
 FinishReason = Literal["stop", "tool_calls", "max-tokens", "refusal"]
+
+# The most tool calls of one model reply that run (`Runtime(max_tool_calls_per_reply=...)`);
+# the loop drops the rest unrun and tells the model so (docs/decisions.md, q17). Real replies
+# hold a handful, a wide fan-out some dozens; a reply of 100,000 would start 100,000 children,
+# or leave 100,000 results in the history that every later request re-sends.
+DEFAULT_MAX_TOOL_CALLS_PER_REPLY = 1_024
 
 # Receives streaming progress: {"type": "text", "text": ...} deltas and similar JSON dicts.
 ProgressSink = Callable[[Mapping[str, Any]], None]
@@ -82,42 +92,89 @@ class ToolCall:
 # Deep enough for any real call, and well inside what the log accepts around it
 # (`agent.jsoncheck.MAX_DEPTH` counts the event's own envelope too).
 MAX_ARGUMENT_DEPTH = 128
+# Characters in one call's arguments (its string values; for an HTTP adapter, its JSON text,
+# which bounds keys too). A model writes at most its output limit per reply (128k tokens, about
+# 512 KB of text, today's largest), so past this no model wrote them; and what is taken is
+# logged and re-sent with every later request: 16 MiB would stall the hub encoding each request
+# and fill any context window, so every later request of the session would fail
+# (docs/decisions.md, q17).
+MAX_ARGUMENT_CHARS = 4 * 1024 * 1024
+# Arrays and objects in one call's arguments: as many as `agent.json_text` decodes in one text.
+MAX_ARGUMENT_CONTAINERS = 100_000
 # A refusal names the problem without flooding the model's context.
 _MAX_PROBLEM_CHARS = 300
+
+
+def too_long(size: int) -> str:
+    """The refusal of arguments of `size` characters (past `MAX_ARGUMENT_CHARS`)."""
+    return (
+        f"arguments of {size:,} characters; a call takes at most {MAX_ARGUMENT_CHARS:,} "
+        "(pass large content in smaller calls)"
+    )
 
 
 def arguments_problem(arguments: object) -> str | None:
     """Why `arguments` cannot be a tool call's arguments, or None when they can.
 
     Never recurses on the value's own depth, so no nesting (nor a cycle) can raise
-    `RecursionError`: the depth is measured level by level, and the lossless-JSON check runs
-    only on what is known to be shallow."""
+    `RecursionError`: the depth is measured level by level, counting characters (at most
+    `MAX_ARGUMENT_CHARS`) and containers (at most `MAX_ARGUMENT_CONTAINERS`) as it goes, and
+    the lossless-JSON check runs only on what is known to be shallow and bounded."""
     if type(arguments) is dict:
         if not arguments:
             return None
+        size = 0
         for x in arguments.values():
             t = type(x)
-            if t is dict or t is list:
+            if t is str:
+                size += len(x)
+            elif t is dict or t is list:
                 break
         else:
             # Flat (the common case): no depth to measure; any other container type in it is
             # refused by the lossless check below.
+            if size > MAX_ARGUMENT_CHARS:
+                return too_long(size)
             return None if is_lossless(arguments) else _json_problem(arguments)
     elif not isinstance(arguments, Mapping):
         return f"arguments must be an object, got {type(arguments).__name__}"
-    level: list[Any] = [arguments]
-    for _ in range(MAX_ARGUMENT_DEPTH):
-        level = [
-            x
-            for container in level
-            for x in (container.values() if isinstance(container, Mapping) else container)
-            if isinstance(x, (Mapping, list))
-        ]
-        if not level:
-            break
-    else:
-        return f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    problem = _walk(arguments)
+    if problem is not None:
+        return problem
     return _json_problem(arguments if type(arguments) is dict else dict(arguments))
+
+
+def _walk(arguments: Mapping[Any, Any]) -> str | None:
+    """Nesting, size and containers of nested arguments, measured level by level."""
+    level: list[Any] = [arguments]
+    size = 0
+    containers = 1
+    for _ in range(MAX_ARGUMENT_DEPTH):
+        below: list[Any] = []
+        for container in level:
+            if isinstance(container, Mapping):
+                for k, x in container.items():
+                    if type(k) is str:
+                        size += len(k)
+                    if type(x) is str:
+                        size += len(x)
+                    elif isinstance(x, (Mapping, list)):
+                        below.append(x)
+            else:
+                for x in container:
+                    if type(x) is str:
+                        size += len(x)
+                    elif isinstance(x, (Mapping, list)):
+                        below.append(x)
+        if size > MAX_ARGUMENT_CHARS:
+            return too_long(size)
+        containers += len(below)
+        if containers > MAX_ARGUMENT_CONTAINERS:
+            return f"arguments hold more than {MAX_ARGUMENT_CONTAINERS:,} arrays and objects"
+        if not below:
+            return None
+        level = below
+    return f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
 
 
 def _json_problem(arguments: dict[Any, Any]) -> str | None:
@@ -153,6 +210,9 @@ class ModelRequest:
     # Which turn and step of the session this request serves (1-based); scripted models key on it.
     turn: int = 1
     step: int = 1
+    # The most tool calls of the reply the loop will run: an adapter may stop decoding calls
+    # past it and count them in `ModelResponse.more_calls` (the loop drops the rest either way).
+    max_tool_calls: int | None = None
 
 
 @fast_init  # made on every step: a cheaper __init__, same fields (agent.fastinit)
@@ -166,6 +226,9 @@ class ModelResponse:
     tool_calls: Sequence[ToolCall] = ()
     finish: FinishReason = "stop"
     usage: Mapping[str, int] = field(default_factory=dict)
+    # Calls the model asked for past `ModelRequest.max_tool_calls`, counted but not decoded
+    # (not in `tool_calls`): the loop tells the model they were dropped.
+    more_calls: int = 0
 
 
 @runtime_checkable

@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from agent.edits import EDITS
 from agent.errors import TOOL_FAILED, ToolError
@@ -98,6 +100,13 @@ def _clip(message: str) -> str:
 
 
 _versions = itertools.count(1)
+
+
+# Every validator the runtime builds resolves `$ref` within its own schema only: a registry
+# of our own retrieves nothing (`referencing`'s default). Without one, jsonschema fetched a
+# `$ref` to `http://...` or `file:...` with a blocking `urllib` call on the hub, each time a
+# model called the tool, from wherever the URL pointed (nothing downloads at run time).
+LOCAL_REFS: Registry[Any] = Registry()
 
 
 class ToolHost(Protocol):
@@ -209,7 +218,8 @@ class Tool:
             raise ValueError(
                 f"tool {self.name!r}: parameters schema nested too deeply to check"
             ) from None
-        object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
+        validator = Draft202012Validator(self.parameters, registry=LOCAL_REFS)
+        object.__setattr__(self, "_validator", validator)
         object.__setattr__(self, "_fast_check", fast_check)
         object.__setattr__(self, "_large", large)
         object.__setattr__(self, "_spec", ToolSpec(self.name, self.description, self.parameters))
@@ -258,6 +268,15 @@ class Tool:
             # Model-made arguments checked against a deeply recursive schema: still the
             # model's problem to fix, never a crash of the turn.
             return ["arguments are nested too deeply to validate"]
+        except Unresolvable as exc:
+            # The tool's own schema is at fault, not the model's arguments.
+            raise ToolError(
+                _clip(
+                    f"tool {self.name!r} cannot check its arguments: its parameters refer to "
+                    f"{exc.ref!r}, which is not in the schema (schemas are never fetched)"
+                ),
+                code=TOOL_FAILED,
+            ) from None
         errors = sorted(found[:_MAX_ARG_ERRORS], key=lambda e: list(map(str, e.path)))
         out = []
         for err in errors:
@@ -542,7 +561,10 @@ class ToolScope:
             return ToolResult.error(
                 INVALID_ARGS, f"invalid arguments for {tool.name}: {call.invalid}"
             )
-        problems = tool.argument_errors(call.arguments)
+        try:
+            problems = tool.argument_errors(call.arguments)
+        except ToolError as exc:
+            return ToolResult.error(exc.code, exc.message)
         if problems:
             return ToolResult.error(
                 INVALID_ARGS, f"invalid arguments for {tool.name}: " + "; ".join(problems)

@@ -15,6 +15,7 @@ from actors.agent_handle import Agent
 from actors.agents import create_agent, resume_agent
 from agent.context import AgentContext
 from agent.inbox import InboxLimits
+from agent.model import DEFAULT_MAX_TOOL_CALLS_PER_REPLY
 from agent.models import ModelRegistry
 from agent.models.scripted import ScriptedModel, echo
 from agent.options import AgentOptions
@@ -65,6 +66,7 @@ class Runtime:
         keep_settled: int = DEFAULT_KEEP_SETTLED,
         max_pending_steers: int = DEFAULT_MAX_PENDING_STEERS,
         max_queued_sends: int = DEFAULT_MAX_QUEUED_SENDS,
+        max_tool_calls_per_reply: int = DEFAULT_MAX_TOOL_CALLS_PER_REPLY,
     ) -> None:
         """The runtime owns a cyclic-GC policy by default (`supervision.gc_policy`): a larger
         young generation while it is open, and after every `gc_freeze_every` child starts what
@@ -85,12 +87,27 @@ class Runtime:
         `max_pending_steers`, `max_queued_sends`: what one agent's inbox holds at most (steers
         waiting for a step boundary, sends waiting for a turn); one more is refused with
         `SubagentError("INBOX_FULL")`, so a sender in a loop cannot grow the process until it
-        dies. See docs/runtime.md."""
+        dies. See docs/runtime.md.
+
+        `max_tool_calls_per_reply`: how many tool calls of one model reply run (1,024 by
+        default); the calls past it are dropped unrun and the model is told so, its turn going
+        on. See docs/tools.md."""
         inbox = InboxLimits(steers=max_pending_steers, sends=max_queued_sends)
         if not isinstance(gc_policy, bool):
             raise TypeError(f"gc_policy must be a bool, got {type(gc_policy).__name__}")
         if models is not None and not isinstance(models, ModelRegistry):
             raise TypeError(f"models must be a ModelRegistry or None, got {type(models).__name__}")
+        if isinstance(max_tool_calls_per_reply, bool) or not isinstance(
+            max_tool_calls_per_reply, int
+        ):
+            raise TypeError(
+                "max_tool_calls_per_reply must be an int, "
+                f"got {type(max_tool_calls_per_reply).__name__}"
+            )
+        if max_tool_calls_per_reply < 1:
+            raise ValueError(
+                f"max_tool_calls_per_reply must be positive, got {max_tool_calls_per_reply}"
+            )
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -124,7 +141,13 @@ class Runtime:
             table = PriceTable(prices)
         else:
             raise TypeError("prices must be a PriceTable, a mapping, a file path or None")
-        self.ctx = AgentContext(store=store, models=models, prices=table, inbox=inbox)
+        self.ctx = AgentContext(
+            store=store,
+            models=models,
+            prices=table,
+            inbox=inbox,
+            max_tool_calls_per_reply=max_tool_calls_per_reply,
+        )
         self.tasks = TaskService(keep_settled=keep_settled)
         self.ctx.tasks = self.tasks
         if gc_freeze_every is not None and (

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from referencing import Registry
 
 from subagent.errors import UnsupportedSchemaError
 
@@ -416,6 +417,9 @@ def check_output_schema(schema: object, run: Runner | None = None) -> None:
         raise UnsupportedSchemaError(violations)
 
 
+# Retrieves nothing (`referencing`'s default; jsonschema's own fetches over the network).
+_LOCAL_REFS: Registry[Any] = Registry()
+
 # Keyed by id() with the schema kept alive beside its validator, so an id is never reused
 # while cached. Schemas are treated as immutable once validated against.
 _CACHE_SIZE = 128
@@ -429,7 +433,8 @@ def _validator(schema: Mapping[str, Any]) -> Draft202012Validator:
         _validators.move_to_end(key)
         return hit[1]
     check_output_schema(schema)  # also guarantees no cycle ever reaches jsonschema
-    validator = Draft202012Validator(schema)
+    # The subset has no `$ref`; the registry makes sure no schema is ever fetched regardless.
+    validator = Draft202012Validator(schema, registry=_LOCAL_REFS)
     _validators[key] = (schema, validator)
     if len(_validators) > _CACHE_SIZE:
         _validators.popitem(last=False)

@@ -292,9 +292,9 @@ def test_validator_cached_per_schema(monkeypatch: pytest.MonkeyPatch) -> None:
     real = schema_mod.Draft202012Validator
 
     class Counting:
-        def __new__(cls, schema: Any) -> Any:
+        def __new__(cls, schema: Any, **options: Any) -> Any:
             built.append(schema)
-            return real(schema)
+            return real(schema, **options)
 
     monkeypatch.setattr(schema_mod, "Draft202012Validator", Counting)
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}

@@ -120,9 +120,9 @@ def test_validator_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
     class Counting:
         check_schema = staticmethod(real.check_schema)
 
-        def __new__(cls, schema: Any) -> Any:
+        def __new__(cls, schema: Any, **options: Any) -> Any:
             built.append(schema)
-            return real(schema)
+            return real(schema, **options)
 
     monkeypatch.setattr(tools_mod, "Draft202012Validator", Counting)
     t = mk("t", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})

@@ -22,7 +22,6 @@ from typing import Any
 from agent.http_client import Response
 from agent.json_text import parse_json
 from agent.model import (
-    MAX_ARGUMENT_DEPTH,
     FinishReason,
     ModelError,
     ModelRequest,
@@ -38,6 +37,7 @@ from agent.models.http import (
     HTTPModel,
     Retryable,
     RetryHook,
+    decode_arguments,
     drain,
     sse_events,
 )
@@ -221,7 +221,9 @@ class _Answer:
         if isinstance(usage, Mapping):
             self.usage.update(normalize_usage(usage))
 
-    def response(self) -> ModelResponse:
+    def response(self, limit: int | None = None) -> ModelResponse:
+        """The answer; past `limit` tool calls the rest are counted (`more_calls`), not
+        decoded."""
         if self.stop is None:
             raise ModelError("anthropic stream: ended without a stop_reason")
         if self.stop not in _STOP:
@@ -229,24 +231,21 @@ class _Answer:
         finish = _STOP[self.stop]
         texts: list[str] = []
         calls: list[ToolCall] = []
+        more = 0
         for index in sorted(self.blocks):
             slot = self.blocks[index]
             if slot[0] == "text":
                 texts.append("".join(slot[1]))
+                continue
+            if limit is not None and len(calls) >= limit:
+                more += 1
                 continue
             _, cid, name, frags = slot
             args_text = "".join(frags)
             if not name or not cid:
                 raise ModelError(f"anthropic: tool_use block #{index} has no id or name")
             try:
-                args = json.loads(args_text) if args_text.strip() else {}
-                if not isinstance(args, dict):
-                    raise ValueError(f"input is a {type(args).__name__}, not an object")
-            except RecursionError:
-                # Valid JSON nested too deep for the parser: the model's mistake to retry.
-                invalid = f"input nested deeper than {MAX_ARGUMENT_DEPTH} levels"
-                calls.append(ToolCall(cid, name, {}, invalid=invalid))
-                continue
+                args, invalid = decode_arguments(args_text, "input")
             except ValueError as e:
                 if finish == "max-tokens":
                     continue  # cut off by the token limit: the call was never complete
@@ -254,14 +253,14 @@ class _Answer:
                     f"anthropic: tool_use {name!r} has malformed JSON input ({e}): "
                     f"{args_text[:200]!r}"
                 ) from None
-            calls.append(ToolCall(cid, name, args))
+            calls.append(ToolCall(cid, name, args, invalid))
         if finish == "tool_calls" and not calls:
             raise ModelError("anthropic: stop_reason 'tool_use' without a tool_use block")
         if calls and finish == "stop":
             finish = "tool_calls"
         text = "".join(texts)
         content = ({"type": "text", "text": text},) if text else ()
-        return ModelResponse(content, tuple(calls), finish, checked_usage(self.usage))
+        return ModelResponse(content, tuple(calls), finish, checked_usage(self.usage), more)
 
 
 # --- the adapter --------------------------------------------------------------------------------
@@ -365,7 +364,9 @@ class AnthropicModel(HTTPModel):
             pass
         return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
 
-    def read_answer(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
+    def read_answer(
+        self, resp: Response, on_progress: ProgressSink | None, limit: int | None = None
+    ) -> ModelResponse:
         ctype = resp.header("content-type") or ""
         if "text/event-stream" not in ctype:
             raise ModelError(f"anthropic: unexpected content type {ctype!r}")
@@ -394,4 +395,4 @@ class AnthropicModel(HTTPModel):
             drain(resp)
         elif answer.stop is None:
             raise ModelError("anthropic stream: ended without message_delta or message_stop")
-        return answer.response()
+        return answer.response(limit)

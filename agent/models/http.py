@@ -39,7 +39,16 @@ import gevent
 from agent.errors import ResponseTooLarge, Retryable
 from agent.http_client import HTTPPool, Response
 from agent.http_proxy import ProxyError
-from agent.model import ModelError, ModelRequest, ModelResponse, ProgressSink
+from agent.json_text import parse_json
+from agent.model import (
+    MAX_ARGUMENT_CHARS,
+    MAX_ARGUMENT_DEPTH,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ProgressSink,
+    too_long,
+)
 from agent.models.sse import SSEEvent, SSEParser
 from supervision.errors import AbortError, Cancelled
 from supervision.group import TaskGroup
@@ -56,6 +65,7 @@ __all__ = [
     "RetryHook",
     "Retryable",
     "aborted",
+    "decode_arguments",
     "drain",
     "jsonable",
     "read_body",
@@ -105,6 +115,31 @@ def jsonable(obj: object) -> dict[object, object]:
     if isinstance(obj, Mapping):
         return dict(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def decode_arguments(text: str, what: str = "arguments") -> tuple[dict[str, Any], str | None]:
+    """A tool call's JSON arguments as the model streamed them: `(arguments, None)`, or
+    `({}, why)` for valid JSON the runtime will not take (nested past the parser's reach, an
+    integer past Python's digit limit, more containers than `agent.json_text` decodes), which
+    the tool layer answers `INVALID_ARGS` so the model can retry. Raises `ValueError` for text
+    that is not JSON, or not an object. A long text is decoded off the hub (`parse_json`); one
+    past `MAX_ARGUMENT_CHARS` is not decoded at all."""
+    if len(text) > MAX_ARGUMENT_CHARS:
+        return {}, too_long(len(text))
+    if not text.strip():
+        return {}, None
+    try:
+        value = parse_json(text)
+    except RecursionError:
+        return {}, f"{what} nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        # Valid JSON past a decoding limit: `int()`'s digit limit, or too many containers.
+        return {}, f"{what} cannot be decoded: {str(exc)[:200]}"
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} are a {type(value).__name__}, not an object")
+    return value, None
 
 
 def retry_after(resp: Response) -> float | None:
@@ -295,8 +330,11 @@ class HTTPModel:
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_answer(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
-        """Turn a 200 response into the answer (raise `ModelError` or `Retryable`)."""
+    def read_answer(
+        self, resp: Response, on_progress: ProgressSink | None, limit: int | None = None
+    ) -> ModelResponse:
+        """Turn a 200 response into the answer (raise `ModelError` or `Retryable`); tool calls
+        past `limit` (`ModelRequest.max_tool_calls`) are counted, not decoded."""
         raise NotImplementedError
 
     def error_diagnostic(self, code: int, body: bytes) -> str:
@@ -321,7 +359,7 @@ class HTTPModel:
             ).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ModelError(f"{self.label}: request is not JSON-serializable: {e}") from None
-        worker = self._calls.spawn(self._guarded, body, on_progress)
+        worker = self._calls.spawn(self._guarded, body, on_progress, request.max_tool_calls)
         remove = signal.add_listener(lambda _reason: worker.kill(_Abandoned, block=False))
         try:
             outcome = worker.get()
@@ -337,19 +375,23 @@ class HTTPModel:
             raise outcome
         raise ModelError(f"{self.label}: unexpected worker outcome {outcome!r}")  # pragma: no cover
 
-    def _guarded(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse | Exception:
+    def _guarded(
+        self, body: bytes, on_progress: ProgressSink | None, limit: int | None = None
+    ) -> ModelResponse | Exception:
         # Errors come back as values: an exception escaping a greenlet is printed by the hub.
         try:
-            return self._with_retries(body, on_progress)
+            return self._with_retries(body, on_progress, limit)
         except Exception as e:
             return e
 
-    def _with_retries(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse:
+    def _with_retries(
+        self, body: bytes, on_progress: ProgressSink | None, limit: int | None = None
+    ) -> ModelResponse:
         attempt = 0
         while True:
             attempt += 1
             try:
-                return self._attempt(body, on_progress)
+                return self._attempt(body, on_progress, limit)
             except Retryable as e:
                 if attempt > self.max_retries:
                     tries = "1 attempt" if attempt == 1 else f"{attempt} attempts"
@@ -365,7 +407,9 @@ class HTTPModel:
                     self._on_retry(attempt, delay, e.diagnostic)
                 gevent.sleep(delay)
 
-    def _attempt(self, body: bytes, on_progress: ProgressSink | None) -> ModelResponse:
+    def _attempt(
+        self, body: bytes, on_progress: ProgressSink | None, limit: int | None = None
+    ) -> ModelResponse:
         # Leaving the exchange keeps the connection only when the answer was read to its end.
         with self._pool.exchange() as exchange:
             try:
@@ -394,7 +438,7 @@ class HTTPModel:
                     if code in RETRY_STATUSES:
                         raise Retryable(diagnostic, retry_after(resp))
                     raise ModelError(f"{self.label}: {diagnostic}")
-                return self.read_answer(resp, on_progress)
+                return self.read_answer(resp, on_progress, limit)
             except TimeoutError:
                 raise ModelError(
                     f"{self.label}: read timed out mid-response (no data for {self.read_timeout}s)"

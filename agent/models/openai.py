@@ -14,7 +14,6 @@ from typing import Any
 from agent.http_client import Response
 from agent.json_text import parse_json
 from agent.model import (
-    MAX_ARGUMENT_DEPTH,
     FinishReason,
     ModelError,
     ModelRequest,
@@ -30,6 +29,7 @@ from agent.models.http import (
     RETRY_STATUSES,
     HTTPModel,
     RetryHook,
+    decode_arguments,
     drain,
     jsonable,
     read_body,
@@ -210,7 +210,8 @@ class _Answer:
                 self.finish = choice["finish_reason"]
         return delta_text
 
-    def response(self) -> ModelResponse:
+    def response(self, limit: int | None = None) -> ModelResponse:
+        """The answer; past `limit` calls the rest are counted (`more_calls`), not decoded."""
         raw = self.finish
         finish: FinishReason
         if raw is None:
@@ -220,20 +221,18 @@ class _Answer:
         else:
             raise ModelError(f"openai: unknown finish_reason {raw!r}")
         calls: list[ToolCall] = []
-        for index in sorted(self.calls):
+        indexes = sorted(self.calls)
+        more = 0
+        if limit is not None and len(indexes) > limit:
+            more = len(indexes) - limit
+            indexes = indexes[:limit]
+        for index in indexes:
             cid, name, frags = self.calls[index]
             args_text = "".join(frags)
             if not name:
                 raise ModelError(f"openai: tool call #{index} has no function name")
             try:
-                args = json.loads(args_text) if args_text.strip() else {}
-                if not isinstance(args, dict):
-                    raise ValueError(f"arguments are a {type(args).__name__}, not an object")
-            except RecursionError:
-                # Valid JSON nested too deep for the parser: the model's mistake to retry.
-                invalid = f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels"
-                calls.append(ToolCall(cid or f"call_{index}", name, {}, invalid=invalid))
-                continue
+                args, invalid = decode_arguments(args_text)
             except ValueError as e:
                 if finish == "max-tokens":
                     continue  # cut off by the token limit: the call was never complete
@@ -241,7 +240,7 @@ class _Answer:
                     f"openai: tool call {name!r} has malformed JSON arguments ({e}): "
                     f"{args_text[:200]!r}"
                 ) from None
-            calls.append(ToolCall(cid or f"call_{index}", name, args))
+            calls.append(ToolCall(cid or f"call_{index}", name, args, invalid))
         if calls and finish == "stop":
             finish = "tool_calls"
         if finish == "tool_calls" and not calls:
@@ -252,7 +251,7 @@ class _Answer:
         else:
             text = "".join(self.text)
         content = ({"type": "text", "text": text},) if text else ()
-        return ModelResponse(content, tuple(calls), finish, checked_usage(self.usage))
+        return ModelResponse(content, tuple(calls), finish, checked_usage(self.usage), more)
 
 
 # --- the adapter ------------------------------------------------------------------------------
@@ -350,15 +349,19 @@ class OpenAIModel(HTTPModel):
             pass
         return f"HTTP {code}: {detail}" if detail else f"HTTP {code}"
 
-    def read_answer(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
+    def read_answer(
+        self, resp: Response, on_progress: ProgressSink | None, limit: int | None = None
+    ) -> ModelResponse:
         ctype = resp.header("content-type") or ""
         if "text/event-stream" in ctype:
-            return self._read_stream(resp, on_progress)
+            return self._read_stream(resp, on_progress, limit)
         if "json" in ctype:
-            return self._read_json(resp, on_progress)
+            return self._read_json(resp, on_progress, limit)
         raise ModelError(f"openai: unexpected content type {ctype!r}")
 
-    def _read_json(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
+    def _read_json(
+        self, resp: Response, on_progress: ProgressSink | None, limit: int | None
+    ) -> ModelResponse:
         raw = read_body(resp, "openai", self.max_response_bytes)
         if not resp.complete:
             raise ModelError("openai: connection closed before the JSON answer ended")
@@ -373,9 +376,11 @@ class OpenAIModel(HTTPModel):
             raise ModelError(f"openai: unexpected answer shape ({e}): {raw[:200]!r}") from None
         if text and on_progress is not None:
             on_progress({"type": "text", "text": text})
-        return answer.response()
+        return answer.response(limit)
 
-    def _read_stream(self, resp: Response, on_progress: ProgressSink | None) -> ModelResponse:
+    def _read_stream(
+        self, resp: Response, on_progress: ProgressSink | None, limit: int | None
+    ) -> ModelResponse:
         answer = _Answer()
         done = False
         for event in sse_events(resp, "openai", self.max_response_bytes):
@@ -400,4 +405,4 @@ class OpenAIModel(HTTPModel):
             drain(resp)
         elif answer.finish is None:
             raise ModelError("openai stream: ended without a finish_reason or [DONE]")
-        return answer.response()
+        return answer.response(limit)

@@ -335,6 +335,15 @@ class ScriptedModel:
         usage = self._usage if step.usage is None else step.usage
         if kind == "tool_calls":
             specs = step.calls
+            limit = request.max_tool_calls
+            if limit is not None and len(specs) > limit:
+                # As an HTTP adapter does: the calls past the loop's bound are counted only.
+                prefix = f"call_{request.turn}_{request.step}_"
+                calls = tuple(
+                    ToolCall(cid if cid is not None else prefix + str(n), name, args)
+                    for n, (name, args, cid) in enumerate(specs[:limit])
+                )
+                return ModelResponse(content, calls, "tool_calls", usage, len(specs) - limit)
             if len(specs) == 1:  # the common case, without a generator
                 name, args, cid = specs[0]
                 if cid is None:

@@ -2,7 +2,10 @@
 
 These act for the calling agent only: the service authorizes every call against the caller's
 lineage (direct parent for messages, any ancestor for interrupts), so a model cannot address a
-child that is not its own. Failures come back as error tool results carrying the seam's code.
+child that is not its own. Failures come back as error tool results carrying the seam's code,
+but for an id: another agent's child and no child at all get one answer (`UNKNOWN_CHILD`, the
+same words), so a model cannot probe which ids exist, as the task tools answer `UNKNOWN_TASK`
+for both. The service keeps its distinct codes for the host's own code (docs/tools.md).
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ def _error(exc: SubagentError) -> ToolError:
     return ToolError(f"{exc.detail} ({exc.code})", code=exc.code)
 
 
+# What an id that names none of the caller's subagents gets, whoever (if anyone) it names.
+_NOT_YOURS = frozenset({"UNKNOWN_CHILD", "UNAUTHORIZED"})
+
+
+def _unknown(agent_id: str) -> ToolError:
+    return ToolError(
+        f"none of your subagents has the id {agent_id[:200]!r} (UNKNOWN_CHILD)",
+        code="UNKNOWN_CHILD",
+    )
+
+
+def _addressed(exc: SubagentError, agent_id: str) -> ToolError:
+    """The service's refusal as the model reads it: not yours and not there are alike."""
+    return _unknown(agent_id) if exc.code in _NOT_YOURS else _error(exc)
+
+
 def _agent_id(value: object) -> str:
     """An id a model sent: one that cannot be a session id names no agent (`UNKNOWN_CHILD`),
     rather than reaching the service as a bad argument (a `ValueError`: `TOOL_FAILED`)."""
@@ -47,9 +66,7 @@ def _agent_id(value: object) -> str:
     try:
         validate_session_id(agent_id)
     except ValueError:
-        raise _error(
-            SubagentError("UNKNOWN_CHILD", f"no subagent has the id {agent_id[:200]!r}")
-        ) from None
+        raise _unknown(agent_id) from None
     return agent_id
 
 
@@ -68,7 +85,7 @@ def send_message_tool(service: SubagentService) -> Tool:
                 signal=ctx.signal,
             )
         except SubagentError as exc:
-            raise _error(exc) from exc
+            raise _addressed(exc, child_id) from exc
         if ctx.on_child is not None:
             ctx.on_child(child_id)  # its progress from now on belongs to this call
         if sent.kind == "steered":
@@ -111,7 +128,7 @@ def interrupt_agent_tool(service: SubagentService) -> Tool:
         try:
             stopped = service.interrupt(agent_id, by=by)
         except SubagentError as exc:
-            raise _error(exc) from exc
+            raise _addressed(exc, agent_id) from exc
         if stopped and remote:
             return (
                 f"Interrupted {agent_id}: its turn was cancelled, which ended its run (stop "
