@@ -190,7 +190,12 @@ class InProcessProvider:
         if persona is not None:
             if not isinstance(persona, str):
                 raise TypeError("persona must be a string")
-            prompt.set_section(PERSONA_SECTION, persona, order=0)
+            try:
+                prompt.set_section(PERSONA_SECTION, persona, order=0)
+            except PromptError as exc:
+                # A malformed group fails where the section is set, an unknown name where it
+                # renders (below): either typo in a persona is the same START_FAILED.
+                raise SubagentError("START_FAILED", f"persona template: {exc}") from exc
         if output_schema is not None:
             tools.add(structured_output_tool(output_schema), exempt=True)
             prompt.set_section(STRUCTURED_OUTPUT_SECTION, STRUCTURED_OUTPUT_PROMPT, order=1000)

@@ -93,6 +93,10 @@ class Runtime:
         default); the calls past it are dropped unrun and the model is told so, its turn going
         on. See docs/tools.md."""
         inbox = InboxLimits(steers=max_pending_steers, sends=max_queued_sends)
+        if not isinstance(gc_policy, bool):
+            raise TypeError(f"gc_policy must be a bool, got {type(gc_policy).__name__}")
+        if models is not None and not isinstance(models, ModelRegistry):
+            raise TypeError(f"models must be a ModelRegistry or None, got {type(models).__name__}")
         if isinstance(max_tool_calls_per_reply, bool) or not isinstance(
             max_tool_calls_per_reply, int
         ):
@@ -107,6 +111,7 @@ class Runtime:
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
+            _check_store_path(Path(store))
             store = SessionStore(Path(store), durability=durability)  # type: ignore[arg-type]
         elif not isinstance(store, (SessionStore, MemoryStore)):
             raise TypeError("store must be a SessionStore, a MemoryStore, a path or None")
@@ -178,11 +183,13 @@ class Runtime:
     ) -> Agent:
         """Create a root agent (depth 0)."""
         self._check_open()
+        _check_options(options)
         return create_agent(self.ctx, options=options, cwd=cwd, session_id=session_id, **kwargs)
 
     def resume_agent(self, session_id: str, *, options: AgentOptions | None = None) -> Agent:
         """Rebuild a stored agent in this runtime; it waits for its next message."""
         self._check_open()
+        _check_options(options)
         return resume_agent(self.ctx, session_id, options=options)
 
     def _check_open(self) -> None:
@@ -215,3 +222,22 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_options(options: object) -> None:
+    """An agent's options, checked where the user passes them (a dict is a common slip)."""
+    if options is not None and not isinstance(options, AgentOptions):
+        raise TypeError(
+            f"options must be an AgentOptions or None (AgentOptions(model=...)), "
+            f"got {type(options).__name__}"
+        )
+
+
+def _check_store_path(path: Path) -> None:
+    """A store path is a directory, or will be one: a file on the way is refused now, not at
+    the first agent's log."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"store path {str(path)!r}: {str(folder)!r} is not a directory")
+            return

@@ -57,6 +57,7 @@ from subagent.types import (
     SubagentResumeRequest,
     SubagentRun,
     SubagentStartRequest,
+    ToolRestriction,
 )
 from supervision.group import TaskGroup
 from supervision.offload import offload
@@ -419,8 +420,7 @@ class SubagentService:
         """Validate, admit, start and publish a child run. Raises before any child exists."""
         if not isinstance(name, str):
             raise TypeError("provider name must be a string")
-        if not isinstance(request, SubagentStartRequest):
-            raise TypeError("request must be a SubagentStartRequest")
+        _check_request(request)
         self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
@@ -663,8 +663,7 @@ class SubagentService:
         self, name: str, request: SubagentStartRequest, *, label: str, child_id: str | None = None
     ) -> ContinuableStart:
         """Start a durable child; resolves once its first prompt is accepted into its inbox."""
-        if not isinstance(request, SubagentStartRequest):
-            raise TypeError("request must be a SubagentStartRequest")
+        _check_request(request)
         self.owner.check()
         return self._continuation.start_continuable(name, request, label=label, child_id=child_id)
 
@@ -680,9 +679,15 @@ class SubagentService:
         self.owner.check()
         if self._closed:
             raise SubagentError("RUNTIME_CLOSED")
-        return self._continuation.send_message(
-            parent, child_id, check_content(content), source, signal
-        )
+        _parent_id(parent)
+        _check_session_id(child_id, "child_id")
+        if signal is not None and not isinstance(signal, AbortSignal):
+            raise TypeError(f"signal must be an AbortSignal or None, got {type(signal).__name__}")
+        blocks = check_content(content)
+        if not blocks or (isinstance(content, str) and not content):
+            # A resume with nothing to say would wake the child for an empty turn.
+            raise ValueError("the message holds nothing: give the child something to act on")
+        return self._continuation.send_message(parent, child_id, blocks, source, signal)
 
     def interrupt(self, child_id: str, *, by: Agent) -> bool:
         """Cancel a child's current turn, keeping its inbox. Only an ancestor may.
@@ -710,10 +715,12 @@ class SubagentService:
 
     def list_children(self, parent_session_id: str) -> list[ChildRow]:
         self.owner.check()
+        _check_session_id(parent_session_id, "parent_session_id")
         return self._listings.list_children(parent_session_id)
 
     def list_descendants(self, root_session_id: str) -> list[ChildRow]:
         self.owner.check()
+        _check_session_id(root_session_id, "root_session_id")
         return self._listings.list_descendants(root_session_id)
 
     # -- ownership: a parent's end reaches its children -------------------------------------------
@@ -786,6 +793,34 @@ def _failed(exc: BaseException) -> GeventFuture[str | None]:
     future: GeventFuture[str | None] = GeventFuture()
     future.set_exception((type(exc), exc, None))
     return future
+
+
+def _check_request(request: object) -> None:
+    """The request's shape, checked before anything is admitted: a user's wrong type is a
+    `TypeError` naming the field, never an `AttributeError` from deep inside a provider."""
+    if not isinstance(request, SubagentStartRequest):
+        raise TypeError("request must be a SubagentStartRequest")
+    if not isinstance(request.signal, AbortSignal):
+        raise TypeError(
+            f"request.signal must be an AbortSignal (e.g. AbortController().signal), "
+            f"got {type(request.signal).__name__}"
+        )
+    if request.tool_filter is not None and not isinstance(request.tool_filter, ToolRestriction):
+        raise TypeError(
+            f"request.tool_filter must be a ToolRestriction or None, "
+            f"got {type(request.tool_filter).__name__}"
+        )
+    prompt: object = request.prompt
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        # The child's first user message: an empty one is a mistake, not a task.
+        raise ValueError("request.prompt holds no content block: give the child its task")
+
+
+def _check_session_id(value: object, what: str) -> None:
+    """A session id argument: a str (else `TypeError`) of the id syntax (else `ValueError`)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a session id (a str), got {type(value).__name__}")
+    validate_session_id(value)
 
 
 def _parent_id(parent: object) -> str:

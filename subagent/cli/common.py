@@ -201,8 +201,13 @@ def store_root(args: argparse.Namespace) -> Path:
 
 
 def _a_directory_or_nothing(path: Path, what: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{what} {str(path)!r} is not a directory")
+    """`path` is a directory, or could become one: a file at it or on the way is refused."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "" if folder == path else f" ({str(folder)!r} is a file)"
+                raise UsageError(f"{what} {str(path)!r} is not a directory{where}")
+            return
 
 
 def open_store(args: argparse.Namespace) -> SessionStore:
