@@ -296,3 +296,42 @@ def test_a_pool_told_not_to_trust_the_environment_goes_direct(
     assert through.proxy == Proxy("proxy", 3128)
     assert repr(through) == "<HTTPPool https://api.example.com:443 via proxy:3128>"
     assert direct.proxy is None
+
+
+def test_the_adapters_take_a_proxy_or_ignore_the_environments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`proxy=` for every call, `trust_env=False` for none; a proxy the client cannot use is
+    refused when the adapter is made, naming the variable."""
+    from agent.models.anthropic import AnthropicModel
+
+    monkeypatch.setenv("ALL_PROXY", "socks5://proxy:1080")
+    with pytest.raises(ValueError, match="ALL_PROXY: socks5://"):
+        OpenAIModel(base_url="https://api.example.com/v1", api_key="k")
+    for cls in (OpenAIModel, AnthropicModel):
+        direct = cls(base_url="https://api.example.com", api_key="k", trust_env=False)
+        named = cls(base_url="https://api.example.com", api_key="k", proxy="http://gw:8080")
+        try:
+            assert direct.proxy is None
+            assert named.proxy == Proxy("gw", 8080)
+        finally:
+            direct.close()
+            named.close()
+
+
+def test_a_query_in_the_base_url_is_kept_on_every_request() -> None:
+    """Azure OpenAI's `?api-version=`: dropping it was a 404 from a URL the user never wrote."""
+    with OpenAIStub() as stub:
+        model = OpenAIModel(
+            base_url=f"{stub.base_url}/deployments/d?api-version=2024-10-21",
+            headers={"api-key": "k"},
+            max_retries=0,
+        )
+        try:
+            model.complete(hi_request())
+        finally:
+            model.close()
+    assert stub.requests[0].path == "/v1/deployments/d/chat/completions?api-version=2024-10-21"
+    assert stub.requests[0].headers["api-key"] == "k"
+    with pytest.raises(ValueError, match="fragment"):
+        OpenAIModel(base_url="https://api.example.com/v1#x")

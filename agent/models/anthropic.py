@@ -276,7 +276,8 @@ class AnthropicModel(HTTPModel):
     `cache_control` breakpoints. `timeout` sets the connect and read timeouts at once
     (`subagent run --timeout`). Retries and timeouts: see `agent.models.http`. `tls_context` (a
     `gevent.ssl.SSLContext`) is the TLS setup for an https endpoint behind a private CA or one
-    that wants a client certificate.
+    that wants a client certificate; `proxy` and `trust_env` choose the HTTP proxy (by default
+    the environment's `HTTPS_PROXY`/`NO_PROXY`).
     """
 
     label = "anthropic"
@@ -302,6 +303,8 @@ class AnthropicModel(HTTPModel):
         on_retry: RetryHook | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         tls_context: ssl.SSLContext | None = None,
+        proxy: str | None = None,
+        trust_env: bool = True,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
@@ -326,6 +329,8 @@ class AnthropicModel(HTTPModel):
             on_retry=on_retry,
             max_response_bytes=max_response_bytes,
             tls_context=tls_context,
+            proxy=proxy,
+            trust_env=trust_env,
         )
         self._needs_key = not key and self.base_url == DEFAULT_BASE_URL
         self._max_tokens = max_tokens

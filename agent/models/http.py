@@ -19,6 +19,9 @@ format: the JSON body, how an error body reads, and how a 200 response becomes a
   line; each event goes to the adapter as soon as its blank line is in.
 - `tls_context` (a `gevent.ssl.SSLContext`) replaces the default verified context for an
   https `base_url`: a private CA, a client certificate, a pinned gateway (docs/models.md).
+- `proxy` names the HTTP proxy for every call; else, unless `trust_env=False`, the
+  environment's (`HTTPS_PROXY`, `NO_PROXY`, ...: `agent.http_proxy`). A query in `base_url`
+  (Azure OpenAI's `?api-version=`) is kept on every request.
 
 Defaults (issue 12): a server that accepts and never answers fails a call after
 `max_retries + 1` attempts of `read_timeout` seconds each, i.e. about 3 minutes, not half an hour.
@@ -256,6 +259,8 @@ class HTTPModel:
         on_retry: RetryHook | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         tls_context: ssl.SSLContext | None = None,
+        proxy: str | None = None,
+        trust_env: bool = True,
     ) -> None:
         if timeout is not None:  # `subagent run --timeout`: both timeouts at once
             connect_timeout = read_timeout = timeout
@@ -268,6 +273,8 @@ class HTTPModel:
             raise ValueError(f"base_url must be an http(s) URL, got {base!r}: {exc}") from None
         if not valid:
             raise ValueError(f"base_url must be an http(s) URL, got {base!r}")
+        if parts.fragment:
+            raise ValueError(f"base_url cannot have a #fragment, got {base!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int):
             raise TypeError("max_retries must be an int")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int):
@@ -305,7 +312,8 @@ class HTTPModel:
         self.pool_size = pool_size
         self.max_response_bytes = max_response_bytes
         self._on_retry = on_retry
-        self._path = (parts.path or "") + path
+        # A query (Azure OpenAI's `?api-version=...`) is kept on every request's path.
+        self._path = (parts.path or "") + path + (f"?{parts.query}" if parts.query else "")
         # Every call streams JSON; `headers` add the adapter's auth and the caller's extras.
         self._headers = {
             "Content-Type": "application/json",
@@ -320,7 +328,10 @@ class HTTPModel:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             tls_context=tls_context,
+            proxy=proxy,
+            trust_env=trust_env,
         )
+        self.proxy = self._pool.proxy  # the proxy every call goes through, or None
         # In-flight calls' workers; each call joins or kills its own before returning.
         self._calls = TaskGroup(f"http-model:{self.base_url}")
 

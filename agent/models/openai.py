@@ -266,7 +266,8 @@ class OpenAIModel(HTTPModel):
     called without `Authorization` (local servers rarely need one). `timeout` sets the connect
     and read timeouts at once (`subagent run --timeout`). Retries and timeouts: see
     `agent.models.http`. `tls_context` (a `gevent.ssl.SSLContext`) is the TLS setup for an https
-    endpoint behind a private CA or one that wants a client certificate.
+    endpoint behind a private CA or one that wants a client certificate; `proxy` and
+    `trust_env` choose the HTTP proxy (by default the environment's `HTTPS_PROXY`/`NO_PROXY`).
     """
 
     label = "openai"
@@ -290,6 +291,8 @@ class OpenAIModel(HTTPModel):
         on_retry: RetryHook | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         tls_context: ssl.SSLContext | None = None,
+        proxy: str | None = None,
+        trust_env: bool = True,
     ) -> None:
         base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -312,6 +315,8 @@ class OpenAIModel(HTTPModel):
             on_retry=on_retry,
             max_response_bytes=max_response_bytes,
             tls_context=tls_context,
+            proxy=proxy,
+            trust_env=trust_env,
         )
         self._max_tokens_field = max_tokens_field
         self._extra_body = dict(extra_body or {})
