@@ -28,11 +28,25 @@ from agent.usage import UsageAccount
 from subagent.errors import SubagentError
 from subagent.types import MessageSource
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "check_source"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def check_source(source: object) -> MessageSource:
+    """A message's `source` argument: a `MessageSource`, or None for the user. Anything else
+    (`"user"`, a dict) is refused at the call: the actor would fail on it with an
+    `AttributeError` far from the mistake, and a falsy one would pass as the user."""
+    if source is None:
+        return MessageSource.user()
+    if not isinstance(source, MessageSource):
+        raise TypeError(
+            "source must be a MessageSource or None (e.g. MessageSource.user()), "
+            f"got {type(source).__name__}"
+        )
+    return source
 
 
 class Agent:
@@ -129,7 +143,7 @@ class Agent:
         caller's current span, else under the agent's previous parent."""
         trace = trace or tracing.ambient()
         return self._ask(
-            Send(check_content(content), source or MessageSource.user(), message_id, trace)
+            Send(check_content(content), check_source(source), message_id, trace)
         )
 
     def steer(
@@ -137,7 +151,7 @@ class Agent:
     ) -> Future[str | None]:
         """Add to the running turn; the future gives the admitted message's id (a str, from
         this agent: None only comes from a remote run's steer) once a step boundary took it."""
-        return self._ask(Steer(check_content(content), source or MessageSource.user()))
+        return self._ask(Steer(check_content(content), check_source(source)))
 
     def cancel(self, cause: object = None, keep_inbox: bool = False) -> Future[TurnOutcome | None]:
         """Abort the running turn (and the children it started); replies when idle."""

@@ -92,22 +92,29 @@ class Runtime:
         `max_tool_calls_per_reply`: how many tool calls of one model reply run (1,024 by
         default); the calls past it are dropped unrun and the model is told so, its turn going
         on. See docs/tools.md."""
+        # Every numeric option, checked before anything is made: a wrong type (`"3"`, `True`,
+        # `2.0`) is a TypeError, a value out of range a ValueError, each naming the keyword.
+        for name, value, least in (
+            ("max_children", max_children, 1),
+            ("max_children_per_parent", max_children_per_parent, 1),
+            ("gc_freeze_every", gc_freeze_every, 1),
+        ):
+            if value is not None:
+                _check_count(name, value, least, "an int or None")
+        for name, value, least in (
+            ("keep_settled", keep_settled, 0),
+            ("max_pending_steers", max_pending_steers, 1),
+            ("max_queued_sends", max_queued_sends, 1),
+            ("max_tool_calls_per_reply", max_tool_calls_per_reply, 1),
+        ):
+            _check_count(name, value, least, "an int")
+        if not isinstance(durability, str):
+            raise TypeError(f"durability must be a str, got {type(durability).__name__}")
         inbox = InboxLimits(steers=max_pending_steers, sends=max_queued_sends)
         if not isinstance(gc_policy, bool):
             raise TypeError(f"gc_policy must be a bool, got {type(gc_policy).__name__}")
         if models is not None and not isinstance(models, ModelRegistry):
             raise TypeError(f"models must be a ModelRegistry or None, got {type(models).__name__}")
-        if isinstance(max_tool_calls_per_reply, bool) or not isinstance(
-            max_tool_calls_per_reply, int
-        ):
-            raise TypeError(
-                "max_tool_calls_per_reply must be an int, "
-                f"got {type(max_tool_calls_per_reply).__name__}"
-            )
-        if max_tool_calls_per_reply < 1:
-            raise ValueError(
-                f"max_tool_calls_per_reply must be positive, got {max_tool_calls_per_reply}"
-            )
         if store is None:
             store = SessionStore(durability=durability)  # type: ignore[arg-type]
         elif isinstance(store, (str, os.PathLike)):
@@ -150,12 +157,6 @@ class Runtime:
         )
         self.tasks = TaskService(keep_settled=keep_settled)
         self.ctx.tasks = self.tasks
-        if gc_freeze_every is not None and (
-            not isinstance(gc_freeze_every, int)
-            or isinstance(gc_freeze_every, bool)
-            or gc_freeze_every < 1
-        ):
-            raise ValueError("gc_freeze_every must be a positive int or None")
         self.subagents = SubagentService(
             self.ctx, max_children=max_children, max_children_per_parent=max_children_per_parent
         )
@@ -231,6 +232,14 @@ def _check_options(options: object) -> None:
             f"options must be an AgentOptions or None (AgentOptions(model=...)), "
             f"got {type(options).__name__}"
         )
+
+
+def _check_count(name: str, value: object, least: int, what: str) -> None:
+    """A count option: an int (not a bool) of at least `least`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, got {value}")
 
 
 def _check_store_path(path: Path) -> None:

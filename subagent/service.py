@@ -27,7 +27,7 @@ from pykka import ActorDeadError
 
 from actors import gevent_actor
 from actors import registry_actor as reg
-from actors.agent_handle import Agent
+from actors.agent_handle import Agent, check_source
 from actors.agent_messages import Steer, check_content
 from actors.deferred import Deferred
 from actors.gevent_actor import GeventFuture, outcome_of, reply_of
@@ -241,7 +241,7 @@ class SteerableRunHandle(RunHandle):
         `WRONG_THREAD` at once (the child's actor runs on its thread's hub)."""
         self._service.owner.check()
         reply: Deferred[str | None] = Deferred()
-        message = Steer(check_content(content), source or MessageSource.user(), reply)
+        message = Steer(check_content(content), check_source(source), reply)
         if self._disposed:
             return _failed(SubagentError("RUN_DISPOSED"))
         if not self.ref.is_alive():  # never Pykka's raw ActorDeadError
@@ -681,6 +681,8 @@ class SubagentService:
             raise SubagentError("RUNTIME_CLOSED")
         _parent_id(parent)
         _check_session_id(child_id, "child_id")
+        if not isinstance(source, MessageSource):  # required here: the caller says who sends
+            raise TypeError(f"source must be a MessageSource, got {type(source).__name__}")
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"signal must be an AbortSignal or None, got {type(signal).__name__}")
         blocks = check_content(content)
@@ -810,6 +812,15 @@ def _check_request(request: object) -> None:
             f"request.tool_filter must be a ToolRestriction or None, "
             f"got {type(request.tool_filter).__name__}"
         )
+    max_depth: object = request.max_depth
+    if max_depth is not None:
+        # The type wrong is a TypeError; a negative depth is the right type, a wrong value.
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int):
+            raise TypeError(
+                f"request.max_depth must be an int or None, got {type(max_depth).__name__}"
+            )
+        if max_depth < 0:
+            raise ValueError(f"request.max_depth must be at least 0, got {max_depth}")
     prompt: object = request.prompt
     if isinstance(prompt, (list, tuple)) and not prompt:
         # The child's first user message: an empty one is a mistake, not a task.

@@ -15,6 +15,14 @@ import gevent
 import pytest
 from test_cli import cli
 
+# No key and no endpoint for either model route, whatever the environment running the tests.
+NO_MODEL = {
+    "OPENAI_API_KEY": "",
+    "OPENAI_BASE_URL": "",
+    "ANTHROPIC_API_KEY": "",
+    "ANTHROPIC_BASE_URL": "",
+}
+
 # (arguments after `--home HOME`, exit status, words of the one error line)
 CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("demo", "--children", "abc"), 2, "argument --children: invalid int value: 'abc'"),
@@ -34,6 +42,13 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("mcp", "--config", "{unknown_key}"), 2, "unknown keys colour"),
     (("mcp", "--acp", "spawn=true"), 2, "ACP agent name 'spawn' is reserved"),
     (("acp", "--max-depth", "deep"), 2, "argument --max-depth: invalid int value"),
+    (("mcp", "--acp", "=gemini"), 2, "--acp '=gemini' names no agent before '='"),
+    (("acp", "--acp", "my agent=gemini"), 2, "is not a valid agent name"),
+    # A malformed session id is a bad argument (it can name no session), not a failed lookup.
+    (("ls", "../x"), 2, "argument PARENT: invalid session id '../x'"),
+    (("tree", "../x"), 2, "argument ROOT: invalid session id '../x'"),
+    (("log", "../x"), 2, "argument SESSION: invalid session id '../x'"),
+    (("send", "../x", "hi"), 2, "argument CHILD: invalid session id '../x'"),
     (("ls", "nosuch"), 1, "no session 'nosuch'"),
     (("log", "nosuch"), 1, "no session 'nosuch'"),
     (("send", "nosuch", "hi"), 1, "no session 'nosuch'"),
@@ -51,7 +66,7 @@ def test_each_mistake_is_one_line_with_the_documented_status(tmp_path: Path) -> 
     Path(files["not_json"]).write_text("{")
     Path(files["unknown_key"]).write_text(json.dumps({"colour": "blue"}))
     argvs = [tuple(arg.format(**files) for arg in args) for args, _, _ in CASES]
-    jobs = [gevent.spawn(cli, *argv, home=home, timeout=60) for argv in argvs]
+    jobs = [gevent.spawn(cli, *argv, home=home, timeout=60, env=NO_MODEL) for argv in argvs]
     gevent.joinall(jobs, raise_error=True)
     wrong = []
     for job, argv, (_, status, words) in zip(jobs, argvs, CASES, strict=True):
@@ -85,3 +100,42 @@ def test_a_home_that_cannot_be_a_directory_is_a_bad_argument(tmp_path: Path, whe
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("subagent demo: error: ") and "not a directory" in line
     assert a_file.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ("m", "--model 'm' needs --base-url URL (or $OPENAI_BASE_URL), or $OPENAI_API_KEY"),
+        ("openai:gpt-4o", "needs --base-url URL (or $OPENAI_BASE_URL), or $OPENAI_API_KEY"),
+        ("anthropic:claude", "--model 'anthropic:claude' needs $ANTHROPIC_API_KEY"),
+    ],
+)
+def test_run_with_a_model_it_cannot_reach_is_a_usage_error_and_stores_nothing(
+    tmp_path: Path, model: str, words: str
+) -> None:
+    """No key and no base URL: no call could succeed, so nothing is created (it was a root
+    session, then exit 1 from the first model call)."""
+    home = tmp_path / "home"
+    proc = cli("run", "hi", "--model", model, "--no-live", home=home, env=NO_MODEL)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("subagent run: error: ") and words in line, line
+    assert proc.stdout == ""
+    stored = sorted(p.name for p in home.rglob("*")) if home.exists() else []
+    assert stored == []
+
+
+def test_run_with_a_base_url_and_no_key_is_ready(tmp_path: Path) -> None:
+    """A base URL is enough (a local server needs no key): the run starts and fails only at
+    the endpoint, which refuses the connection."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    home = tmp_path / "home"
+    argv = ("run", "hi", "--model", "m", "--base-url", f"http://127.0.0.1:{port}/v1")
+    proc = cli(*argv, "--no-live", "--max-retries", "0", home=home, env=NO_MODEL)
+    assert proc.returncode == 1, proc.stderr
+    assert "needs --base-url" not in proc.stderr
+    assert list((home / "sessions").glob("*.session"))  # the root session was made

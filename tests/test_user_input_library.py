@@ -70,6 +70,8 @@ def _refused(
         ({"prompt": []}, ValueError, "prompt holds no content block"),
         ({"prompt": "do it"}, TypeError, "content block"),
         ({"max_depth": "2"}, TypeError, "max_depth"),
+        ({"max_depth": -1}, ValueError, "max_depth must be at least 0"),
+        ({"max_depth": True}, TypeError, "max_depth"),
         ({"persona": 3}, TypeError, "persona must be a string"),
         ({"agent_options": {"model": "scripted:x"}}, TypeError, "agent_options"),
     ],
@@ -216,6 +218,22 @@ def test_agent_options_of_the_wrong_type_is_a_type_error() -> None:
         ({"keep_settled": -1}, ValueError, "keep_settled"),
         ({"prices": {"gpt": {"input": 1}}}, ValueError, "route"),
         ({"store": 5}, TypeError, "store must be"),
+        # The type wrong is a TypeError, the value wrong a ValueError, for every numeric option.
+        ({"max_children": "3"}, TypeError, "max_children must be an int or None, got str"),
+        ({"max_children": True}, TypeError, "max_children must be an int or None, got bool"),
+        ({"max_children": -1}, ValueError, "max_children must be at least 1"),
+        ({"max_children_per_parent": 2.0}, TypeError, "max_children_per_parent must be an int"),
+        ({"max_children_per_parent": 0}, ValueError, "max_children_per_parent must be at least"),
+        ({"gc_freeze_every": "5"}, TypeError, "gc_freeze_every must be an int or None"),
+        ({"gc_freeze_every": 0}, ValueError, "gc_freeze_every must be at least 1"),
+        ({"keep_settled": "1"}, TypeError, "keep_settled must be an int, got str"),
+        ({"keep_settled": True}, TypeError, "keep_settled must be an int, got bool"),
+        ({"max_pending_steers": 0}, ValueError, "max_pending_steers must be at least 1"),
+        ({"max_queued_sends": "9"}, TypeError, "max_queued_sends must be an int"),
+        ({"max_queued_sends": -2}, ValueError, "max_queued_sends must be at least 1"),
+        ({"max_tool_calls_per_reply": "3"}, TypeError, "max_tool_calls_per_reply must be an int"),
+        ({"max_tool_calls_per_reply": 0}, ValueError, "max_tool_calls_per_reply must be at least"),
+        ({"durability": 1}, TypeError, "durability must be a str"),
     ],
     ids=lambda value: repr(value)[:40],
 )
@@ -288,3 +306,144 @@ def test_listing_the_children_of_something_that_is_not_a_session_id_is_refused(
         rt.subagents.list_children(bad)
     with pytest.raises(error):
         rt.subagents.list_descendants(bad)
+
+
+@pytest.mark.parametrize("source", ["user", {"kind": "user"}, 0])
+def test_a_source_that_is_not_a_message_source_is_a_type_error_at_the_call(
+    rt: Runtime, source: Any
+) -> None:
+    """`send` and `steer` refuse it where it is given, not as an `AttributeError` from the
+    actor (or, for a falsy one, silently read as the user)."""
+    (agent,) = rt.ctx.agents.values()
+    events = len(rt.store.load(agent.id).events)
+    with pytest.raises(TypeError, match="source must be a MessageSource or None"):
+        agent.send("hi", source=source)
+    with pytest.raises(TypeError, match="source must be a MessageSource or None"):
+        agent.steer("hi", source=source)
+    assert len(rt.store.load(agent.id).events) == events
+    assert agent.status == "idle"
+
+
+def test_a_run_handle_steer_takes_the_same_rule(rt: Runtime) -> None:
+    from subagent.service import SteerableRunHandle
+
+    run = rt.subagents.start("spawn", _request(rt))
+    try:
+        assert isinstance(run, SteerableRunHandle)
+        with pytest.raises(TypeError, match="source must be a MessageSource or None"):
+            run.steer("more", source="user")  # type: ignore[arg-type]
+    finally:
+        run.dispose()
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "words"),
+    [
+        ("bad name", ValueError, "no spaces"),
+        ("", ValueError, "must not be empty"),
+        ("gemini:pro", ValueError, "no ':'"),
+        ("gem\x1b[31mini", ValueError, "control"),
+        ("gemini\n", ValueError, "control"),
+        ("x" * 65, ValueError, "at most 64"),
+        (5, TypeError, "name must be a str"),
+    ],
+    ids=repr,
+)
+def test_an_acp_agent_name_that_cannot_appear_in_routes_or_listings_is_refused(
+    name: Any, error: type[BaseException], words: str
+) -> None:
+    """Names appear in tool names, listings, logs and `--acp NAME=...`: one with a space, a
+    colon or a control character would be misread (or redraw the terminal) there."""
+    import sys
+
+    from providers.acp_config import AcpConfig
+
+    with pytest.raises(error, match=words):
+        AcpConfig(command=sys.executable, name=name)
+
+
+@pytest.mark.parametrize("name", ["gemini", "claude-code", "codex_2", "agent.v2", "débogueur"])
+def test_an_ordinary_acp_agent_name_is_accepted(name: str) -> None:
+    import sys
+
+    from providers.acp_config import AcpConfig
+
+    assert AcpConfig(command=sys.executable, name=name).name == name
+
+
+@pytest.mark.parametrize(
+    ("persona", "words"),
+    [
+        ("You review {{Project}}.", "malformed template group '{{Project}}'"),
+        ("You review {{ a b }}.", "malformed template group"),
+    ],
+)
+def test_a_tool_config_with_a_malformed_persona_is_refused_when_made(
+    persona: str, words: str
+) -> None:
+    """A malformed group is wrong whatever the runtime: refused by the config itself, not at
+    every call of the tool."""
+    from subagent.tools import SubagentToolConfig
+
+    with pytest.raises(ValueError, match=words):
+        SubagentToolConfig(provider="spawn", persona=persona)
+
+
+def _installed(rt: Runtime) -> set[str]:
+    return set(rt.ctx.tools.names())
+
+
+def test_a_persona_naming_an_unknown_variable_is_refused_at_install(rt: Runtime) -> None:
+    from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+    before = _installed(rt)
+    config = SubagentToolConfig(provider="spawn", persona="You review {{ projekt }}.")
+    with pytest.raises(ValueError, match="unknown template variable 'projekt'"):
+        install_subagent_tools(rt, tools=[config])
+    (parent,) = rt.ctx.agents.values()
+    with pytest.raises(ValueError, match="unknown template variable 'projekt'"):
+        install_subagent_tools(parent, tools=[config])
+    assert _installed(rt) == before  # nothing half-installed
+    assert parent.tools.names() == sorted(before) or set(parent.tools.names()) == before
+    # Registered (even with no value yet: set before the first child), the persona installs.
+    rt.ctx.variables["projekt"] = None
+    install_subagent_tools(rt, tools=[config])()
+
+
+@pytest.mark.parametrize(
+    ("restriction", "words"),
+    [
+        (ToolRestriction(allow=("raed",)), "unknown tool name"),
+        (ToolRestriction(deny=("nosuch",)), "unknown tool name"),
+        (ToolRestriction(), "names no tool"),
+        (ToolRestriction(allow=()), "allow-list is empty"),
+    ],
+)
+def test_a_tool_filter_naming_unknown_tools_is_refused_at_install(
+    rt: Runtime, restriction: ToolRestriction, words: str
+) -> None:
+    from subagent import Tool
+    from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+    rt.ctx.tools.register(Tool("read", "Read.", {"type": "object"}, lambda a, c: "ok"))
+    before = _installed(rt)
+    config = SubagentToolConfig(provider="spawn", tool_filter=restriction)
+    for target in (rt, next(iter(rt.ctx.agents.values()))):
+        with pytest.raises(SubagentError, match=words) as caught:
+            install_subagent_tools(target, tools=[config])  # type: ignore[arg-type]
+        assert caught.value.code == "INVALID_TOOL_FILTER"
+        assert "'subagent'" in str(caught.value)  # which tool's filter
+        assert _installed(rt) == before
+
+
+def test_a_tool_filter_may_name_the_tools_its_own_install_adds(rt: Runtime) -> None:
+    """Runtime-wide, the delegation and task tools are in the registry a child's filter reads:
+    a filter naming them is valid at install as at start."""
+    from subagent.tools import SubagentToolConfig, install_subagent_tools
+
+    config = SubagentToolConfig(
+        provider="spawn", tool_filter=ToolRestriction(deny=("subagent", "task_output"))
+    )
+    uninstall = install_subagent_tools(rt, tools=[config])
+    assert "subagent" in _installed(rt)
+    uninstall()
