@@ -121,6 +121,24 @@ def _check_grace(value: object, what: str) -> float:
     return float(value)
 
 
+MAX_NAME_LENGTH = 64
+
+
+def _check_agent_name(name: object) -> None:
+    """An agent's registry name appears in tool names, listings, logs and `--acp NAME=...`:
+    a space or a `:` would be misread there, a control character would redraw a terminal."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ValueError("name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}")
+    if not name.isprintable():
+        raise ValueError(f"name {name!r} holds a control or other non-printable character")
+    if " " in name or ":" in name:
+        raise ValueError(f"name {name!r} must have no spaces and no ':'")
+
+
 def _check_env_name(name: object, what: str) -> str:
     if not isinstance(name, str) or not name or "=" in name or "\0" in name:
         raise ValueError(f"{what} has an invalid variable name {name!r}")
@@ -177,8 +195,7 @@ class AcpConfig:
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        _check_agent_name(self.name)
         if isinstance(self.args, (str, bytes)) or not isinstance(self.args, Sequence):
             raise ValueError(f"args must be a sequence of strings, got {self.args!r}")
         for arg in self.args:

@@ -201,7 +201,9 @@ def test_run_prints_a_multi_line_answer_whole(tmp_path: Path) -> None:
 
 
 def test_error_lines_escape_what_they_quote(tmp_path: Path) -> None:
+    # A malformed session id is a bad argument (exit 2: it can name no session, so it is not a
+    # failed lookup); the usage line quotes it escaped all the same.
     proc = cli("log", "bad\x1b]0;x\x07id", home=tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert_clean(proc.stderr)
-    assert proc.stderr.startswith("subagent: error: ")
+    assert proc.stderr.startswith("subagent log: error: argument SESSION: invalid session id")

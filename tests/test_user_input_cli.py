@@ -43,7 +43,7 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("mcp", "--acp", "spawn=true"), 2, "ACP agent name 'spawn' is reserved"),
     (("acp", "--max-depth", "deep"), 2, "argument --max-depth: invalid int value"),
     (("mcp", "--acp", "=gemini"), 2, "--acp '=gemini' names no agent before '='"),
-    (("acp", "--acp", "my agent=gemini"), 2, "is not a valid agent name"),
+    (("acp", "--acp", "my.agent=gemini"), 2, "'my.agent' is not a valid agent name"),
     # A malformed session id is a bad argument (it can name no session), not a failed lookup.
     (("ls", "../x"), 2, "argument PARENT: invalid session id '../x'"),
     (("tree", "../x"), 2, "argument ROOT: invalid session id '../x'"),

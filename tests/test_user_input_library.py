@@ -155,9 +155,11 @@ def test_a_persona_template_error_fails_start_with_nothing_left(
     assert caught.value.code == "START_FAILED"
 
 
-def test_a_tool_whose_persona_is_malformed_answers_start_failed_not_a_crash() -> None:
-    """Through the model-facing tool the same typo is an error result the model can read, with
-    the start's code, not a tool crash."""
+def test_a_tool_whose_persona_fails_at_start_answers_start_failed_not_a_crash() -> None:
+    """Through the model-facing tool a persona that fails when the child starts (here: its
+    variable registered at install, never given a value) is an error result the model can
+    read, with the start's code, not a tool crash. (A malformed group no longer gets this far:
+    the config refuses it, below.)"""
     from subagent import scripted as S
     from subagent.tools import SubagentToolConfig, install_subagent_tools
 
@@ -168,8 +170,9 @@ def test_a_tool_whose_persona_is_malformed_answers_start_failed_not_a_crash() ->
 
     with Runtime(store=MemoryStore(), scripted=S.ScriptedModel(model)) as rt:
         rt.subagents.register(SpawnProvider())
+        rt.ctx.variables["reviewer"] = None  # known, its value to come
         install_subagent_tools(
-            rt, tools=[SubagentToolConfig(provider="spawn", persona="You are {{Reviewer}}.")]
+            rt, tools=[SubagentToolConfig(provider="spawn", persona="You are {{ reviewer }}.")]
         )
         parent = rt.agent()
         parent.send("go").get()
@@ -178,7 +181,7 @@ def test_a_tool_whose_persona_is_malformed_answers_start_failed_not_a_crash() ->
             e["data"] for e in rt.store.load(parent.id).events if e["type"] == "tool/result"
         ]
         assert result["is_error"] and result["code"] == "START_FAILED"
-        assert "malformed template group '{{Reviewer}}'" in result["content"][0]["text"]
+        assert "'reviewer' is registered but has no value" in result["content"][0]["text"]
         assert list(rt.ctx.agents) == [parent.id]
 
 
@@ -404,7 +407,7 @@ def test_a_persona_naming_an_unknown_variable_is_refused_at_install(rt: Runtime)
     with pytest.raises(ValueError, match="unknown template variable 'projekt'"):
         install_subagent_tools(parent, tools=[config])
     assert _installed(rt) == before  # nothing half-installed
-    assert parent.tools.names() == sorted(before) or set(parent.tools.names()) == before
+    assert set(parent.tools.names()) == before
     # Registered (even with no value yet: set before the first child), the persona installs.
     rt.ctx.variables["projekt"] = None
     install_subagent_tools(rt, tools=[config])()
@@ -416,7 +419,6 @@ def test_a_persona_naming_an_unknown_variable_is_refused_at_install(rt: Runtime)
         (ToolRestriction(allow=("raed",)), "unknown tool name"),
         (ToolRestriction(deny=("nosuch",)), "unknown tool name"),
         (ToolRestriction(), "names no tool"),
-        (ToolRestriction(allow=()), "allow-list is empty"),
     ],
 )
 def test_a_tool_filter_naming_unknown_tools_is_refused_at_install(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol
 
-from subagent.cli.text import DataConsole
+from subagent.cli.text import DataConsole, shown
 from subagent.errors import CliError, UsageError
 
 if TYPE_CHECKING:  # imported where used, to keep the command's start fast
@@ -39,7 +39,9 @@ __all__ = [
     "positive_int",
     "print_json",
     "read_prompt",
+    "require_model_ready",
     "require_session",
+    "session_id_arg",
     "store_root",
     "when",
 ]
@@ -88,6 +90,17 @@ def http_url(text: str) -> str:
     if not valid:
         raise argparse.ArgumentTypeError(f"must be an http(s) URL, got {text!r}")
     return text
+
+
+def session_id_arg(text: str) -> str:
+    """An argparse type: a session id of the store's syntax. A malformed one (`../x`) can name
+    no session, so it is a bad argument (exit 2), not a failed lookup (exit 1)."""
+    from agent.events import validate_session_id
+
+    try:
+        return validate_session_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bounded_int(text: str, low: int, high: int) -> int:
@@ -163,7 +176,9 @@ def _decode(raw: bytes, where: str) -> str:
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        # The message may quote what was typed (`argument SESSION: invalid session id ...`):
+        # it reaches the terminal escaped, like every other error line.
+        sys.stderr.write(f"{self.prog}: error: {shown(message, one_line=True)} (see --help)\n")
         sys.exit(EXIT_USAGE)
 
 
@@ -285,6 +300,29 @@ def model_registry(args: argparse.Namespace) -> ModelRegistry:
 
 MODEL_ROUTES = ("openai", "anthropic")
 
+# What each route needs when `check_ready` says no call can succeed (no key for the public API).
+_ROUTE_NEEDS = {
+    "openai": "--base-url URL (or $OPENAI_BASE_URL), or $OPENAI_API_KEY for {url}",
+    "anthropic": "$ANTHROPIC_API_KEY for {url} (or --base-url URL)",
+}
+
+
+def require_model_ready(models: ModelRegistry, model: str) -> None:
+    """`--model`'s route can be called (a key, or a base URL that needs none): checked before
+    anything is created, so a run that could never make a request stores no session."""
+    from agent.errors import ModelError
+    from agent.models.http import HTTPModel
+
+    prefix, name = model_route(model)
+    adapter, _ = models.resolve(f"{prefix}:{name}")
+    if not isinstance(adapter, HTTPModel):
+        return
+    try:
+        adapter.check_ready()
+    except ModelError:
+        needs = _ROUTE_NEEDS.get(prefix, "a reachable endpoint ({url})")
+        raise UsageError(f"--model {model!r} needs {needs.format(url=adapter.base_url)}") from None
+
 
 def model_route(model: str | None) -> tuple[str, str]:
     """`--model`: `anthropic:NAME`, `openai:NAME`, or a bare NAME at an OpenAI-compatible
@@ -315,7 +353,7 @@ def require_session(store: SessionStore, session_id: str) -> None:
 
     try:
         validate_session_id(session_id)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    except ValueError as exc:  # the argument's type checks it first; this guards other callers
+        raise UsageError(str(exc)) from None
     if not store.exists(session_id):
         raise CliError(f"no session {session_id!r} in {store.root}")

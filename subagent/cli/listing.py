@@ -15,6 +15,7 @@ from subagent.cli.common import (
     open_store,
     print_json,
     require_session,
+    session_id_arg,
     store_root,
     when,
 )
@@ -375,16 +376,16 @@ def _log_line(kind: str, data: Mapping[str, Any]) -> str | None:
 
 def register(sub: Subcommands) -> None:
     ls = sub.add_parser("ls", help="root sessions, or the children of PARENT")
-    ls.add_argument("parent", nargs="?")
+    ls.add_argument("parent", nargs="?", type=session_id_arg, metavar="PARENT")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(fn=cmd_ls)
 
     tree = sub.add_parser("tree", help="every descendant of ROOT")
-    tree.add_argument("root")
+    tree.add_argument("root", type=session_id_arg, metavar="ROOT")
     tree.add_argument("--json", action="store_true")
     tree.set_defaults(fn=cmd_tree)
 
     log = sub.add_parser("log", help="a session's turns, steps, tools and descriptor")
-    log.add_argument("session")
+    log.add_argument("session", type=session_id_arg, metavar="SESSION")
     log.add_argument("--json", action="store_true")
     log.set_defaults(fn=cmd_log)

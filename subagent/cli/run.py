@@ -20,6 +20,7 @@ from subagent.cli.common import (
     non_negative_int,
     positive_int,
     read_prompt,
+    require_model_ready,
     store_root,
 )
 from subagent.cli.live import drive, report_stopped
@@ -74,6 +75,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     words = shlex.split(args.acp) if args.acp is not None else []
     if args.acp is not None and not words:
         raise UsageError("--acp needs a command")
+    models = model_registry(args)
+    if args.model:
+        require_model_ready(models, args.model)
     prompt = read_prompt(args.prompt, args.prompt_file)
     console = make_console()
     root_dir = SessionStore(store_root(args)).ensure_root()  # 0700 whatever the umask
@@ -91,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     rt = Runtime(
         store=SessionStore(root_dir),
-        models=model_registry(args),
+        models=models,
         scripted=S.ScriptedModel(relay_model),
         # The CLI owns its process, so it may take the process-wide collector knob the library
         # leaves opt-in: a wide fan-out then does not stall the hub in full collections.

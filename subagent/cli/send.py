@@ -19,6 +19,7 @@ from subagent.cli.common import (
     print_json,
     read_prompt,
     require_session,
+    session_id_arg,
 )
 
 if TYPE_CHECKING:  # annotations only: each command imports what it uses when it runs
@@ -108,7 +109,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 def register(sub: Subcommands) -> None:
     send = sub.add_parser("send", help="message a stored continuable child (cold resume)")
-    send.add_argument("child")
+    send.add_argument("child", type=session_id_arg, metavar="CHILD")
     send.add_argument(
         "message", nargs="?", help="- reads it from stdin, as does a pipe when left out"
     )

@@ -58,12 +58,23 @@ def default_models(base_url: str | None = None) -> ModelRegistry:
 def acp_config_from_flag(text: str, default_name: str = "acp") -> AcpConfig:
     """`NAME=COMMAND ARGS...` (or a bare `COMMAND ARGS...`, named `default_name`).
 
-    Raises `ValueError` for an empty command, a bad name or a command that is not found.
+    A first word holding `=` is `NAME=...`: its name must be valid (`=gemini` or `my.agent=x`
+    is refused, not read as a command of that name). A `=` after the first word is the
+    command's (`gemini --flag=x`). Raises `ValueError` for an empty command, an empty or bad
+    name, or a command that is not found.
     """
     name, command = default_name, text
-    head, sep, tail = text.partition("=")
-    if sep and head and " " not in head and _PROVIDER_NAME.match(head):
-        name, command = head, tail
+    first = text.split(maxsplit=1)[0] if text.strip() else ""
+    if "=" in first:
+        head, _, command = text.lstrip().partition("=")
+        if not head:
+            raise ValueError(f"--acp {text!r} names no agent before '='")
+        if not _PROVIDER_NAME.match(head):
+            raise ValueError(
+                f"--acp {text!r}: {head!r} is not a valid agent name "
+                "(a letter, then letters, digits, '-' or '_', at most 41)"
+            )
+        name = head
     words = shlex.split(command)
     if not words:
         raise ValueError(f"--acp {text!r} names no command")

@@ -27,6 +27,7 @@ from actors.registry_actor import MAX_SAFE_INTEGER
 from agent import tracing
 from agent.context import AgentContext
 from agent.options import AgentOptions
+from agent.prompt import PromptError, template_names
 from agent.tools import Tool, ToolContext, ToolError
 from agent.usage import usd_to_pico
 from subagent import settlement
@@ -160,8 +161,14 @@ class SubagentToolConfig:
             raise ValueError("background must be 'one-shot' or 'continuable'")
         if self.tool_filter is not None and not isinstance(self.tool_filter, ToolRestriction):
             raise TypeError("tool_filter must be a ToolRestriction or None")
-        if self.persona is not None and not isinstance(self.persona, str):
-            raise TypeError("persona must be a string or None")
+        if self.persona is not None:
+            if not isinstance(self.persona, str):
+                raise TypeError("persona must be a string or None")
+            try:
+                # A malformed group is wrong in any runtime: refused here, not at every call.
+                template_names(self.persona)
+            except PromptError as exc:
+                raise ValueError(f"persona template: {exc}") from None
         if self.agent_options is not None and not isinstance(self.agent_options, AgentOptions):
             raise TypeError("agent_options must be an AgentOptions or None")
         tb = self.token_budget

@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING
 
 from actors.agent_handle import Agent
 from agent.context import AgentContext
-from agent.tools import Tool
+from agent.prompt import PromptError, check_template
+from agent.tools import Tool, ToolScope
+from providers.inprocess import InProcessProvider
+from subagent.errors import SubagentError
 from subagent.live import task_service
 from subagent.service import SubagentService
 from subagent.tools.control import interrupt_agent_tool, list_agents_tool, send_message_tool
@@ -101,6 +104,7 @@ def install_subagent_tools(
         if tasks is None:
             raise ValueError("task tools need ctx.tasks (use a Runtime)")
         extra += [task_output_tool(tasks), task_kill_tool(tasks)]
+    _check_at_install(ctx, service, delegation, extra if root is None else [])
     undo: list[Callable[[], None]] = []
     if root is not None:
         hook = _subtree_installer(root, delegation, extra, inherit)
@@ -121,6 +125,41 @@ def install_subagent_tools(
             undo.pop()()
 
     return uninstall
+
+
+def _check_at_install(
+    ctx: AgentContext,
+    service: SubagentService,
+    delegation: list[tuple[SubagentToolConfig, Tool]],
+    installed: list[Tool],
+) -> None:
+    """What every call would otherwise fail on, checked once where it is known: an in-process
+    child's persona renders with this runtime's variables and its filter reads this runtime's
+    tools (with the tools a runtime-wide install adds, `installed`). Another provider's child
+    (Ray, ACP) has its own, so its persona and filter are checked when it starts."""
+    for config, tool in delegation:
+        if not isinstance(service.get(config.provider), InProcessProvider):
+            continue
+        if config.persona is not None:
+            try:
+                check_template(config.persona, ctx.variables)
+            except PromptError as exc:
+                raise ValueError(
+                    f"tool {tool.name!r}: persona template: {exc} "
+                    "(register the variable before installing; its value may come later)"
+                ) from None
+        if config.tool_filter is not None:
+            scope = ToolScope(ctx.tools)  # what a child's scope starts from (providers/inprocess)
+            for other in (*(t for _, t in delegation), *installed):
+                scope.add(other)
+            try:
+                scope.apply(config.tool_filter)
+            except SubagentError as exc:
+                raise SubagentError(
+                    exc.code,
+                    f"tool {tool.name!r}: {exc.detail} "
+                    "(register the tools a filter names before installing)",
+                ) from None
 
 
 def _cap_hider(delegation: list[tuple[SubagentToolConfig, Tool]]) -> Callable[[Agent], None]:
