@@ -321,6 +321,8 @@ def test_ctrl_c_cancels_the_tree_and_reports_what_stopped(tmp_path: Path) -> Non
         ("run", "x", "--acp", "true", "--prompt-file", "p.txt"),
         ("run", "", "--acp", "true"),
         ("gc",),
+        # A malformed session id can name no session: a bad argument, not a failed lookup.
+        ("log", "../escape"),
     ],
 )
 def test_bad_arguments_exit_two_with_one_line(args: tuple[str, ...]) -> None:
@@ -333,7 +335,7 @@ def test_bad_arguments_exit_two_with_one_line(args: tuple[str, ...]) -> None:
     "args",
     [
         ("ls", "root-1"),
-        ("log", "../escape"),
+        ("log", "nope"),
         ("tree", "nope"),
         ("send", "nope", "hi"),
     ],
