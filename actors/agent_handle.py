@@ -142,9 +142,7 @@ class Agent:
         must be unique in this session). The turn's spans hang under `trace`, else under the
         caller's current span, else under the agent's previous parent."""
         trace = trace or tracing.ambient()
-        return self._ask(
-            Send(check_content(content), check_source(source), message_id, trace)
-        )
+        return self._ask(Send(check_content(content), check_source(source), message_id, trace))
 
     def steer(
         self, content: str | Sequence[Block], source: MessageSource | None = None

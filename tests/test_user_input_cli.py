@@ -52,6 +52,7 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("ls", "nosuch"), 1, "no session 'nosuch'"),
     (("log", "nosuch"), 1, "no session 'nosuch'"),
     (("send", "nosuch", "hi"), 1, "no session 'nosuch'"),
+    (("send", "nosuch", "hi", "--model", "m"), 2, "--model 'm' needs --base-url URL"),
 ]
 
 

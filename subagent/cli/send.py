@@ -18,6 +18,7 @@ from subagent.cli.common import (
     open_store,
     print_json,
     read_prompt,
+    require_model_ready,
     require_session,
     session_id_arg,
 )
@@ -54,6 +55,9 @@ def cmd_send(args: argparse.Namespace) -> int:
     from subagent.types import MessageSource
 
     message = read_prompt(args.message, args.message_file, "message")
+    models = model_registry(args)
+    if args.model:  # the parent's model: one that can never be called is a bad argument
+        require_model_ready(models, args.model)
     store = open_store(args)
     require_session(store, args.child)
     header = store.header(args.child)
@@ -65,7 +69,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             f"the parent {header.parent_session} of {args.child} is no longer stored (deleted by "
             f"gc?), so nobody can resume it; `subagent log {args.child}` still reads it",
         )
-    rt = Runtime(store=store, models=model_registry(args), scripted=S.ScriptedModel(_offline))
+    rt = Runtime(store=store, models=models, scripted=S.ScriptedModel(_offline))
     try:
         rt.subagents.register(SpawnProvider())
         rt.subagents.register(ForkProvider())
