@@ -65,7 +65,12 @@ def test_a_local_agent_there_is_refused_and_no_session_is_left(
         runtime.close()
 
 
-@pytest.mark.parametrize("command", [["run", "--model", "scripted:offline", "hi"], ["mcp"]])
+# `run` gets a base URL so its model route is ready (else that usage error would come first);
+# nothing is ever sent there: the cwd is refused before the root agent exists.
+RUN = ["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "hi"]
+
+
+@pytest.mark.parametrize("command", [RUN, ["mcp"]])
 def test_the_cli_there_says_so_in_one_line(
     bad_dir: str, tmp_path: Path, command: list[str]
 ) -> None:

@@ -75,10 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     words = shlex.split(args.acp) if args.acp is not None else []
     if args.acp is not None and not words:
         raise UsageError("--acp needs a command")
-    models = model_registry(args)
-    if args.model:
-        require_model_ready(models, args.model)
     prompt = read_prompt(args.prompt, args.prompt_file)
+    models = model_registry(args)
+    if args.model:  # before the store's directory exists: a refused run leaves nothing
+        require_model_ready(models, args.model)
     console = make_console()
     root_dir = SessionStore(store_root(args)).ensure_root()  # 0700 whatever the umask
     # The ACP relay's one delegation: its error, if the child could not answer.
