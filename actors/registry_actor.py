@@ -481,12 +481,15 @@ class RegistryActor(GeventActor):
                 "UNSUPPORTED_CAPABILITY", f"provider {provider.name!r} cannot resume children"
             )
         max_depth = request.max_depth
-        if max_depth is not None and (
-            not isinstance(max_depth, int)
-            or isinstance(max_depth, bool)
-            or not 0 <= max_depth <= MAX_SAFE_INTEGER
-        ):
-            raise TypeError(f"max_depth must be a non-negative int, got {max_depth!r}")
+        if max_depth is not None:
+            # Checked here, after the provider and its capabilities (the seam's order). The type
+            # wrong is a TypeError; an int out of the safe domain is a wrong value.
+            if not isinstance(max_depth, int) or isinstance(max_depth, bool):
+                raise TypeError(f"max_depth must be an int or None, got {max_depth!r}")
+            if not 0 <= max_depth <= MAX_SAFE_INTEGER:
+                raise ValueError(
+                    f"max_depth must be at least 0 and at most 2**53-1, got {max_depth}"
+                )
         if request.output_schema is not None:
             check_output_schema(request.output_schema)
         # The child's depth: computed here, once, and carried to the provider in the request.

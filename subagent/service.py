@@ -812,15 +812,6 @@ def _check_request(request: object) -> None:
             f"request.tool_filter must be a ToolRestriction or None, "
             f"got {type(request.tool_filter).__name__}"
         )
-    max_depth: object = request.max_depth
-    if max_depth is not None:
-        # The type wrong is a TypeError; a negative depth is the right type, a wrong value.
-        if isinstance(max_depth, bool) or not isinstance(max_depth, int):
-            raise TypeError(
-                f"request.max_depth must be an int or None, got {type(max_depth).__name__}"
-            )
-        if max_depth < 0:
-            raise ValueError(f"request.max_depth must be at least 0, got {max_depth}")
     prompt: object = request.prompt
     if isinstance(prompt, (list, tuple)) and not prompt:
         # The child's first user message: an empty one is a mistake, not a task.

@@ -70,7 +70,7 @@ def _refused(
         ({"prompt": []}, ValueError, "prompt holds no content block"),
         ({"prompt": "do it"}, TypeError, "content block"),
         ({"max_depth": "2"}, TypeError, "max_depth"),
-        ({"max_depth": -1}, ValueError, "max_depth must be at least 0"),
+        ({"max_depth": -1}, ValueError, "max_depth must be at least 0 and at most 2"),
         ({"max_depth": True}, TypeError, "max_depth"),
         ({"persona": 3}, TypeError, "persona must be a string"),
         ({"agent_options": {"model": "scripted:x"}}, TypeError, "agent_options"),
