@@ -18,9 +18,12 @@ from subagent.runtime import Runtime
 from subagent.types import MessageSource
 
 
-@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
-def test_gc_freeze_every_must_be_a_positive_int(bad: object) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("bad", "error"), [(0, ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError)]
+)
+def test_gc_freeze_every_must_be_a_positive_int(bad: object, error: type[Exception]) -> None:
+    # The type wrong is a TypeError, the value wrong a ValueError (docs/runtime.md).
+    with pytest.raises(error, match="gc_freeze_every"):
         Runtime(store=MemoryStore(), gc_freeze_every=bad)  # type: ignore[arg-type]
 
 
