@@ -186,6 +186,18 @@ class EventSink(Protocol):
     def __call__(self, event: Event, payload: memoryview, /) -> None: ...
 
 
+def _open(read_at: ReadAt, size: int, name: str, chunk: int) -> tuple[_Window, int, SessionHeader]:
+    """A window on the file, where its header frame ends, and the header: a file without one
+    is corrupt."""
+    if size <= 0:
+        raise CorruptSessionError(name, 0, "empty file (no header frame)")
+    src = _Window(read_at, size, chunk)
+    end, frame, torn = _next_frame(src, 0, name)
+    if torn or frame is None:
+        raise CorruptSessionError(name, 0, "torn header frame")
+    return src, end, _decode_header(frame, name)
+
+
 def read_frames(
     read_at: ReadAt,
     size: int,
@@ -202,14 +214,7 @@ def read_frames(
     (with its payload) in order instead of the returned list (`Decoded.events` is empty): a
     reader that keeps events encoded holds one decoded event at a time, not all of them.
     """
-    if size <= 0:
-        raise CorruptSessionError(name, 0, "empty file (no header frame)")
-    src = _Window(read_at, size, chunk)
-    end, frame, torn = _next_frame(src, 0, name)
-    if torn or frame is None:
-        raise CorruptSessionError(name, 0, "torn header frame")
-    header = _decode_header(frame, name)
-    del frame
+    src, end, header = _open(read_at, size, name, chunk)
     events: list[Event] = []
     append = events.append
     keep = sink(header) if sink is not None else None
@@ -327,14 +332,7 @@ def skim_frames(
     frame it decodes (CRC, msgpack, lossless JSON, a dict whose `seq` is its index). Not the
     bytes it skips, nor the event rules: a resume (`load`) checks all of it.
     """
-    if size <= 0:
-        raise CorruptSessionError(name, 0, "empty file (no header frame)")
-    src = _Window(read_at, size, chunk)
-    end, frame, torn = _next_frame(src, 0, name)
-    if torn or frame is None:
-        raise CorruptSessionError(name, 0, "torn header frame")
-    header = _decode_header(frame, name)
-    del frame
+    src, end, header = _open(read_at, size, name, chunk)
     events: list[Event] = []
     offset = end
     index = 0

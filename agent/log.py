@@ -135,133 +135,172 @@ _FLAT: dict[str, int] = {
 _FLAT[ev.REQUEST_HEADER] = 1
 
 
-def _text_blocks(content: object) -> bool:
-    """Whether `content` is a list of plain text blocks: `{"type": "text", "text": str}`."""
+# The shape checks below answer with a size: -1 for "not of the plain shape, walk it", else an
+# estimate of the value's encoded size (a character a byte, `_ITEM` an item), which `append`
+# compares with `BIG_EVENT`. One pass does both, so a step's events pay no second walk to learn
+# they are small (the size walk alone was ~15 % of a child's instructions, q18's review).
+_ITEM: Final = 16
+
+
+def _text_size(content: object) -> int:
+    """The size of `content` when it is a list of plain text blocks
+    (`{"type": "text", "text": str}`), else -1."""
     if type(content) is not list:
-        return False
+        return -1
+    size = 0
     for block in content:
-        if (
-            type(block) is not dict
-            or len(block) != 2
-            or type(block.get("text")) is not str
-            or block.get("type") != "text"
-        ):
-            return False
-    return True
+        if type(block) is not dict or len(block) != 2 or block.get("type") != "text":
+            return -1
+        text = block.get("text")
+        if type(text) is not str:
+            return -1
+        size += len(text) + _ITEM
+    return size
 
 
-def _plain_tool_result(data: dict[str, Any]) -> bool:
+def _plain_tool_result(data: dict[str, Any]) -> int:
     # The replay checks call_id, name, is_error (and code) as exact types; with no other key,
     # plain text content leaves nothing for the walk to find.
-    size = len(data)
-    return (size == 4 or (size == 5 and "code" in data)) and _text_blocks(data.get("content"))
+    count = len(data)
+    if count != 4 and (count != 5 or "code" not in data):
+        return -1
+    size = _text_size(data.get("content"))
+    if size < 0:
+        return -1
+    for key in ("call_id", "name", "code"):
+        value = data.get(key)
+        if type(value) is str:
+            size += len(value)
+    return size + 4 * _ITEM
 
 
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
 
 
-def _flat_lossless(arguments: dict[Any, Any]) -> bool:
+def _flat_size(arguments: dict[Any, Any]) -> int:
     """A tool call's arguments, when flat (the common case), checked without the walk's
-    recursion: str keys and scalar values as `check_json` takes them; False means "walk it"."""
+    recursion: str keys and scalar values as `check_json` takes them; their size, or -1 for
+    "walk it"."""
+    size = 0
     for key, value in arguments.items():
         if type(key) is not str:
-            return False
+            return -1
         t = type(value)
-        if t is str or t is bool or value is None:
+        if t is str:
+            size += len(key) + len(value) + _ITEM
             continue
-        if t is int:
+        if t is bool or value is None:
+            pass
+        elif t is int:
             if not _INT_MIN <= value <= _INT_MAX:
-                return False
+                return -1
         elif t is float:
             if value - value != 0.0:  # NaN, +-inf
-                return False
+                return -1
         else:
-            return False  # a container (or anything else): the walk decides
-    return True
+            return -1  # a container (or anything else): the walk decides
+        size += len(key) + _ITEM
+    return size
+
+
+def plain_reply_size(message: object) -> int:
+    """The size of an assistant `message` of the loop's shape when it is certainly lossless
+    JSON (exact `{id, role, content, tool_calls}` with plain text blocks and calls `{id, name,
+    arguments}`), for `SessionLog.append(size=...)`; -1 only means "walk it" (nested arguments
+    are walked here; anything else is not)."""
+    if type(message) is not dict or len(message) != 4:
+        return -1
+    message_id = message.get("id")
+    if type(message_id) is not str or type(message.get("role")) is not str:
+        return -1
+    content = message.get("content")
+    # A reply with calls often says nothing: an empty list needs no call.
+    if type(content) is not list:
+        return -1
+    size = _text_size(content) if content else 0
+    calls = message.get("tool_calls")
+    if size < 0 or type(calls) is not list:
+        return -1
+    size += len(message_id) + 4 * _ITEM
+    for call in calls:
+        if type(call) is not dict or len(call) != 3:
+            return -1
+        call_id = call.get("id")
+        name = call.get("name")
+        arguments = call.get("arguments")
+        if type(call_id) is not str or type(name) is not str or type(arguments) is not dict:
+            return -1
+        flat = _flat_size(arguments)
+        if flat < 0:
+            # data > message > tool_calls > call > arguments: depth 4 in the event's data.
+            if not _is_lossless(arguments, 4):
+                return -1
+            flat = BIG_EVENT - _budget_left(arguments, BIG_EVENT)
+        size += len(call_id) + len(name) + flat + 3 * _ITEM
+    return size
 
 
 def is_plain_reply(message: object) -> bool:
-    """Whether an assistant `message` of the loop's shape is certainly lossless JSON: exact
-    `{id, role, content, tool_calls}` with plain text blocks and calls `{id, name, arguments}`.
-    False only means "walk it" (nested arguments are walked here; anything else is not)."""
-    if (
-        type(message) is not dict
-        or len(message) != 4
-        or type(message.get("id")) is not str
-        or type(message.get("role")) is not str
-    ):
-        return False
-    content = message.get("content")
-    # A reply with calls often says nothing: an empty list needs no call.
-    if type(content) is not list or (content and not _text_blocks(content)):
-        return False
-    calls = message.get("tool_calls")
-    if type(calls) is not list:
-        return False
-    for call in calls:
-        if (
-            type(call) is not dict
-            or len(call) != 3
-            or type(call.get("id")) is not str
-            or type(call.get("name")) is not str
-        ):
-            return False
-        arguments = call.get("arguments")
-        if type(arguments) is not dict:
-            return False
-        # data > message > tool_calls > call > arguments: depth 4 in the event's data.
-        if not _flat_lossless(arguments) and not _is_lossless(arguments, 4):
-            return False
-    return True
+    """Whether an assistant `message` of the loop's shape is certainly lossless JSON
+    (`plain_reply_size`); False only means "walk it"."""
+    return plain_reply_size(message) >= 0
 
 
-def _plain_assistant_message(data: dict[str, Any]) -> bool:
-    if not is_plain_reply(data.get("message")):
-        return False
+def _plain_assistant_message(data: dict[str, Any]) -> int:
+    size = plain_reply_size(data.get("message"))
+    if size < 0:
+        return -1
     for key, value in data.items():
         if key != "message" and (type(key) is not str or not _is_lossless(value, 1)):
-            return False
-    return True
+            return -1
+    return size + len(data) * 4 * _ITEM  # usage and cost: a few small numbers
 
 
-def _str_dict(value: object) -> bool:
-    """Whether `value` is a dict of str keys to str values (a message's `source`)."""
+def _str_dict_size(value: object) -> int:
+    """The size of `value` when it is a dict of str keys to str values (a message's `source`),
+    else -1."""
     if type(value) is not dict:
-        return False
-    for key, item in value.items():  # noqa: SIM110 - a loop, not a generator: hot path
+        return -1
+    size = 0
+    for key, item in value.items():
         if type(key) is not str or type(item) is not str:
-            return False
-    return True
+            return -1
+        size += len(key) + len(item) + _ITEM
+    return size
 
 
-def _plain_inbox_accepted(data: dict[str, Any]) -> bool:
+def _plain_inbox_accepted(data: dict[str, Any]) -> int:
     # A child's first prompt and every steer: text blocks from a source the runtime made.
-    return (
-        len(data) == 4
-        and type(data.get("message_id")) is str
-        and type(data.get("kind")) is str
-        and _text_blocks(data.get("content"))
-        and _str_dict(data.get("source"))
-    )
+    message_id = data.get("message_id")
+    kind = data.get("kind")
+    if len(data) != 4 or type(message_id) is not str or type(kind) is not str:
+        return -1
+    content = _text_size(data.get("content"))
+    source = _str_dict_size(data.get("source"))
+    if content < 0 or source < 0:
+        return -1
+    return content + source + len(message_id) + len(kind) + 4 * _ITEM
 
 
-def _plain_user_message(data: dict[str, Any]) -> bool:
+def _plain_user_message(data: dict[str, Any]) -> int:
     message = data.get("message")
-    return (
-        len(data) == 1
-        and type(message) is dict
-        and len(message) == 4
-        and type(message.get("id")) is str
-        and type(message.get("role")) is str
-        and _text_blocks(message.get("content"))
-        and _str_dict(message.get("source"))
-    )
+    if len(data) != 1 or type(message) is not dict or len(message) != 4:
+        return -1
+    message_id = message.get("id")
+    if type(message_id) is not str or type(message.get("role")) is not str:
+        return -1
+    content = _text_size(message.get("content"))
+    source = _str_dict_size(message.get("source"))
+    if content < 0 or source < 0:
+        return -1
+    return content + source + len(message_id) + 5 * _ITEM
 
 
-# Shape checks for the events a step writes from parts the walk would only re-traverse: True
-# means the full lossless-JSON walk cannot fail (False only means "walk it").
-_PLAIN: dict[str, Callable[[dict[str, Any]], bool]] = {
+# Shape checks for the events a step writes from parts the walk would only re-traverse: a size
+# (>= 0) means the full lossless-JSON walk cannot fail, and estimates the event's size; -1 only
+# means "walk it".
+_PLAIN: dict[str, Callable[[dict[str, Any]], int]] = {
     ev.TOOL_RESULT: _plain_tool_result,
     ev.ASSISTANT_MESSAGE: _plain_assistant_message,
     ev.INBOX_ACCEPTED: _plain_inbox_accepted,
@@ -1556,7 +1595,13 @@ class SessionLog:
         return self._replay.open_calls
 
     def append(
-        self, type: str, data: dict[str, Any], *, prechecked: bool = False, repair: bool = True
+        self,
+        type: str,
+        data: dict[str, Any],
+        *,
+        prechecked: bool = False,
+        repair: bool = True,
+        size: int | None = None,
     ) -> Event:
         """Record one event. The log owns `data` afterwards: do not mutate it.
 
@@ -1571,6 +1616,11 @@ class SessionLog:
 
         `repair=False`: text with a lone surrogate raises `UnicodeEncodeError` instead (nothing
         changed), for a caller that repairs its own objects first (the loop's model replies).
+
+        An event of more than `BIG_EVENT` by estimate is encoded in slices (`_append_big`). The
+        estimate comes from the plain-shape check that also spares the walk, or from `size`,
+        a caller's own (the loop's `plain_reply_size` of a reply it prechecked), else from a
+        walk of its own.
         """
         if self._closed or self._failed is not None:
             self._raise_unusable()
@@ -1579,16 +1629,19 @@ class SessionLog:
                 pass
             if self._closed or self._failed is not None:
                 self._raise_unusable()
-        if (
-            _type_of(data) is dict
-            and _FLAT.get(type) != len(data)
-            and _budget_left(data, BIG_EVENT) < 0
-        ):
-            return self._append_big(type, data, repair)
-        walk = not prechecked and (_type_of(data) is not dict or _FLAT.get(type) != len(data))
-        if walk:
-            plain = _PLAIN.get(type) if _type_of(data) is dict else None
-            if (plain is None or not plain(data)) and not _is_lossless(data):
+        if _type_of(data) is not dict:
+            # Refused by the replay below (data is a JSON object); named by the walk first.
+            if not prechecked and not _is_lossless(data):
+                check_json(data, where=f"{type}.data")
+        elif _FLAT.get(type) != len(data):
+            if size is None:
+                plain = _PLAIN.get(type)
+                size = -1 if plain is None else plain(data)
+                if size >= 0:
+                    prechecked = True  # the plain shape is lossless by construction
+            if size > BIG_EVENT or (size < 0 and _budget_left(data, BIG_EVENT) < 0):
+                return self._append_big(type, data, repair)
+            if not prechecked and not _is_lossless(data):
                 check_json(data, where=f"{type}.data")
         replay = self._replay
         event: Event = {"type": type, "seq": replay.seq, "time": _now(), "data": data}

@@ -35,7 +35,7 @@ from agent.edits import EDITS
 from agent.errors import ToolCrash, TurnBlocked
 from agent.history import Conversation
 from agent.jsoncheck import is_lossless
-from agent.log import SessionLog, is_plain_reply
+from agent.log import SessionLog, plain_reply_size
 from agent.model import (
     DEFAULT_MAX_TOOL_CALLS_PER_REPLY,
     ModelAdapter,
@@ -513,13 +513,16 @@ class AgentCore:
         # usage is str keys and ints (the strict encoder range-checks them), `cost_usd` finite.
         # Anything else (a usage that is not clean, a message that is not lossless) takes the
         # log's own walk, which names the bad value as before.
+        # The plain shape's check also sizes the reply, so the log need not walk it for that.
+        size = plain_reply_size(message) if checked is not None or not counts else -1
         try:
             appended = self.log.append(
                 "assistant/message",
                 data,
-                prechecked=(checked is not None or not counts)
-                and (is_plain_reply(message) or is_lossless(message, 1)),
+                prechecked=size >= 0
+                or ((checked is not None or not counts) and is_lossless(message, 1)),
                 repair=repaired,
+                size=size + 256 if size >= 0 else None,  # usage and cost: a few numbers
             )
         except UnicodeEncodeError:
             return None

@@ -7,7 +7,7 @@ from agent.model import ModelRequest
 from supervision.signal import AbortSignal
 
 
-def hi_request() -> ModelRequest:
+def hi_request(max_tool_calls: int | None = None) -> ModelRequest:
     return ModelRequest(
         session_id="s1",
         model="m",
@@ -15,4 +15,5 @@ def hi_request() -> ModelRequest:
         messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         tools=(),
         signal=AbortSignal.never(),
+        max_tool_calls=max_tool_calls,
     )

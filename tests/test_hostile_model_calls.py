@@ -13,6 +13,7 @@ from typing import Any
 import gevent
 import pytest
 from anthropic_stub import AnthropicStub, tool_use_message
+from model_support import hi_request
 from openai_stub import SSE_HEAD, Conn, OpenAIStub, StubRequest, sse, stream_text, tool_call_events
 from seam_kit import assert_log_valid
 from test_model_tools import call, results, text_of
@@ -28,7 +29,6 @@ from agent.tools import Tool, ToolContext
 from providers.inprocess import SpawnProvider
 from subagent.runtime import Runtime
 from subagent.tools import SubagentToolConfig, install_subagent_tools
-from supervision.signal import AbortSignal
 
 
 class Counted:
@@ -128,18 +128,6 @@ def test_a_bound_that_is_not_an_int_is_refused(bad: Any) -> None:
 # -- the HTTP adapters: calls past the bound are counted, not decoded ---------------------------
 
 
-def _request(limit: int | None) -> ModelRequest:
-    return ModelRequest(
-        session_id="s1",
-        model="m",
-        system="",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        tools=(),
-        signal=AbortSignal.never(),
-        max_tool_calls=limit,
-    )
-
-
 # Calls 3 and 4 are not JSON: decoded, they would fail the whole reply (`ModelError`).
 _CALLS = [
     ("c1", "ping", ['{"i": 1}']),
@@ -156,7 +144,7 @@ def test_openai_counts_the_calls_past_the_bound_without_decoding_them(
         model = OpenAIModel(base_url=stub.base_url, api_key="k", max_retries=0)
         models.append(model)
         stub.enqueue(sse(tool_call_events(_CALLS)))
-        answer = model.complete(_request(2))
+        answer = model.complete(hi_request(2))
         assert [(c.id, dict(c.arguments)) for c in answer.tool_calls] == [
             ("c1", {"i": 1}),
             ("c2", {"i": 2}),
@@ -171,7 +159,7 @@ def test_anthropic_counts_the_calls_past_the_bound_without_decoding_them(
         model = AnthropicModel(base_url=stub.base_url, api_key="k", max_retries=0)
         models.append(model)
         stub.enqueue(tool_use_message(_CALLS, text="four"))
-        answer = model.complete(_request(2))
+        answer = model.complete(hi_request(2))
         assert [(c.id, dict(c.arguments)) for c in answer.tool_calls] == [
             ("c1", {"i": 1}),
             ("c2", {"i": 2}),

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from anthropic_stub import AnthropicStub, tool_use_message
+from model_support import hi_request
 from openai_stub import OpenAIStub, sse, stream_text, text_events, tool_call_events
 from seam_kit import assert_log_valid, kit
 from test_model_tools import results, text_of
 
-from agent.model import MAX_ARGUMENT_CHARS, ModelRequest, ToolCall
+from agent.model import MAX_ARGUMENT_CHARS, ToolCall
 from agent.models import ModelRegistry
 from agent.models import scripted as S
 from agent.models.anthropic import AnthropicModel
@@ -30,7 +31,6 @@ from agent.options import AgentOptions
 from agent.store import MemoryStore, SessionStore
 from agent.tools import Tool, ToolContext
 from subagent.runtime import Runtime
-from supervision.signal import AbortSignal
 
 DEEP = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
 DIGITS = '{"n": ' + "9" * 5_000 + "}"
@@ -46,17 +46,6 @@ CASES = {
     "long": (LONG, f"arguments of {len(LONG):,} characters"),
     "duplicate keys": ('{"k": 1, "k": 2}', None),
 }
-
-
-def _request() -> ModelRequest:
-    return ModelRequest(
-        session_id="s1",
-        model="m",
-        system="",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        tools=(),
-        signal=AbortSignal.never(),
-    )
 
 
 def _fragments(text: str, size: int = 60_000) -> list[str]:
@@ -92,7 +81,7 @@ def test_the_adapters_make_bad_arguments_a_refused_call_not_a_failed_reply(
         model = model_type(base_url=stub.base_url, api_key="k", max_retries=0)
         models.append(model)
         enqueue(stub, text)
-        answer = model.complete(_request())
+        answer = model.complete(hi_request())
     (called,) = answer.tool_calls
     assert answer.finish == "tool_calls" and called.name == "echo"
     if refusal is None:

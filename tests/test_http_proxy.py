@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import gevent.pool
 import gevent.ssl
@@ -17,12 +17,14 @@ from gevent.socket import create_connection
 from gevent.socket import socket as Socket
 from model_support import hi_request
 from openai_stub import OpenAIStub
-from test_http_client import TLS, _get, _tls_server
+from test_http_client import TLS, _get, _tls_server, pools
 
 from agent.http_client import HTTPPool
 from agent.http_proxy import MAX_CONNECT_ANSWER, Proxy, ProxyError, proxy_from_env
 from agent.model import ModelError
 from agent.models.openai import OpenAIModel
+
+__all__ = ["pools"]  # the fixture this module shares with test_http_client
 
 Refusal = Callable[[Socket], None]
 
@@ -82,14 +84,6 @@ class ForwardProxy:
     def close(self) -> None:
         self._server.stop(timeout=1)
         self._relays.kill()
-
-
-@pytest.fixture
-def pools() -> Iterator[list[HTTPPool]]:
-    made: list[HTTPPool] = []
-    yield made
-    for pool in made:
-        pool.close()
 
 
 def _trusting() -> ssl.SSLContext:

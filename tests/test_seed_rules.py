@@ -13,6 +13,7 @@ from typing import Any
 
 import gevent
 from gevent.event import Event
+from seam_kit import kit, last_user_text
 
 from actors.gevent_actor import GeventFuture
 from agent.model import ModelRequest
@@ -35,7 +36,6 @@ from subagent.types import (
     text_block,
 )
 from supervision.signal import AbortController
-from tests.seam_kit import kit, last_user_text
 
 
 class _Settled:
