@@ -81,10 +81,6 @@ def test_a_flood_of_tiny_chunks_keeps_the_hub_running_and_costs_its_texts_memory
     assert peak - before < 8 * text_bytes, f"{peak - before:,} bytes for {text_bytes:,} of text"
 
 
-@pytest.mark.allow_hub_block(
-    "the session log packs and checksums a 63 MiB event on the hub (about 0.25 s): the cost of"
-    " any event that size, the child's reply here and the parent's tool result alike"
-)
 def test_an_answer_too_big_for_a_log_frame_ends_the_run_and_is_recorded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
