@@ -4,7 +4,7 @@ certificate) is reached over https on 127.0.0.1, with the stubs serving TLS on t
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import gevent.ssl
@@ -46,32 +46,24 @@ def _trusting(*, client_cert: bool = False) -> ssl.SSLContext:
     return tls_context(cafile=TLS / "cert.pem")
 
 
-@pytest.fixture
-def made() -> Iterator[list[HTTPModel]]:
-    adapters: list[HTTPModel] = []
-    yield adapters
-    for adapter in adapters:
-        adapter.close()
-
-
-def _adapter(made: list[HTTPModel], make: Adapter, base_url: str, **kw: object) -> HTTPModel:
+def _adapter(models: list[HTTPModel], make: Adapter, base_url: str, **kw: object) -> HTTPModel:
     adapter = make(base_url=base_url, api_key="k", max_retries=0, read_timeout=10, **kw)
-    made.append(adapter)
+    models.append(adapter)
     return adapter
 
 
 @pytest.mark.parametrize(("stub_type", "make"), ADAPTERS, ids=["openai", "anthropic"])
 def test_a_private_ca_is_trusted_only_with_the_tls_context(
-    made: list[HTTPModel], stub_type: type[OpenAIStub], make: Adapter
+    models: list[HTTPModel], stub_type: type[OpenAIStub], make: Adapter
 ) -> None:
     with stub_type(tls=_server_context()) as stub:
         assert stub.base_url.startswith("https://")
-        plain = _adapter(made, make, stub.base_url)
+        plain = _adapter(models, make, stub.base_url)
         with pytest.raises(ModelError, match="CERTIFICATE_VERIFY_FAILED"):
             plain.complete(hi_request())
         assert stub.requests == []  # refused in the handshake: nothing was sent
 
-        trusting = _adapter(made, make, stub.base_url, tls_context=_trusting())
+        trusting = _adapter(models, make, stub.base_url, tls_context=_trusting())
         answer = trusting.complete(hi_request())
         assert answer.content and answer.content[0]["type"] == "text"
         assert len(stub.requests) == 1
@@ -79,15 +71,15 @@ def test_a_private_ca_is_trusted_only_with_the_tls_context(
 
 @pytest.mark.parametrize(("stub_type", "make"), ADAPTERS, ids=["openai", "anthropic"])
 def test_a_gateway_that_wants_a_client_certificate(
-    made: list[HTTPModel], stub_type: type[OpenAIStub], make: Adapter
+    models: list[HTTPModel], stub_type: type[OpenAIStub], make: Adapter
 ) -> None:
     with stub_type(tls=_server_context(want_client_cert=True)) as stub:
-        without = _adapter(made, make, stub.base_url, tls_context=_trusting())
+        without = _adapter(models, make, stub.base_url, tls_context=_trusting())
         with pytest.raises(ModelError):
             without.complete(hi_request())
         assert stub.requests == []
 
-        with_cert = _adapter(made, make, stub.base_url, tls_context=_trusting(client_cert=True))
+        with_cert = _adapter(models, make, stub.base_url, tls_context=_trusting(client_cert=True))
         assert with_cert.complete(hi_request()).content
         assert len(stub.requests) == 1
 
