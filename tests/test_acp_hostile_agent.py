@@ -81,6 +81,11 @@ def test_a_flood_of_tiny_chunks_keeps_the_hub_running_and_costs_its_texts_memory
     assert peak - before < 8 * text_bytes, f"{peak - before:,} bytes for {text_bytes:,} of text"
 
 
+@pytest.mark.allow_hub_block(
+    "the test's own checks read the 63 MiB reply back on the hub (the store's scan decodes it"
+    " in one msgpack call, then it is encoded and counted); the runtime's appends of it are"
+    " sliced (tests/test_log_big_event.py holds them to the hub monitor)"
+)
 def test_an_answer_too_big_for_a_log_frame_ends_the_run_and_is_recorded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -106,7 +111,7 @@ def test_an_answer_too_big_for_a_log_frame_ends_the_run_and_is_recorded(
         ]
     assert [end["reason"] for end in ends] == ["error"]
     assert len(reply.encode()) <= MAX_OUTPUT_BYTES
-    assert set(reply) == {"\u4e2d"}
+    assert reply.count("\u4e2d") == len(reply)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
